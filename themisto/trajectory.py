@@ -1,0 +1,171 @@
+"""The development trajectory: the cells a developer executed, in order, and what the log said about each.
+
+Every reader (JuNE logs, the JuNE table, notebooks) produces these records, so replay, tasks, the metric and
+evaluation never care where the data came from. JSONL holds one trajectory per line and round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Literal
+
+# What the log recorded about an execution. "unknown": the log never said how it ended (no finished event).
+LoggedStatus = Literal["ok", "error", "interrupted", "unknown"]
+LOGGED_STATUSES: tuple[str, ...] = ("ok", "error", "interrupted", "unknown")
+
+# Kernel events that change the state between executions, kept in the order they happened.
+KernelEventKind = Literal["restart", "interrupt"]
+KERNEL_EVENT_KINDS: tuple[str, ...] = ("restart", "interrupt")
+
+
+class TrajectoryFormatError(ValueError):
+    """A trajectory file is malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class OutputSummary:
+    """One output of a cell as the log recorded it: its type and its serialized size, never its text."""
+
+    output_type: str
+    size: int
+
+
+@dataclass
+class Execution:
+    """One cell execution, with the code exactly as the developer ran it."""
+
+    cell_id: str
+    code: str
+    status: LoggedStatus = "unknown"
+    ename: str | None = None
+    evalue: str | None = None
+    outputs: list[OutputSummary] = field(default_factory=list)
+    started_at: str | None = None  # ISO-8601 UTC of the `execute` event; None where it was not logged
+    finished_at: str | None = None
+    cell_num: int | None = None  # position of the selected cell in the notebook, as logged
+    execution_count: int | None = None  # from notebooks
+
+    @property
+    def output_types(self) -> list[str]:
+        return [o.output_type for o in self.outputs]
+
+
+@dataclass
+class KernelEvent:
+    """A restart or interrupt; `before` is the index of the first execution that came after it."""
+
+    kind: KernelEventKind
+    before: int
+    time: str | None = None
+
+
+@dataclass
+class Trajectory:
+    """A development trajectory: one kernel's executions in the order they ran."""
+
+    id: str  # the kernel id for JuNE data; a stable name otherwise
+    notebook: str
+    source: str  # "june-log", "june-table", "notebook", ...
+    executions: list[Execution] = field(default_factory=list)
+    events: list[KernelEvent] = field(default_factory=list)
+    participant: str | None = None  # anonymized
+    task: str | None = None
+    # Events the reader did not turn into executions, counted by kind (e.g. "duplicate_finished_execute",
+    # "unknown:<name>"), so nothing the log held disappears silently.
+    ignored: dict[str, int] = field(default_factory=dict)
+
+    def errors_by_ename(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for ex in self.executions:
+            if ex.status == "error":
+                key = ex.ename or "<unknown>"
+                counts[key] = counts.get(key, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def count_events(self, kind: KernelEventKind) -> int:
+        return sum(1 for ev in self.events if ev.kind == kind)
+
+    def summary(self) -> dict:
+        """The figures `themisto ingest` prints for this trajectory."""
+        return {
+            "notebook": self.notebook,
+            "task": self.task,
+            "source": self.source,
+            "executions": len(self.executions),
+            "errors": sum(self.errors_by_ename().values()),
+            "errors_by_ename": self.errors_by_ename(),
+            "restarts": self.count_events("restart"),
+            "interrupts": self.count_events("interrupt"),
+            "ignored": dict(sorted(self.ignored.items())),
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Trajectory":
+        data = dict(data)
+        executions = []
+        for raw in data.pop("executions", []):
+            raw = dict(raw)
+            raw["outputs"] = [OutputSummary(**o) for o in raw.get("outputs", [])]
+            if raw.get("status", "unknown") not in LOGGED_STATUSES:
+                raise ValueError(f"unknown status {raw['status']!r} (expected one of {LOGGED_STATUSES})")
+            executions.append(Execution(**raw))
+        events = []
+        for raw in data.pop("events", []):
+            if raw.get("kind") not in KERNEL_EVENT_KINDS:
+                raise ValueError(f"unknown kernel event {raw.get('kind')!r} (expected one of {KERNEL_EVENT_KINDS})")
+            events.append(KernelEvent(**raw))
+        return cls(executions=executions, events=events, **data)
+
+
+def anonymize(participant: str | None) -> str | None:
+    """A stable pseudonym, so a participant can be kept on one side of a split without being named."""
+    if participant is None or participant == "":
+        return None
+    return "p-" + hashlib.sha256(participant.encode("utf-8")).hexdigest()[:10]
+
+
+def task_of(notebook_name: str) -> str | None:
+    """The JuNE task a notebook belongs to (`task1.ipynb` → `task1`), or None."""
+    stem = Path(notebook_name).stem.lower()
+    for task in ("task1", "task2"):
+        if stem.startswith(task):
+            return task
+    return None
+
+
+def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
+    """Write one trajectory per line; the file appears whole or not at all."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    n = 0
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            for traj in trajectories:
+                fh.write(json.dumps(traj.to_dict(), ensure_ascii=False, sort_keys=True) + "\n")
+                n += 1
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n
+
+
+def iter_jsonl(path: str | Path) -> Iterator[Trajectory]:
+    path = Path(path)
+    with path.open("r", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield Trajectory.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError, ValueError, KeyError) as exc:
+                raise TrajectoryFormatError(f"{path}:{lineno}: not a trajectory record ({exc})") from exc
+
+
+def read_jsonl(path: str | Path) -> list[Trajectory]:
+    return list(iter_jsonl(path))
