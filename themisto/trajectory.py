@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
@@ -19,6 +20,8 @@ LOGGED_STATUSES: tuple[str, ...] = ("ok", "error", "interrupted", "unknown")
 # Kernel events that change the state between executions, kept in the order they happened.
 KernelEventKind = Literal["restart", "interrupt"]
 KERNEL_EVENT_KINDS: tuple[str, ...] = ("restart", "interrupt")
+
+_TASK_NAME = re.compile(r"(?<![a-z0-9])task([12])(?![0-9])")
 
 
 class TrajectoryFormatError(ValueError):
@@ -76,6 +79,8 @@ class Trajectory:
     # Events the reader did not turn into executions, counted by kind (e.g. "duplicate_finished_execute",
     # "unknown:<name>"), so nothing the log held disappears silently.
     ignored: dict[str, int] = field(default_factory=dict)
+    # Every raw event the reader saw, counted by kind (e.g. {"execute": 398, ...}); empty for notebooks.
+    logged_events: dict[str, int] = field(default_factory=dict)
 
     def errors_by_ename(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -88,15 +93,27 @@ class Trajectory:
     def count_events(self, kind: KernelEventKind) -> int:
         return sum(1 for ev in self.events if ev.kind == kind)
 
+    def count_statuses(self) -> dict[str, int]:
+        """Executions per logged status, every status listed (zero where none)."""
+        counts = dict.fromkeys(LOGGED_STATUSES, 0)
+        for ex in self.executions:
+            counts[ex.status] = counts.get(ex.status, 0) + 1
+        return counts
+
     def summary(self) -> dict:
         """The figures `themisto ingest` prints for this trajectory."""
         return {
             "notebook": self.notebook,
             "task": self.task,
             "source": self.source,
+            "participant": self.participant,
             "executions": len(self.executions),
+            # Raw `execute` events: fewer than executions, because runs that raised were logged without one.
+            "logged_execute_events": self.logged_events.get("execute") if self.logged_events else None,
+            "statuses": self.count_statuses(),
             "errors": sum(self.errors_by_ename().values()),
             "errors_by_ename": self.errors_by_ename(),
+            "executions_without_code": sum(1 for ex in self.executions if ex.code == ""),
             "restarts": self.count_events("restart"),
             "interrupts": self.count_events("interrupt"),
             "ignored": dict(sorted(self.ignored.items())),
@@ -131,12 +148,15 @@ def anonymize(participant: str | None) -> str | None:
 
 
 def task_of(notebook_name: str) -> str | None:
-    """The JuNE task a notebook belongs to (`task1.ipynb` → `task1`), or None."""
+    """The JuNE task a notebook belongs to (`task1.ipynb`, `participant-final-task1.ipynb` → `task1`), or None.
+
+    >>> [task_of(n) for n in ("task1.ipynb", "Task2 (copy).ipynb", "final-task1.ipynb", "subtask1.ipynb", "x.ipynb")]
+    ['task1', 'task2', 'task1', None, None]
+    """
     stem = Path(notebook_name).stem.lower()
-    for task in ("task1", "task2"):
-        if stem.startswith(task):
-            return task
-    return None
+    # "task1" as a word of its own, so "subtask1" or "task12" do not match.
+    match = _TASK_NAME.search(stem)
+    return f"task{match.group(1)}" if match else None
 
 
 def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
