@@ -347,7 +347,7 @@ def read_june_log(path: str | Path, *, skip_bad_lines: bool = False) -> Trajecto
 # The JuNE table (dataset.csv)
 
 
-def _iter_table_rows(path: Path, *, skip_bad_lines: bool) -> Iterator[tuple[int, dict | Exception]]:
+def _iter_table_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
     """Yield (line, row dict) or (line, error) for each CSV record; the header is checked here."""
     data = path.read_bytes()
     if not data.strip():
@@ -387,6 +387,15 @@ def _iter_table_rows(path: Path, *, skip_bad_lines: bool) -> Iterator[tuple[int,
         yield line, dict(zip(header, row))
 
 
+def _action_number(value: str | None) -> float:
+    if value is None or value == "":
+        return float("inf")  # rows without an id sort after those with one at the same time
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"expected a numeric action_id, got {value!r}") from None
+
+
 def read_june_table(path: str | Path, *, skip_bad_lines: bool = False) -> list[Trajectory]:
     """Read the JuNE table CSV: one trajectory per kernel id, events ordered by time then action_id.
 
@@ -397,12 +406,12 @@ def read_june_table(path: str | Path, *, skip_bad_lines: bool = False) -> list[T
     keyed: list[tuple[str, float, JuneEvent]] = []
     bad: Counter[str] = Counter()
     orphans = 0
-    for line, row in _iter_table_rows(path, skip_bad_lines=skip_bad_lines):
+    for line, row in _iter_table_rows(path):
         try:
             if isinstance(row, Exception):
                 raise row
             event = _event_from_record(row)
-            action = float(row["action_id"]) if row.get("action_id") not in (None, "") else float("inf")
+            action = _action_number(row.get("action_id"))
         except ValueError as exc:
             if not skip_bad_lines:
                 raise JuneFormatError(f"{path}:{line}: {exc}") from exc
