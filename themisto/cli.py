@@ -121,7 +121,8 @@ def workspace_command(args: argparse.Namespace) -> int:
     from themisto.workspace import write_workspace
 
     tasks = ["task1", "task2"] if args.task == "all" else [args.task]
-    result = write_workspace(args.output, tasks, seed=args.seed, size=args.size)
+    extra = {"overwrite": True} if args.overwrite else {}
+    result = write_workspace(args.output, tasks, seed=args.seed, size=args.size, **extra)
     if args.json:
         print(json.dumps({"root": str(result.root), "files": result.files}, ensure_ascii=False, sort_keys=True))
     else:
@@ -137,6 +138,7 @@ def _add_workspace(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--output", required=True, type=Path, help="directory to write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=SIZE_CHOICES, default="small")
+    parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
     parser.add_argument("--json", action="store_true", help="print one JSON object {root, files}")
     parser.set_defaults(run=workspace_command)
 

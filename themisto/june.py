@@ -313,11 +313,24 @@ def _read_log_events(path: Path, *, skip_bad_lines: bool) -> _FileEvents:
 
 
 def read_june_logs(paths: Iterable[str | Path], *, skip_bad_lines: bool = False) -> list[Trajectory]:
-    """Read several `.log` files; events are grouped by kernel id (a kernel may span files), in time order."""
+    """Read several `.log` files; a file may hold several kernels, events are grouped by kernel id in time order.
+
+    A kernel found in two files is an error (the extension writes one file per kernel, so it is a copy, and
+    merging would run every event twice).
+    """
     events: list[JuneEvent] = []
     bad: Counter[str] = Counter()
-    for path in paths:
-        read = _read_log_events(Path(path), skip_bad_lines=skip_bad_lines)
+    first_seen: dict[str, str] = {}
+    for path in map(Path, paths):
+        read = _read_log_events(path, skip_bad_lines=skip_bad_lines)
+        for ev in read.events:
+            if ev.kernel_id not in first_seen:
+                first_seen[ev.kernel_id] = ev.origin
+            elif not first_seen[ev.kernel_id].startswith(f"{path}:"):
+                raise JuneFormatError(
+                    f"{ev.origin}: kernel {ev.kernel_id} was already read from {first_seen[ev.kernel_id]} "
+                    "(expected each kernel in one file)"
+                )
         events.extend(read.events)
         bad.update(read.bad_lines)
     # A stable sort keeps the file order of events logged in the same millisecond (finished, then its error).
