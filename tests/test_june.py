@@ -326,3 +326,15 @@ def test_table_without_the_columns_is_an_error(tmp_path):
     path.write_text("", encoding="utf-8")
     with pytest.raises(JuneFormatError, match=r"t\.csv:1: empty file"):
         read_june_table(path)
+
+
+def test_table_written_by_pandas_reads_back(tmp_path):
+    pd = pytest.importorskip("pandas")
+    raw = [_ev("execute", "c1", "x = 1", t=1), _ev("finished_execute", "c1", "x = 1", t=2, output=[]),
+           _ev("kernel_restarting", "", t=3, cell_num=None)]
+    frame = pd.DataFrame(_table_rows(raw, "u1"))
+    frame["cell_num"] = pd.to_numeric(frame["cell_num"]).astype(float)  # NaN where missing, "0.0" otherwise
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    (traj,) = read_june_table(tmp_path / "t.csv")
+    assert [(ex.code, ex.status, ex.cell_num) for ex in traj.executions] == [("x = 1", "ok", 0)]
+    assert [ev.kind for ev in traj.events] == ["restart"]

@@ -15,8 +15,10 @@ Both readers turn lines into `JuneEvent`s and hand them, grouped by kernel and i
    outputs hold an error (its `error` event was not logged), it is an errored execution with ename None;
    if not (mostly bursts of `[]` outputs: queued cells aborted after an error), ignored as
    "finished_without_execute".
-5. An `error` event that follows no finished event of its cell (its `finished_execute` line was not logged) is
-   an errored execution whose code was not logged: code "" (say so downstream; replay cannot run it).
+5. An `error` event that does not follow a finished event of its cell (that `finished_execute` line is missing
+   from the log) closes the cell's pending execution as an error, or else is an errored execution whose code
+   was not logged: code "". Code is also "" where the finished event logged an emptied cell. Downstream
+   (replay, tasks) must treat code "" as unknown code, not as an empty cell.
 6. A pending execution that never finishes (a later `execute` of the same cell, or the end of the log, comes
    first) stays an execution: status "interrupted" if a kernel interrupt or restart came while it was pending,
    else "unknown".
@@ -24,8 +26,10 @@ Both readers turn lines into `JuneEvent`s and hand them, grouped by kernel and i
    far>)`. Other known events (create, delete, rendered, to_code, to_markdown, save_notebook, notebook_renamed)
    are counted in `Trajectory.ignored` by name, unknown ones as "unknown:<event>", never silently dropped.
 
-Hence executions = `execute` events + errored runs logged without one; `Trajectory.logged_events` keeps the raw
-counts. Errors by ename equal the counter of enames over the `error` events.
+Hence executions = `execute` events + errored runs logged without one (rules 3-5); `Trajectory.logged_events`
+keeps the raw counts. Errors by ename equal the counter of enames over the `error` events, plus "<unknown>" for
+rule 4's error outputs whose `error` event is missing. On the two real logs: 544 = 398 + 146 (task 1, one of
+them "<unknown>") and 220 = 180 + 40 (task 2, one with code "").
 """
 
 from __future__ import annotations
@@ -88,8 +92,8 @@ def _event_from_record(record: dict) -> JuneEvent:
     kind = _text(record["event"])
     num = record.get("cell_num")
     cell_num: int | None
-    if num is None or num == "":
-        cell_num = None
+    if num is None or (isinstance(num, str) and num.strip().lower() in ("", "nan", "none", "null")):
+        cell_num = None  # pandas writes a missing number as "" or "nan"
     else:
         try:
             cell_num = int(float(num))  # the table may hold "3.0"
