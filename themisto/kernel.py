@@ -1,0 +1,834 @@
+"""The sandboxed kernel session: the one module that owns a Jupyter kernel, its limits, its watchdog and its cleanup.
+
+Every cell ends in a closed outcome (ok, error, timeout, kernel_died). A cell past its timeout is interrupted, and
+the kernel is restarted when the interrupt does not end it; a dead kernel is replaced by a fresh one. The kernel runs
+in a temporary copy of the workspace, under bubblewrap where it is available (read-only filesystem, private /tmp and
+pids, no network) and, when the host is root, as an unprivileged uid so that the process cap binds. This is a
+best-effort guard for replaying notebooks and scoring model-written code, not a security boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+
+from themisto import kernel_launcher
+from themisto.outputs import strip_ansi
+from themisto.settings import settings
+
+Status = Literal["ok", "error", "timeout", "kernel_died"]
+STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died")
+
+# After an interrupt, how long the cell gets to end before the kernel is restarted.
+INTERRUPT_GRACE_S = 1.5
+# How often the kernel process is checked for life while a cell runs.
+_LIVENESS_PERIOD_S = 0.2
+_KERNEL_NAME = "themisto-sandbox"
+_TRUNCATION_MARKER = "\n[themisto: output truncated: the cell wrote {total:,} bytes, over its {cap:,}-byte limit]\n"
+
+
+class SandboxWarning(UserWarning):
+    """The sandbox is weaker than asked (no bubblewrap, or the process cap cannot bind)."""
+
+
+class KernelStartError(RuntimeError):
+    """The kernel did not become ready; the message carries the end of its log."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one kernel; they hold for the kernel and everything it forks."""
+
+    memory_bytes: int = 4 * 2**30  # RLIMIT_DATA in the kernel (MemoryError, kernel lives on)
+    max_processes: int = 256  # RLIMIT_NPROC for the kernel's own uid (threads count too)
+    file_size_bytes: int = 2**30  # RLIMIT_FSIZE
+    cpu_seconds: int | None = None  # RLIMIT_CPU counts the kernel's whole life: off by default
+    cell_timeout_s: float = 120.0
+    output_bytes: int = 2**20  # per cell; beyond it outputs are cut with a visible marker
+    network: bool = False
+    isolate_fs: bool = True  # bubblewrap: rest of the filesystem read-only, private /tmp, private pids
+
+
+@dataclass
+class CellResult:
+    """What one executed cell produced: a closed status, nbformat v4 outputs, and the error if any."""
+
+    status: Status
+    outputs: list[dict]  # nbformat v4 output dicts: stream / execute_result / display_data / error
+    ename: str | None = None
+    evalue: str | None = None
+    traceback: list[str] = field(default_factory=list)  # ANSI-free
+    execution_count: int | None = None
+    duration_s: float = 0.0
+    truncated: bool = False
+    kernel_restarted: bool = False  # the namespace was lost (timeout escalated to restart, or the kernel died)
+
+
+def _data_size(data: dict) -> int:
+    """Bytes of a mime bundle as it would be serialized (str as UTF-8, anything else as JSON)."""
+    size = 0
+    for value in data.values():
+        if isinstance(value, str):
+            size += len(value.encode("utf-8", "replace"))
+        else:
+            size += len(json.dumps(value))
+    return size
+
+
+def _stream_prefix(raw: bytes, limit: int) -> tuple[str, str]:
+    """Name and the first `limit` bytes of text of a stream message too large to decode whole."""
+    name = "stderr" if b'"stderr"' in raw[:200] else "stdout"
+    start = raw.find(b'"text":')
+    if start < 0:
+        return name, ""
+    start = raw.find(b'"', start + 7) + 1
+    piece = raw[start : start + limit].decode("utf-8", "ignore")
+    # The cut may split an escape sequence; drop characters until the piece decodes as a JSON string.
+    for cut in range(0, 8):
+        candidate = piece[: len(piece) - cut] if cut else piece
+        if candidate.endswith("\\") and not candidate.endswith("\\\\"):
+            continue
+        try:
+            return name, json.loads(f'"{candidate}"')
+        except json.JSONDecodeError:
+            continue
+    return name, ""
+
+
+class _OutputCollector:
+    """Builds the nbformat outputs of one cell, keeping at most `cap` bytes and counting the rest."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.outputs: list[dict] = []
+        self.kept = 0
+        self.total = 0
+        self.truncated = False
+        self._clear_on_next = False
+        self._displays: dict[str, list[dict]] = {}
+
+    def _room(self) -> int:
+        return self.cap - self.kept
+
+    def add(self, msg_type: str, content: dict, oversized: int = 0) -> None:
+        if self._clear_on_next and msg_type in ("stream", "display_data", "execute_result", "error"):
+            self._clear()
+        if msg_type == "stream":
+            self._add_stream(content.get("name", "stdout"), content.get("text", ""), oversized)
+        elif msg_type in ("display_data", "execute_result"):
+            self._add_display(msg_type, content, oversized)
+        elif msg_type == "update_display_data":
+            display_id = (content.get("transient") or {}).get("display_id")
+            for output in self._displays.get(display_id, []):
+                output["data"] = content.get("data", {})
+                output["metadata"] = content.get("metadata", {})
+        elif msg_type == "error":
+            traceback = list(content.get("traceback", []))
+            size = sum(len(line) for line in traceback)
+            if size > self.cap:  # a recursion traceback can be long; keep its head and tail
+                traceback = traceback[:20] + ["[themisto: traceback truncated]"] + traceback[-20:]
+            self.outputs.append({"output_type": "error", "ename": content.get("ename", ""),
+                                 "evalue": content.get("evalue", ""), "traceback": traceback})
+        elif msg_type == "clear_output":
+            if content.get("wait"):
+                self._clear_on_next = True
+            else:
+                self._clear()
+
+    def _clear(self) -> None:
+        self.outputs.clear()
+        self._displays.clear()
+        self.kept = 0
+        self._clear_on_next = False
+
+    def _add_stream(self, name: str, text: str, oversized: int) -> None:
+        encoded_len = oversized or len(text.encode("utf-8", "replace"))
+        self.total += encoded_len
+        room = self._room()
+        if oversized or encoded_len > room:
+            self.truncated = True
+            if room <= 0:
+                return
+            text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+            encoded_len = len(text.encode("utf-8"))
+        self.kept += encoded_len
+        last = self.outputs[-1] if self.outputs else None
+        if last is not None and last["output_type"] == "stream" and last["name"] == name:
+            last["text"] += text
+        else:
+            self.outputs.append({"output_type": "stream", "name": name, "text": text})
+
+    def _add_display(self, msg_type: str, content: dict, oversized: int) -> None:
+        data = content.get("data", {})
+        size = oversized or _data_size(data)
+        self.total += size
+        if oversized or size > self._room():
+            self.truncated = True
+            return
+        self.kept += size
+        output = {"output_type": msg_type, "data": data, "metadata": content.get("metadata", {})}
+        if msg_type == "execute_result":
+            output["execution_count"] = content.get("execution_count")
+        self.outputs.append(output)
+        display_id = (content.get("transient") or {}).get("display_id")
+        if display_id:
+            self._displays.setdefault(display_id, []).append(output)
+
+    def finish(self) -> list[dict]:
+        if self.truncated:
+            marker = _TRUNCATION_MARKER.format(total=self.total, cap=self.cap)
+            self.outputs.append({"output_type": "stream", "name": "stderr", "text": marker})
+        return self.outputs
+
+
+@functools.lru_cache(maxsize=4)
+def _bwrap_works(bwrap: str) -> bool:
+    """Whether bubblewrap can create the namespaces here (it cannot in some unprivileged containers)."""
+    try:
+        probe = subprocess.run(
+            [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net",
+             "--die-with-parent", "true"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def _uid_in_use(uid: int) -> bool:
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info.get("uids")
+        if uids is not None and uid in (uids.real, uids.effective):
+            return True
+    return False
+
+
+def _choose_uid() -> int:
+    """A uid no process uses, so the process cap counts this kernel's processes only."""
+    configured = settings().kernel_uid
+    if configured is not None:
+        return configured
+    rng = random.SystemRandom()
+    for _ in range(50):
+        uid = rng.randrange(200_000, 2_000_000_000)
+        if not _uid_in_use(uid):
+            return uid
+    raise RuntimeError("no free uid found for the kernel (50 tries)")
+
+
+def _processes_of_uid(uid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info.get("uids")
+        if uids is not None and uid in (uids.real, uids.effective):
+            found.append(proc)
+    return found
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie (a dead sandbox's init is reaped by the host's init, on its own schedule)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _kill_all(processes: list[psutil.Process], timeout: float = 5.0) -> list[psutil.Process]:
+    """SIGKILL the processes and wait for them; returns those still alive."""
+    processes = [proc for proc in processes if _running(proc)]
+    if not processes:
+        return []
+    for proc in processes:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        processes = [proc for proc in processes if _running(proc)]
+        if not processes:
+            break
+        time.sleep(0.01)
+    return processes
+
+
+def _rmtree(path: Path) -> None:
+    def retry_writable(func: Any, target: str, _exc: Any) -> None:
+        # The kernel may have made its files read-only; the owner (or root) can undo that.
+        try:
+            os.chmod(os.path.dirname(target), stat.S_IRWXU)
+            os.chmod(target, stat.S_IRWXU)
+            func(target)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=retry_writable)
+
+
+@dataclass
+class _Resources:
+    """What must be released even when the session object is dropped without close()."""
+
+    root: Path | None = None
+    pgids: set[int] = field(default_factory=set)
+    uid: int | None = None
+
+
+def _release(resources: _Resources) -> None:
+    """Last-resort cleanup (garbage collection or interpreter exit): kill process groups, remove the folders."""
+    for pgid in list(resources.pgids):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    resources.pgids.clear()
+    if resources.uid is not None:
+        _kill_all(_processes_of_uid(resources.uid), timeout=2.0)
+    if resources.root is not None and resources.root.exists():
+        _rmtree(resources.root)
+    resources.root = None
+
+
+class AsyncKernelSession:
+    """One sandboxed kernel; the coroutine twin of `KernelSession` (use one or the other, from one event loop)."""
+
+    def __init__(self, workspace: str | Path | None = None, limits: Limits = Limits(), *,
+                 extra_env: dict | None = None):
+        self.workspace = None if workspace is None else Path(workspace).resolve()
+        if self.workspace is not None and not self.workspace.is_dir():
+            raise FileNotFoundError(f"workspace folder not found: {self.workspace}")
+        self.limits = limits
+        self.extra_env = dict(extra_env or {})
+        self._paths: kernel_launcher.SandboxPaths | None = None
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, _release, self._resources)
+        self._km: Any = None
+        self._kc: Any = None
+        self._kernel_pid: int | None = None
+        self._starts = 0
+        self._lock: asyncio.Lock | None = None
+        self._bwrap: str | None = None
+        self._uid: int | None = None
+        self._gid: int | None = None
+
+    # ----- lifecycle -------------------------------------------------------------------------------------------
+
+    @property
+    def workdir(self) -> Path:
+        """The kernel's own copy of the workspace and its working directory."""
+        if self._paths is None:
+            raise RuntimeError("the kernel session is not started")
+        return self._paths.work
+
+    @property
+    def alive(self) -> bool:
+        """Whether the kernel process is running."""
+        process = self._process()
+        return process is not None and process.poll() is None
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether the kernel runs under bubblewrap."""
+        return self._bwrap is not None
+
+    @property
+    def kernel_uid(self) -> int | None:
+        """The uid the kernel runs as when it was dropped from root, else None."""
+        return self._uid
+
+    async def start(self) -> None:
+        """Copy the workspace, start the kernel and wait until it answers."""
+        if self._km is not None:
+            return
+        self._lock = asyncio.Lock()
+        self._plan_sandbox()
+        self._prepare_folders()
+        try:
+            await self._start_kernel()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Kill the kernel and everything it started, and remove the session's folders."""
+        try:
+            await self._stop_kernel()
+        finally:
+            _release(self._resources)
+            self._paths = None
+
+    async def __aenter__(self) -> AsyncKernelSession:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _plan_sandbox(self) -> None:
+        is_root = os.geteuid() == 0
+        bwrap = settings().bwrap
+        if bwrap is not None and not _bwrap_works(bwrap):
+            warnings.warn(f"bubblewrap at {bwrap} cannot create namespaces here; the kernel runs without filesystem, "
+                          "network and pid isolation", SandboxWarning, stacklevel=3)
+            bwrap = None
+        elif bwrap is None and (self.limits.isolate_fs or not self.limits.network):
+            warnings.warn("bubblewrap not found (apt-get install bubblewrap) or THEMISTO_SANDBOX=0: the kernel runs "
+                          "without filesystem, network and pid isolation; only rlimits apply", SandboxWarning,
+                          stacklevel=3)
+        self._bwrap = bwrap
+        if is_root and bwrap is not None and self.limits.isolate_fs:
+            self._uid = _choose_uid()
+            self._gid = self._uid
+            self._resources.uid = self._uid
+        elif is_root:
+            warnings.warn("the kernel runs as root, which ignores the process cap (RLIMIT_NPROC); install bubblewrap "
+                          "and keep isolate_fs=True to run it as an unprivileged uid", SandboxWarning, stacklevel=3)
+
+    def _prepare_folders(self) -> None:
+        root = Path(tempfile.mkdtemp(prefix="themisto-kernel-", dir=settings().tmp_dir))
+        self._resources.root = root
+        paths = kernel_launcher.SandboxPaths(root=root, work=root / "work", home=root / "home", run=root / "run")
+        if self.workspace is not None:
+            shutil.copytree(self.workspace, paths.work, symlinks=True)
+        else:
+            paths.work.mkdir()
+        paths.home.mkdir()
+        paths.run.mkdir()
+        if self._uid is not None:
+            os.chmod(root, 0o711)  # the kernel's uid traverses the root but cannot write in it
+            for folder in (paths.work, paths.home, paths.run):
+                os.chmod(folder, 0o700)
+                for dirpath, dirnames, filenames in os.walk(folder):
+                    os.lchown(dirpath, self._uid, self._gid)
+                    for name in dirnames + filenames:
+                        os.lchown(os.path.join(dirpath, name), self._uid, self._gid)
+        self._paths = paths
+
+    def _kernel_env(self) -> dict[str, str]:
+        assert self._paths is not None
+        package_parent = str(Path(kernel_launcher.__file__).resolve().parents[1])
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "HOME": str(self._paths.home),
+            "USER": "themisto",
+            "LOGNAME": "themisto",
+            "IPYTHONDIR": str(self._paths.home / ".ipython"),
+            "MPLCONFIGDIR": str(self._paths.home / ".config" / "matplotlib"),
+            "PYTHONPATH": package_parent,
+            "PYTHONNOUSERSITE": "1",
+            **kernel_launcher.KERNEL_ENV,
+        }
+        if self._bwrap is None:
+            env["TMPDIR"] = str(self._paths.home)
+        env.update({str(k): str(v) for k, v in self.extra_env.items()})
+        return env
+
+    def _write_spec(self) -> Path:
+        assert self._paths is not None
+        limits = self.limits
+        argv = []
+        if self._bwrap is not None:
+            argv += kernel_launcher.bwrap_argv(self._bwrap, self._paths, isolate_fs=limits.isolate_fs,
+                                               network=limits.network, drop_uid=self._uid is not None)
+        argv += kernel_launcher.launcher_argv(
+            memory_bytes=limits.memory_bytes, max_processes=limits.max_processes,
+            file_size_bytes=limits.file_size_bytes, cpu_seconds=limits.cpu_seconds, uid=self._uid, gid=self._gid)
+        spec_dir = self._paths.root / "spec" / _KERNEL_NAME
+        spec_dir.mkdir(parents=True, exist_ok=True)
+        spec = {"argv": argv, "display_name": "Themisto sandbox", "language": "python", "interrupt_mode": "signal",
+                "env": {}}
+        (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+        return spec_dir.parent
+
+    async def _start_kernel(self) -> None:
+        from jupyter_client.kernelspec import KernelSpecManager
+        from jupyter_client.manager import AsyncKernelManager
+
+        assert self._paths is not None
+        self._starts += 1
+        connection_file = self._paths.run / f"kernel-{self._starts}.json"
+        km = AsyncKernelManager(
+            transport="ipc", kernel_name=_KERNEL_NAME, connection_file=str(connection_file),
+            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(self._write_spec())]),
+        )
+        km.write_connection_file()
+        if self._uid is not None:
+            os.chown(connection_file, self._uid, self._gid)
+        log_path = self._paths.root / f"kernel-{self._starts}.log"
+        self._km = km
+        with open(log_path, "wb") as log:
+            await km.start_kernel(env=self._kernel_env(), cwd=str(self._paths.work), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=log)
+        process = self._process()
+        if process is not None:
+            self._resources.pgids.add(process.pid)
+        kc = km.client()
+        kc.start_channels()
+        self._kc = kc
+        try:
+            await kc.wait_for_ready(timeout=settings().kernel_start_timeout_s)
+        except RuntimeError as exc:
+            tail = log_path.read_bytes()[-3000:].decode("utf-8", "replace") if log_path.exists() else ""
+            raise KernelStartError(f"the kernel did not start ({exc}); its log {log_path} ends with:\n{tail}") from exc
+        self._kernel_pid = self._find_kernel_pid()
+        await self._drain_iopub()
+
+    def _process(self) -> subprocess.Popen | None:
+        provisioner = getattr(self._km, "provisioner", None)
+        return getattr(provisioner, "process", None)
+
+    def _find_kernel_pid(self) -> int | None:
+        process = self._process()
+        if process is None:
+            return None
+        try:
+            top = psutil.Process(process.pid)
+            for proc in [top] + top.children(recursive=True):
+                if "ipykernel_launcher" in " ".join(proc.cmdline()):
+                    return proc.pid
+        except psutil.Error:
+            return None
+        return process.pid
+
+    async def _stop_kernel(self) -> None:
+        kc, km = self._kc, self._km
+        self._kc = self._km = None
+        self._kernel_pid = None
+        if kc is not None:
+            kc.stop_channels()
+        if km is None:
+            return
+        process = km.provisioner.process if km.provisioner is not None else None
+        descendants: list[psutil.Process] = []
+        if process is not None:
+            try:
+                descendants = psutil.Process(process.pid).children(recursive=True)
+            except psutil.Error:
+                pass
+        try:
+            await km.shutdown_kernel(now=True)
+        finally:
+            leftovers = [p for p in descendants if _running(p)]
+            if self._uid is not None:
+                leftovers += _processes_of_uid(self._uid)
+            if leftovers:
+                _kill_all(leftovers)
+            if process is not None:
+                self._resources.pgids.discard(process.pid)
+
+    async def restart(self) -> None:
+        """Kill the kernel and start a fresh one: empty namespace, same workdir."""
+        await self._ensure_started()
+        assert self._lock is not None
+        async with self._lock:
+            await self._restart_now()
+
+    async def _restart_now(self) -> None:
+        await self._stop_kernel()
+        await self._start_kernel()
+
+    async def _ensure_started(self) -> None:
+        if self._paths is None:
+            raise RuntimeError("the kernel session is not started (call start() or use it as a context manager)")
+        if self._km is None or not self.alive:
+            await self._stop_kernel()
+            await self._start_kernel()
+
+    def interrupt(self) -> None:
+        """Send SIGINT to the kernel's process group, as Jupyter's interrupt button does."""
+        pid = self._kernel_pid
+        if pid is None:
+            return
+        try:
+            pgid = os.getpgid(pid)
+            if pgid != os.getpgrp():
+                os.killpg(pgid, signal.SIGINT)
+            else:
+                os.kill(pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    # ----- execution -------------------------------------------------------------------------------------------
+
+    async def execute(self, code: str, *, timeout: float | None = None) -> CellResult:
+        """Run one cell as a notebook would (stored in history, counted) and return its outcome."""
+        await self._ensure_started()
+        assert self._lock is not None
+        async with self._lock:
+            collector = _OutputCollector(self.limits.output_bytes)
+            outcome = await self._request(code, collector, timeout, silent=False, user_expressions=None)
+        return self._cell_result(outcome, collector)
+
+    async def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
+                             timeout: float | None = None) -> dict:
+        """Run code without touching In/Out or the execution count; returns the execute_reply content.
+
+        The content's `status` is "ok" or "error" as the kernel said, or "timeout" / "kernel_died" when the watchdog
+        ended the request (then `evalue` says whether the state was lost).
+        """
+        await self._ensure_started()
+        assert self._lock is not None
+        async with self._lock:
+            collector = _OutputCollector(self.limits.output_bytes)
+            outcome = await self._request(code, collector, timeout, silent=True,
+                                          user_expressions=dict(user_expressions or {}))
+        if outcome.reply is not None and outcome.kind == "done":
+            return outcome.reply
+        return {"status": outcome.status, "ename": outcome.ename, "evalue": outcome.evalue,
+                "user_expressions": {}, "kernel_restarted": outcome.restarted}
+
+    def _cell_result(self, outcome: _Outcome, collector: _OutputCollector) -> CellResult:
+        outputs = collector.finish()
+        reply = outcome.reply or {}
+        result = CellResult(status=outcome.status, outputs=outputs, execution_count=reply.get("execution_count"),
+                            duration_s=outcome.duration_s, truncated=collector.truncated,
+                            kernel_restarted=outcome.restarted)
+        if outcome.kind == "done":
+            if reply.get("status") != "ok":
+                result.status = "error"
+                result.ename = reply.get("ename", "Aborted" if reply.get("status") == "aborted" else None)
+                result.evalue = reply.get("evalue", "")
+                result.traceback = [strip_ansi(line) for line in reply.get("traceback", [])]
+        else:
+            result.ename, result.evalue = outcome.ename, outcome.evalue
+            errors = [o for o in outputs if o["output_type"] == "error"]
+            if errors:
+                result.traceback = [strip_ansi(line) for line in errors[-1].get("traceback", [])]
+        return result
+
+    async def _request(self, code: str, collector: _OutputCollector, timeout: float | None, *, silent: bool,
+                       user_expressions: dict | None) -> _Outcome:
+        await self._drain_iopub()
+        timeout = self.limits.cell_timeout_s if timeout is None else timeout
+        started = time.monotonic()
+        msg_id = self._kc.execute(code, silent=silent, store_history=not silent, user_expressions=user_expressions,
+                                  allow_stdin=False, stop_on_error=False)
+        wait = _Wait(msg_id)
+        kind = await self._wait(wait, started + timeout, collector)
+        outcome = _Outcome(kind=kind, reply=wait.reply, duration_s=time.monotonic() - started)
+        if kind == "done":
+            outcome.status = "ok" if (wait.reply or {}).get("status") == "ok" else "error"
+        elif kind == "deadline":
+            self.interrupt()
+            kind = await self._wait(wait, time.monotonic() + INTERRUPT_GRACE_S, collector)
+            outcome.status, outcome.ename, outcome.reply = "timeout", "CellTimeout", wait.reply
+            if kind == "done":
+                outcome.evalue = f"the cell ran past its {timeout:g} s timeout; interrupted, state kept"
+            else:
+                await self._restart_now()
+                outcome.restarted = True
+                outcome.evalue = (f"the cell ran past its {timeout:g} s timeout and ignored the interrupt; "
+                                  "kernel restarted after timeout, state lost")
+            outcome.kind = "timeout"
+        if kind == "died":
+            process = self._process()
+            code_ = process.poll() if process is not None else None
+            await self._restart_now()
+            outcome.kind, outcome.status, outcome.restarted = "died", "kernel_died", True
+            outcome.ename = "KernelDied"
+            outcome.evalue = f"the kernel died (exit status {code_}); a fresh kernel was started, state lost"
+        return outcome
+
+    async def _wait(self, wait: _Wait, deadline: float, collector: _OutputCollector) -> str:
+        """Read messages of `wait.msg_id` until its reply and idle status arrive ("done"), the deadline passes
+        ("deadline") or the kernel dies ("died")."""
+        import zmq
+        import zmq.asyncio
+
+        iopub = self._kc.iopub_channel.socket
+        shell = self._kc.shell_channel.socket
+        poller = zmq.asyncio.Poller()
+        poller.register(iopub, zmq.POLLIN)
+        poller.register(shell, zmq.POLLIN)
+        last_check = time.monotonic()
+        while not (wait.idle and wait.reply is not None):
+            now = time.monotonic()
+            if now >= deadline:
+                return "deadline"
+            events = dict(await poller.poll(int(min(deadline - now, _LIVENESS_PERIOD_S) * 1000) + 1))
+            if iopub in events:
+                await self._read_iopub(wait, collector)
+            if shell in events:
+                msg = await self._kc.shell_channel.get_msg(timeout=0)
+                if msg.get("parent_header", {}).get("msg_id") == wait.msg_id:
+                    wait.reply = msg["content"]
+            if time.monotonic() - last_check >= _LIVENESS_PERIOD_S or not events:
+                last_check = time.monotonic()
+                if not self.alive:
+                    await self._read_iopub(wait, collector)
+                    return "died"
+        return "done"
+
+    async def _read_iopub(self, wait: _Wait | None, collector: _OutputCollector | None, limit: int = 1000) -> None:
+        """Read the iopub messages ready now (at most `limit`), without decoding any content over the output cap."""
+        kc = self._kc
+        socket = kc.iopub_channel.socket
+        session = kc.session
+        cap = self.limits.output_bytes + 65536
+        for _ in range(limit):
+            if not await socket.poll(0):
+                return
+            frames = await socket.recv_multipart()
+            _, msg_list = session.feed_identities(frames)
+            try:
+                msg = session.deserialize(msg_list, content=False)
+            except (ValueError, TypeError):
+                continue  # unsigned or malformed: not from our kernel
+            if wait is None or collector is None or msg["parent_header"].get("msg_id") != wait.msg_id:
+                continue
+            raw = msg["content"]
+            raw = raw.bytes if hasattr(raw, "bytes") else bytes(raw)
+            msg_type = msg["msg_type"]
+            if len(raw) > cap:
+                # Decoding a 200 MB message would copy it several times over; keep a prefix of a stream's text.
+                if msg_type == "stream":
+                    name, text = _stream_prefix(raw, self.limits.output_bytes)
+                    collector.add("stream", {"name": name, "text": text}, oversized=len(raw))
+                else:
+                    collector.add(msg_type, {}, oversized=len(raw))
+                continue
+            content = session.unpack(raw)
+            if msg_type == "status":
+                if content.get("execution_state") == "idle":
+                    wait.idle = True
+            else:
+                collector.add(msg_type, content)
+
+    async def _drain_iopub(self) -> None:
+        if self._kc is not None:
+            await self._read_iopub(None, None, limit=100_000)
+
+
+@dataclass
+class _Wait:
+    msg_id: str
+    reply: dict | None = None
+    idle: bool = False
+
+
+@dataclass
+class _Outcome:
+    kind: str  # done | timeout | died
+    reply: dict | None
+    duration_s: float
+    status: Status = "ok"
+    ename: str | None = None
+    evalue: str | None = None
+    restarted: bool = False
+
+
+class KernelSession:
+    """A sandboxed kernel with a blocking API; use it as a context manager so the kernel always shuts down."""
+
+    def __init__(self, workspace: str | Path | None = None, limits: Limits = Limits(), *,
+                 extra_env: dict | None = None):
+        self._session = AsyncKernelSession(workspace, limits, extra_env=extra_env)
+        self.limits = limits
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def _call(self, coroutine_function: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._loop is None:
+            raise RuntimeError("the kernel session is not started (call start() or use it as a context manager)")
+        future = asyncio.run_coroutine_threadsafe(coroutine_function(*args, **kwargs), self._loop)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            self._session.interrupt()
+            raise
+
+    def start(self) -> None:
+        """Start the kernel (and the private event loop thread that talks to it)."""
+        if self._loop is not None:
+            return
+        loop = asyncio.new_event_loop()
+        # The kernel's launcher dies with the thread that forked it (bubblewrap's --die-with-parent), so the loop
+        # thread lives as long as the session.
+        thread = threading.Thread(target=loop.run_forever, name="themisto-kernel-loop", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+        try:
+            self._call(self._session.start)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Kill the kernel and its processes, remove the session's folders, stop the loop thread."""
+        loop, thread = self._loop, self._thread
+        if loop is None:
+            return
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._session.close(), loop)
+            future.result()
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not None:
+                thread.join(timeout=10)
+            if not loop.is_running():
+                loop.close()
+            self._loop = self._thread = None
+
+    def __enter__(self) -> KernelSession:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def workdir(self) -> Path:
+        """The kernel's own copy of the workspace and its working directory."""
+        return self._session.workdir
+
+    @property
+    def alive(self) -> bool:
+        """Whether the kernel process is running."""
+        return self._session.alive
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether the kernel runs under bubblewrap."""
+        return self._session.sandboxed
+
+    @property
+    def kernel_uid(self) -> int | None:
+        """The uid the kernel runs as when it was dropped from root, else None."""
+        return self._session.kernel_uid
+
+    def execute(self, code: str, *, timeout: float | None = None) -> CellResult:
+        """Run one cell as a notebook would and return its outcome."""
+        return self._call(self._session.execute, code, timeout=timeout)
+
+    def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
+                       timeout: float | None = None) -> dict:
+        """Run code silently (no history, no execution count); returns the execute_reply content."""
+        return self._call(self._session.execute_silent, code, user_expressions=user_expressions, timeout=timeout)
+
+    def interrupt(self) -> None:
+        """Send SIGINT to the kernel's process group."""
+        self._session.interrupt()
+
+    def restart(self) -> None:
+        """Kill the kernel and start a fresh one: empty namespace, same workdir."""
+        self._call(self._session.restart)

@@ -1,0 +1,212 @@
+"""Start an ipykernel under resource limits: the command line of the sandbox (host side) and the launcher (kernel side).
+
+The kernel spec's argv is `[bwrap … --] python -m themisto.kernel_launcher <limits> -f {connection_file}`. The launcher
+starts its own session, sets the rlimits, drops to an unprivileged uid when asked, and execs ipykernel, so the limits
+and the uid hold for the kernel and everything it forks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import resource
+import signal
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Set in the kernel's environment before anything is imported: glibc reads MALLOC_ARENA_MAX at its first malloc,
+# BLAS libraries read their thread counts when they load.
+KERNEL_ENV: dict[str, str] = {
+    "MALLOC_ARENA_MAX": "2",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "MPLBACKEND": "Agg",
+    "PYTHONUNBUFFERED": "1",
+    "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+}
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    """The folders of one session: `root` holds `work` (the kernel's cwd), `home` and `run` (connection file)."""
+
+    root: Path
+    work: Path
+    home: Path
+    run: Path
+
+
+def _needs_mask(path: Path) -> bool:
+    """True when a user other than the owner cannot traverse `path` (e.g. /root is 0700)."""
+    try:
+        return not (path.stat().st_mode & stat.S_IXOTH)
+    except OSError:
+        return False
+
+
+def readable_paths() -> list[Path]:
+    """Folders the kernel must read: the interpreter, its prefixes, and the folder holding the `themisto` package."""
+    package_parent = Path(__file__).resolve().parents[1]
+    candidates = [
+        Path(sys.executable).resolve().parent,
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.exec_prefix),
+        Path(sys.base_prefix).resolve(),
+        package_parent,
+    ]
+    candidates += [Path(p) for p in sys.path if p and Path(p).is_dir()]
+    seen: list[Path] = []
+    for path in candidates:
+        path = path.absolute()
+        if path not in seen:
+            seen.append(path)
+    return seen
+
+
+def _mask_untraversable(paths: list[Path]) -> list[str]:
+    """Bubblewrap options that hide each folder others cannot traverse behind an empty tmpfs and bind back into it,
+    read-only, just the given paths below it (with world-traversable folders in between)."""
+    masked: list[Path] = []
+    binds: list[Path] = []
+    for path in sorted(paths, key=lambda p: len(p.parts)):
+        if any(path == bound or bound in path.parents for bound in binds):
+            continue
+        for ancestor in reversed(path.parents):
+            if ancestor != Path("/") and _needs_mask(ancestor):
+                if ancestor not in masked:
+                    masked.append(ancestor)
+                binds.append(path)
+                break
+    options: list[str] = []
+    for ancestor in masked:
+        options += ["--perms", "0755", "--tmpfs", str(ancestor)]
+    made: set[Path] = set()
+    for path in binds:
+        ancestor = next(a for a in masked if a in path.parents)
+        for folder in reversed(path.parents):
+            if ancestor in folder.parents and folder not in made:
+                options += ["--perms", "0755", "--dir", str(folder)]
+                made.add(folder)
+        options += ["--ro-bind", str(path), str(path)]
+    return options
+
+
+def bwrap_argv(bwrap: str, paths: SandboxPaths, *, isolate_fs: bool, network: bool, drop_uid: bool) -> list[str]:
+    """The bubblewrap prefix: read-only filesystem (or the real one), private /tmp and pids, no network unless asked.
+
+    When the kernel will run as another uid, folders it cannot traverse on the host (such as a 0700 /root that holds
+    the Python install) are replaced by an empty tmpfs into which only the needed folders are bound read-only.
+    """
+    argv = [bwrap]
+    if isolate_fs:
+        argv += ["--ro-bind", "/", "/"]
+        if drop_uid:
+            argv += _mask_untraversable(readable_paths())
+        argv += ["--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
+        argv += ["--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+        argv += ["--bind", str(paths.root), str(paths.root)]
+    else:
+        argv += ["--bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--chdir", str(paths.work)]
+    if not network:
+        argv.append("--unshare-net")
+    return argv + ["--"]
+
+
+def launcher_argv(
+    *,
+    memory_bytes: int,
+    max_processes: int,
+    file_size_bytes: int,
+    cpu_seconds: int | None,
+    uid: int | None,
+    gid: int | None,
+) -> list[str]:
+    """The command that runs this module with the given limits; `{connection_file}` is filled in by jupyter_client."""
+    argv = [sys.executable, "-m", "themisto.kernel_launcher", "--memory-bytes", str(memory_bytes),
+            "--max-processes", str(max_processes), "--file-size-bytes", str(file_size_bytes)]
+    if cpu_seconds is not None:
+        argv += ["--cpu-seconds", str(cpu_seconds)]
+    if uid is not None and gid is not None:
+        argv += ["--uid", str(uid), "--gid", str(gid)]
+    return argv + ["-f", "{connection_file}"]
+
+
+def _set_limit(kind: int, soft: int, hard: int | None = None) -> None:
+    _, current_hard = resource.getrlimit(kind)
+    hard = soft if hard is None else hard
+    if current_hard != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current_hard), min(hard, current_hard)
+    resource.setrlimit(kind, (soft, hard))
+
+
+def _tasks_of_uid(uid: int) -> int:
+    """Threads of all processes of `uid`: what RLIMIT_NPROC counts."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid == uid:
+                count += len(os.listdir(f"/proc/{entry.name}/task"))
+        except OSError:
+            continue
+    return count
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m themisto.kernel_launcher", description=__doc__)
+    parser.add_argument("--memory-bytes", type=int, required=True)
+    parser.add_argument("--max-processes", type=int, required=True)
+    parser.add_argument("--file-size-bytes", type=int, required=True)
+    parser.add_argument("--cpu-seconds", type=int, default=None)
+    parser.add_argument("--uid", type=int, default=None)
+    parser.add_argument("--gid", type=int, default=None)
+    parser.add_argument("-f", dest="connection_file", required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Apply the limits to this process, drop privileges if asked, and become the ipykernel."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    # Its own session and process group: an interrupt or kill of the group reaches the kernel and its children only.
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    _set_limit(resource.RLIMIT_DATA, args.memory_bytes)
+    _set_limit(resource.RLIMIT_FSIZE, args.file_size_bytes)
+    if args.cpu_seconds is not None:
+        # SIGXCPU at the soft limit, SIGKILL a little later.
+        _set_limit(resource.RLIMIT_CPU, args.cpu_seconds, args.cpu_seconds + 5)
+    if args.uid is not None:
+        _set_limit(resource.RLIMIT_NPROC, args.max_processes)
+        os.setgroups([])
+        os.setgid(args.gid)
+        os.setuid(args.uid)
+    else:
+        # Without a uid of its own the cap counts every task of this user, so leave room for those already running.
+        _set_limit(resource.RLIMIT_NPROC, _tasks_of_uid(os.getuid()) + args.max_processes)
+    try:
+        # Die with the process that started us (set after setuid, which clears it).
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    os.environ.update(KERNEL_ENV)
+    # ipykernel polls for the parent named here and quits when getppid() is 1, which in a pid namespace it always is;
+    # PR_SET_PDEATHSIG above does that job instead.
+    os.environ.pop("JPY_PARENT_PID", None)
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file,
+              "--HistoryManager.hist_file=:memory:"]
+    os.execv(sys.executable, kernel)
+
+
+if __name__ == "__main__":
+    main()

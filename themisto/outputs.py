@@ -1,0 +1,135 @@
+"""Normalize a cell's nbformat outputs: the one `output` text per step that scores compare, the rich outputs kept
+typed, and the `[{output_type, size}]` summary the JuNE logs recorded.
+
+Sizes follow the JuNE logging extension, inferred from its real logs against the participant's final notebooks
+(../shared/data/june): a stream's size is the length of its text serialized as a JSON string (quotes included), a
+display_data / execute_result's size is the length of its whole mime bundle serialized as compact JSON, and an
+error's size is 0. JSON is built here with `ensure_ascii=False`, as JavaScript's `JSON.stringify` does; lengths
+count code points where JavaScript counts UTF-16 units, so they differ only for characters outside the BMP.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+
+from themisto.trajectory import OutputSummary
+
+_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI escape sequences (the colours of IPython tracebacks).
+
+    >>> strip_ansi("\\x1b[0;31mZeroDivisionError\\x1b[0m: division by zero")
+    'ZeroDivisionError: division by zero'
+    """
+    return _ANSI_RE.sub("", text)
+
+
+def _text(value: object) -> str:
+    """nbformat stores multiline strings either whole or as a list of lines."""
+    if isinstance(value, list):
+        return "".join(str(part) for part in value)
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def error_text(output: dict) -> str:
+    """An error output as `ename: evalue`, then its ANSI-free traceback without the repeated last line."""
+    head = f"{output.get('ename', '')}: {output.get('evalue', '')}"
+    lines = strip_ansi("\n".join(output.get("traceback") or [])).split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if lines and lines[-1].strip() == head.strip():
+        lines.pop()
+    body = "\n".join(lines).strip("\n")
+    return f"{head}\n{body}" if body else head
+
+
+def output_text(outputs: list[dict], *, traceback: bool = True) -> str:
+    """The cell's output as one text: streams in order, the `text/plain` of results and displays, errors as
+    `ename: evalue` (plus the ANSI-free traceback unless `traceback=False`); blocks joined by one newline.
+
+    >>> output_text([{"output_type": "stream", "name": "stdout", "text": "a\\n"},
+    ...              {"output_type": "stream", "name": "stdout", "text": "b\\n"},
+    ...              {"output_type": "execute_result", "data": {"text/plain": "3"}, "metadata": {}}])
+    'a\\nb\\n3'
+    """
+    blocks: list[str] = []
+    stream = ""
+    for output in outputs:
+        kind = output.get("output_type")
+        if kind == "stream":
+            stream += strip_ansi(_text(output.get("text", "")))
+            continue
+        if stream:
+            blocks.append(stream)
+            stream = ""
+        if kind in ("execute_result", "display_data"):
+            plain = (output.get("data") or {}).get("text/plain")
+            if plain is not None:
+                blocks.append(strip_ansi(_text(plain)))
+        elif kind == "error":
+            if traceback:
+                blocks.append(error_text(output))
+            else:
+                blocks.append(f"{output.get('ename', '')}: {output.get('evalue', '')}")
+    if stream:
+        blocks.append(stream)
+    return "\n".join(block.rstrip("\n") for block in blocks if block.strip("\n"))
+
+
+def output_types(outputs: list[dict]) -> list[str]:
+    """The `output_type` of each output, in order (as the JuNE log lists them)."""
+    return [str(output.get("output_type")) for output in outputs]
+
+
+def output_size(output: dict) -> int:
+    """The size of one output as the JuNE logging extension measured it (see the module docstring)."""
+    kind = output.get("output_type")
+    if kind == "stream":
+        return len(json.dumps(_text(output.get("text", "")), ensure_ascii=False))
+    if kind in ("execute_result", "display_data"):
+        data = {mime: (_text(value) if isinstance(value, (str, list)) else value)
+                for mime, value in (output.get("data") or {}).items()}
+        return len(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+    return 0
+
+
+def summarize(outputs: list[dict]) -> list[OutputSummary]:
+    """The outputs as the JuNE log records them: `[OutputSummary(output_type, size)]`."""
+    return [OutputSummary(output_type=str(output.get("output_type")), size=output_size(output)) for output in outputs]
+
+
+def _payload_bytes(mime: str, value: object) -> int:
+    text = _text(value)
+    if mime.startswith("image/") and mime != "image/svg+xml":
+        try:
+            return len(base64.b64decode(text, validate=False))
+        except (binascii.Error, ValueError):
+            return len(text.encode("utf-8"))
+    return len(text.encode("utf-8"))
+
+
+def rich_outputs(outputs: list[dict]) -> list[dict]:
+    """Every non-plain-text representation, typed: images as `{"mime", "bytes"}` placeholders (decoded size), text
+    formats (html, markdown, latex, svg, json) as `{"mime", "text"}`; each with the index of its output.
+
+    >>> rich_outputs([{"output_type": "display_data", "metadata": {},
+    ...                "data": {"text/plain": "<Figure>", "image/png": "iVBORw0KGgo="}}])
+    [{'output_index': 0, 'mime': 'image/png', 'bytes': 8}]
+    """
+    found: list[dict] = []
+    for index, output in enumerate(outputs):
+        if output.get("output_type") not in ("execute_result", "display_data"):
+            continue
+        for mime, value in (output.get("data") or {}).items():
+            if mime == "text/plain":
+                continue
+            if mime.startswith("image/") and mime != "image/svg+xml":
+                found.append({"output_index": index, "mime": mime, "bytes": _payload_bytes(mime, value)})
+            else:
+                found.append({"output_index": index, "mime": mime, "text": _text(value)})
+    return found
