@@ -63,20 +63,19 @@ def _print_summary(traj_id: str, summary: dict) -> None:
     print(f"  not executions: {_format_counts(summary['ignored'])}")
 
 
-def ingest_command(args: argparse.Namespace) -> int:
-    """Read JuNE logs, JuNE tables and notebooks into trajectories, print their figures, write JSONL."""
+def read_trajectories(paths: Sequence[str], *, skip_bad_lines: bool = False) -> list:
+    """Read every input (.log, JuNE table .csv, .ipynb, or directories of them) into trajectories, ids unique."""
     from themisto.june import read_june_logs, read_june_table
     from themisto.notebook import read_notebook
-    from themisto.trajectory import write_jsonl
 
-    inputs = _ingest_inputs(args.paths)
+    inputs = _ingest_inputs(paths)
     trajectories = []
     logs = [p for p in inputs if p.suffix.lower() == ".log"]
     if logs:
-        trajectories += [(", ".join(map(str, logs)), t) for t in read_june_logs(logs, skip_bad_lines=args.skip_bad_lines)]
+        trajectories += [(", ".join(map(str, logs)), t) for t in read_june_logs(logs, skip_bad_lines=skip_bad_lines)]
     for path in inputs:
         if path.suffix.lower() == ".csv":
-            trajectories += [(str(path), t) for t in read_june_table(path, skip_bad_lines=args.skip_bad_lines)]
+            trajectories += [(str(path), t) for t in read_june_table(path, skip_bad_lines=skip_bad_lines)]
         elif path.suffix.lower() == ".ipynb":
             trajectories.append((str(path), read_notebook(path)))
     seen: dict[str, str] = {}
@@ -84,9 +83,17 @@ def ingest_command(args: argparse.Namespace) -> int:
         if traj.id in seen:
             raise CommandError(f"trajectory {traj.id} is read twice, from {seen[traj.id]} and from {origin}")
         seen[traj.id] = origin
+    return [t for _, t in trajectories]
+
+
+def ingest_command(args: argparse.Namespace) -> int:
+    """Read JuNE logs, JuNE tables and notebooks into trajectories, print their figures, write JSONL."""
+    from themisto.trajectory import write_jsonl
+
+    trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
     # Everything is read and checked before the output file is written, so a bad input leaves no file behind.
-    write_jsonl((t for _, t in trajectories), args.output)
-    summaries = {t.id: t.summary() for _, t in trajectories}
+    write_jsonl(trajectories, args.output)
+    summaries = {t.id: t.summary() for t in trajectories}
     for traj_id, summary in summaries.items():
         unknown = {k: v for k, v in summary["ignored"].items() if k.startswith("unknown:")}
         if unknown:
@@ -144,8 +151,68 @@ def _add_workspace(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# replay
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_ingest, _add_workspace)
+
+def _print_fidelity(report: dict) -> None:
+    def share(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f} %"
+
+    print(f"{report['kernel_id']}  {report['notebook']}: {report['executions_replayed']} executions replayed; "
+          f"status match {share(report['status_match'])} of {report['comparable']}, "
+          f"ename match {share(report['ename_match'])} of {report['logged_errors']} logged errors, "
+          f"output types match {share(report['output_types_match'])}")
+    for m in report["mismatches"]:
+        print(f"  step {m['step']:>4} {m['kind']:<12} log: {m['logged']:<28} replay: {m['replayed']:<28} {m['reason']}")
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    """Replay trajectories in sandboxed kernels, write one step record per execution, print the fidelity report."""
+    import tempfile
+
+    from themisto.fidelity import fidelity_report
+    from themisto.replay import ReplaySettings, read_steps, replay_to_file
+    from themisto.workspace import write_workspace
+
+    trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
+    settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.timeout)
+    with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
+        workspace = args.workspace
+        if workspace is None:
+            workspace = write_workspace(Path(tmp) / "ws", seed=args.seed, size=args.size).root
+        elif not Path(workspace).is_dir():
+            raise CommandError(f"{workspace}: no such workspace directory (make one with `themisto workspace`)")
+        run = replay_to_file(trajectories, args.output, workspace, settings, resume=not args.no_resume)
+    reports = [r.to_dict() for r in fidelity_report(read_steps(args.output))]
+    if args.json:
+        print(json.dumps({"steps": run.steps, "seconds": round(run.seconds, 2), "output": str(args.output),
+                          "resumed": run.resumed, "trajectories": {r["kernel_id"]: r for r in reports}},
+                         ensure_ascii=False, sort_keys=True))
+    else:
+        for report in reports:
+            _print_fidelity(report)
+        print(f"wrote {run.steps} steps to {args.output} in {run.seconds:.1f} s")
+    return 0
+
+
+def _add_replay(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("replay", help="replay trajectories in sandboxed kernels with runtime snapshots")
+    parser.add_argument("paths", nargs="+", metavar="PATH", help=".log, .csv (JuNE table) or .ipynb, or a directory")
+    parser.add_argument("-o", "--output", required=True, type=Path, help="steps JSONL to write")
+    parser.add_argument("--workspace", type=Path, help="input files (default: look-alike inputs made from --seed)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the look-alike inputs")
+    parser.add_argument("--size", choices=SIZE_CHOICES, default="small", help="size of the look-alike inputs")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per cell before the watchdog acts")
+    parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
+    parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
+    parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed log lines")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with the fidelity per trajectory")
+    parser.set_defaults(run=replay_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_ingest, _add_workspace, _add_replay)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,130 @@
+"""How faithful a replay is: per trajectory, the share of replayed steps that end as the original log recorded.
+
+Three shares, each over the steps where the log can answer the question:
+- status: over steps whose logged outcome is ok or error, the replayed outcome is the same;
+- ename: over steps logged as errors, the replayed error has the same exception name;
+- output types: over steps with a logged `finished_execute`, the replayed output types equal the logged list.
+A developer's interrupt (logged `KeyboardInterrupt`) matches a replayed timeout: both are runs stopped from outside.
+Steps whose code the log lost (empty code) are not comparable. Every mismatch is listed with the step, both
+outcomes and a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from themisto.replay import Step
+
+COMPARABLE = ("ok", "error")
+
+
+@dataclass
+class Mismatch:
+    step: int
+    kind: str  # "status" | "ename" | "output_types"
+    logged: str
+    replayed: str
+    reason: str
+    code: str  # the first line of the cell, for a reader to find it
+
+
+@dataclass
+class FidelityReport:
+    kernel_id: str
+    notebook: str
+    executions_replayed: int
+    comparable: int  # steps logged as ok or error
+    logged_errors: int
+    status_match: float | None
+    ename_match: float | None
+    output_types_match: float | None
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _replayed_outcome(step: Step) -> tuple[str, str | None]:
+    """The replayed outcome in the log's terms: a timeout reads as an interrupt, a dead kernel as an error."""
+    if step.status == "timeout":
+        return "error", "KeyboardInterrupt"
+    if step.status == "kernel_died":
+        return "error", "DeadKernelError"
+    return step.status, step.ename
+
+
+def _first_line(code: str) -> str:
+    for line in code.splitlines():
+        if line.strip():
+            return line.strip()[:100]
+    return ""
+
+
+def _reason(step: Step, replayed: tuple[str, str | None]) -> str:
+    logged = step.logged
+    status, ename = replayed
+    evalue = (step.evalue or "").splitlines()[0][:160] if step.evalue else ""
+    if logged.status == "error" and status == "ok":
+        if logged.ename == "KeyboardInterrupt":
+            return (f"the developer interrupted a long run; replay finished it in {step.execution_time:.2f} s "
+                    "(the look-alike inputs are smaller than the real ones)")
+        if logged.ename == "ModuleNotFoundError":
+            return "the package was missing in the developer's environment; the replay environment has it installed"
+        return f"replay succeeded where the developer's run raised {logged.ename}: {(logged.evalue or '')[:160]}"
+    if logged.status == "ok" and status == "error":
+        if ename == "FileNotFoundError":
+            return f"an input the look-alike workspace lacks: {evalue}"
+        if step.status == "timeout":
+            return f"replay ran past its timeout ({step.execution_time:.1f} s)"
+        return f"replay raised {ename}: {evalue} where the developer's run succeeded"
+    if logged.ename != ename:
+        return f"replay raised {ename}: {evalue}; the log recorded {logged.ename}: {(logged.evalue or '')[:160]}"
+    return "output types differ (e.g. a result shown where the log has none, or a different number of streams)"
+
+
+def fidelity_report(steps: Iterable[Step]) -> list[FidelityReport]:
+    """One report per trajectory, in the order trajectories first appear."""
+    by_kernel: dict[str, list[Step]] = {}
+    for step in steps:
+        by_kernel.setdefault(step.kernel_id, []).append(step)
+    reports = []
+    for kernel_id, group in by_kernel.items():
+        mismatches: list[Mismatch] = []
+        comparable = status_ok = errors = ename_ok = types_ok = 0
+        for step in group:
+            logged = step.logged
+            if logged.status not in COMPARABLE or not step.code.strip():
+                continue  # the log cannot answer: no finished event, or the code itself was not logged
+            comparable += 1
+            replayed = _replayed_outcome(step)
+            code = _first_line(step.code)
+            if replayed[0] == logged.status:
+                status_ok += 1
+            else:
+                mismatches.append(Mismatch(step.step, "status", f"{logged.status} {logged.ename or ''}".strip(),
+                                           f"{replayed[0]} {replayed[1] or ''}".strip(), _reason(step, replayed), code))
+            if logged.status == "error":
+                errors += 1
+                if replayed[1] == logged.ename:
+                    ename_ok += 1
+                elif replayed[0] == "error":
+                    mismatches.append(Mismatch(step.step, "ename", logged.ename or "", replayed[1] or "",
+                                               _reason(step, replayed), code))
+            if step.output_types == logged.output_types:
+                types_ok += 1
+            elif replayed[0] == logged.status and (replayed[0] == "ok" or replayed[1] == logged.ename):
+                mismatches.append(Mismatch(step.step, "output_types", ",".join(logged.output_types),
+                                           ",".join(step.output_types), _reason(step, replayed), code))
+        reports.append(FidelityReport(
+            kernel_id=kernel_id,
+            notebook=group[0].notebook,
+            executions_replayed=len(group),
+            comparable=comparable,
+            logged_errors=errors,
+            status_match=round(status_ok / comparable, 4) if comparable else None,
+            ename_match=round(ename_ok / errors, 4) if errors else None,
+            output_types_match=round(types_ok / comparable, 4) if comparable else None,
+            mismatches=mismatches,
+        ))
+    return reports

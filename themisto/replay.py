@@ -1,0 +1,251 @@
+"""Replay a trajectory in a sandboxed kernel, recording after every step its output, time, memory and variables.
+
+Replay honours what the log recorded about the kernel: a logged restart restarts the kernel before the next
+execution; a logged interrupt needs no action (the interrupted cell already carries its KeyboardInterrupt). Code
+runs after the explicit, reversible cleaning of `themisto.cleaning`; the step keeps the code as the developer ran
+it beside what replay ran. A hook called before each step gets the live session, so callers can run candidate
+cells in the exact pre-step state (branch execution) without a second replay.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from themisto.cleaning import clean_for_replay
+from themisto.trajectory import Execution, Trajectory
+
+# Called before step `i` runs, with the trajectory, `i` and the live session (the exact pre-step state).
+BeforeStep = Callable[[Trajectory, int, "KernelSession"], None]  # noqa: F821 (imported lazily)
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """How a trajectory is replayed."""
+
+    snapshots: bool = True  # read a runtime snapshot after every step
+    cell_timeout_s: float = 60.0
+    # A cell the developer interrupted gets this long before replay interrupts it too.
+    interrupted_timeout_s: float = 10.0
+    memory_bytes: int = 4 * 2**30
+    output_bytes: int = 2**20
+
+
+@dataclass
+class LoggedOutcome:
+    """What the original log recorded about the execution a step replays."""
+
+    status: str
+    ename: str | None = None
+    evalue: str | None = None
+    output_types: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    """One replayed execution with its runtime information; names follow the paper's release where they exist."""
+
+    kernel_id: str
+    step: int
+    cell_id: str
+    code: str  # as the developer ran it
+    replayed_code: str  # after cleaning; equal to `code` when no rule applied
+    cleaning: list[dict]
+    restarted_before: bool  # the log recorded a kernel restart right before this step
+    status: str  # ok | error | timeout | kernel_died
+    ename: str | None
+    evalue: str | None
+    output: str  # one comparable text: streams, text/plain results, the error and its ANSI-free traceback
+    outputs: list[dict]  # rich outputs kept typed (images as placeholders)
+    output_types: list[str]
+    execution_time: float  # seconds
+    memory_bytes: int | None
+    state_hash: str | None
+    variables: list[dict]
+    snapshot_failures: dict[str, str]
+    kernel_restarted: bool  # replay lost the namespace here (timeout escalated or the kernel died)
+    logged: LoggedOutcome
+    notebook: str = ""
+    task: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Step":
+        data = dict(data)
+        data["logged"] = LoggedOutcome(**data["logged"])
+        return cls(**data)
+
+
+def _logged(execution: Execution) -> LoggedOutcome:
+    return LoggedOutcome(execution.status, execution.ename, execution.evalue, execution.output_types)
+
+
+def _restart_points(trajectory: Trajectory) -> set[int]:
+    return {ev.before for ev in trajectory.events if ev.kind == "restart"}
+
+
+def _timeout_for(execution: Execution, settings: ReplaySettings) -> float:
+    if execution.ename == "KeyboardInterrupt" or execution.status == "interrupted":
+        return settings.interrupted_timeout_s
+    return settings.cell_timeout_s
+
+
+def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySettings(), *,
+           before_step: BeforeStep | None = None) -> Iterator[Step]:
+    """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes."""
+    from themisto.outputs import output_text, output_types, rich_outputs
+    from themisto.snapshot import take_snapshot
+
+    restarts = _restart_points(trajectory)
+    for i, execution in enumerate(trajectory.executions):
+        restarted = i in restarts and i > 0
+        if restarted:
+            session.restart()
+        if before_step is not None:
+            before_step(trajectory, i, session)
+        cleaned = clean_for_replay(execution.code)
+        result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings))
+        snap = take_snapshot(session) if settings.snapshots else None
+        yield Step(
+            kernel_id=trajectory.id,
+            step=i,
+            cell_id=execution.cell_id,
+            code=execution.code,
+            replayed_code=cleaned.code,
+            cleaning=[asdict(c) for c in cleaned.changes],
+            restarted_before=restarted,
+            status=result.status,
+            ename=result.ename,
+            evalue=result.evalue,
+            output=output_text(result.outputs),
+            outputs=rich_outputs(result.outputs),
+            output_types=output_types(result.outputs),
+            execution_time=round(result.duration_s, 6),
+            memory_bytes=snap.memory_bytes if snap else None,
+            state_hash=snap.state_hash if snap else None,
+            variables=[asdict(v) for v in snap.variables] if snap else [],
+            snapshot_failures=dict(snap.failures) if snap else {},
+            kernel_restarted=result.kernel_restarted,
+            logged=_logged(execution),
+            notebook=trajectory.notebook,
+            task=trajectory.task,
+        )
+
+
+def _limits(settings: ReplaySettings):
+    from themisto.kernel import Limits
+
+    return Limits(memory_bytes=settings.memory_bytes, cell_timeout_s=settings.cell_timeout_s,
+                  output_bytes=settings.output_bytes)
+
+
+def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
+                      settings: ReplaySettings = ReplaySettings(), *,
+                      before_step: BeforeStep | None = None) -> Iterator[Step]:
+    """Replay `trajectory` in its own fresh sandboxed kernel over a copy of `workspace`."""
+    from themisto.kernel import KernelSession
+
+    with KernelSession(workspace, _limits(settings)) as session:
+        yield from replay(trajectory, session, settings, before_step=before_step)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resumable replay to a JSONL file of steps
+
+
+@dataclass
+class ReplayRun:
+    """What a replay to file did: steps written, trajectories replayed now and resumed from an earlier run."""
+
+    path: Path
+    steps: int
+    replayed: list[str]
+    resumed: list[str]
+    seconds: float
+
+
+def _progress_path(out: Path) -> Path:
+    return out.with_name(out.name + ".progress.json")
+
+
+def _partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+def _load_progress(out: Path) -> tuple[list[str], int]:
+    """Trajectories finished by an earlier interrupted run; partial lines of unfinished ones are dropped."""
+    progress, partial = _progress_path(out), _partial_path(out)
+    if not progress.exists() or not partial.exists():
+        partial.unlink(missing_ok=True)
+        progress.unlink(missing_ok=True)
+        return [], 0
+    done = json.loads(progress.read_text(encoding="utf-8"))["done"]
+    kept: list[str] = []
+    with partial.open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                if json.loads(line)["kernel_id"] in done:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError):
+                break  # a line cut by the interruption ends what can be trusted
+    partial.write_text("".join(kept), encoding="utf-8")
+    return list(done), len(kept)
+
+
+def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspace: str | Path | None,
+                   settings: ReplaySettings = ReplaySettings(), *, resume: bool = True,
+                   progress: Callable[[str], None] | None = None) -> ReplayRun:
+    """Replay every trajectory, writing steps as they complete; the final file appears only when all are done.
+
+    An interrupted run leaves `<out>.partial` and `<out>.progress.json`; the next run with `resume=True` keeps the
+    trajectories that finished and replays the rest (a trajectory is replayed whole: its state needs its prefix).
+    """
+    out = Path(out)
+    started = time.perf_counter()
+    done, steps = _load_progress(out) if resume else ([], 0)
+    if not resume:
+        _partial_path(out).unlink(missing_ok=True)
+        _progress_path(out).unlink(missing_ok=True)
+    resumed = list(done)
+    replayed: list[str] = []
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    with _partial_path(out).open("a", encoding="utf-8") as fh:
+        for trajectory in trajectories:
+            if trajectory.id in done:
+                say(f"{trajectory.id}: already replayed, kept from the earlier run")
+                continue
+            n = len(trajectory.executions)
+            t0 = time.perf_counter()
+            for step in replay_trajectory(trajectory, workspace, settings):
+                fh.write(json.dumps(step.to_dict(), ensure_ascii=False, sort_keys=True) + "\n")
+                fh.flush()
+                steps += 1
+                if (step.step + 1) % 25 == 0 or step.step + 1 == n:
+                    say(f"{trajectory.id}: {step.step + 1}/{n} steps ({time.perf_counter() - t0:.1f} s)")
+            done.append(trajectory.id)
+            replayed.append(trajectory.id)
+            _progress_path(out).write_text(json.dumps({"done": done}), encoding="utf-8")
+    _partial_path(out).replace(out)
+    _progress_path(out).unlink(missing_ok=True)
+    return ReplayRun(out, steps, replayed, resumed, time.perf_counter() - started)
+
+
+def read_steps(path: str | Path) -> list[Step]:
+    """Read a steps JSONL file; a malformed line is an error naming the file and line."""
+    path = Path(path)
+    steps = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                steps.append(Step.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, KeyError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a replayed step ({exc})") from exc
+    return steps
