@@ -1,0 +1,166 @@
+"""Branch execution: run candidate cells in the exact pre-cell state of a kernel and report what each did.
+
+The fast path forks the kernel once per candidate (`themisto.kernel_agent.branch`): the child shares the kernel's
+memory copy-on-write, so the state is exact and the kernel's own state stays as it was. Where fork is unavailable,
+or when asked, the replay fallback restarts the kernel and replays a prefix of cells before each candidate. Both
+return the same BranchResult record. Like the kernel sandbox, this is a best-effort guard, not a security boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from themisto.kernel_agent import WorkdirGuard
+from themisto.snapshot import AgentError, agent_call, take_snapshot
+
+BranchStatus = Literal["ok", "error", "timeout", "kernel_died"]
+_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+# Per candidate, on top of its own timeout: the child's grace, and the time to fork, report and restore files.
+_SLACK_PER_CANDIDATE_S = 5.0
+_SLACK_PER_CALL_S = 120.0  # hashing the pre-branch state of a large namespace, backing up the workdir
+
+
+class BranchError(RuntimeError):
+    """Branch execution could not run at all (not a candidate's failure, which is a BranchResult status)."""
+
+
+@dataclass
+class BranchResult:
+    """What one candidate did in the pre-cell state: closed status, nbformat outputs, and its namespace delta."""
+
+    index: int
+    status: BranchStatus
+    outputs: list[dict]  # nbformat v4 output dicts, like CellResult.outputs
+    ename: str | None = None
+    evalue: str | None = None
+    traceback: list[str] = field(default_factory=list)  # ANSI-free
+    duration_s: float = 0.0
+    added: dict[str, str] = field(default_factory=dict)  # name -> content hash after
+    changed: dict[str, str] = field(default_factory=dict)  # name -> content hash after
+    deleted: dict[str, str] = field(default_factory=dict)  # name -> content hash before
+    state_hash_after: str | None = None  # None when the candidate left no state to hash (it died, or was killed)
+    truncated: bool = False
+    unverified: list[str] = field(default_factory=list)  # delta="identity": large objects trusted, not rehashed
+    workdir_changes: dict[str, list[str]] = field(default_factory=dict)  # added / deleted / modified paths
+    workdir_restored: bool = True  # every workdir change was undone
+    method: Literal["fork", "replay"] = "fork"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BranchResult:
+        return cls(**data)
+
+
+def _traceback(outputs: list[dict]) -> list[str]:
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    return [_ANSI_RE.sub("", line) for line in errors[-1].get("traceback", [])] if errors else []
+
+
+def _from_agent(raw: dict) -> BranchResult:
+    workdir = raw.get("workdir") or {}
+    changes = {key: list(workdir.get(key, [])) for key in ("added", "deleted", "modified") if workdir.get(key)}
+    outputs = raw.get("outputs", [])
+    return BranchResult(
+        index=int(raw["index"]), status=raw["status"], outputs=outputs, ename=raw.get("ename"),
+        evalue=raw.get("evalue"), traceback=_traceback(outputs), duration_s=float(raw.get("duration_s", 0.0)),
+        added=raw.get("added") or {}, changed=raw.get("changed") or {}, deleted=raw.get("deleted") or {},
+        state_hash_after=raw.get("state_hash_after"), truncated=bool(raw.get("truncated", False)),
+        unverified=list(raw.get("unverified", [])), workdir_changes=changes,
+        workdir_restored=not workdir.get("unrestored"), method="fork")
+
+
+def _fork_branches(session: Any, candidates: list[str], *, timeout_s: float, memory_bytes: int, output_bytes: int,
+                   protect_workdir: bool, delta: str) -> list[BranchResult]:
+    workdir = str(session.workdir) if protect_workdir else None
+    call = (f"branch({list(candidates)!r}, timeout_s={float(timeout_s)!r}, memory_bytes={int(memory_bytes)!r}, "
+            f"output_bytes={int(output_bytes)!r}, workdir={workdir!r}, delta={delta!r})")
+    budget = len(candidates) * (timeout_s + _SLACK_PER_CANDIDATE_S) + _SLACK_PER_CALL_S
+    try:
+        answer = agent_call(session, call, timeout=budget)
+    except AgentError as error:
+        raise BranchError(f"fork branches of {len(candidates)} candidate(s) failed: {error}") from error
+    return [_from_agent(raw) for raw in answer["results"]]
+
+
+def _replay_prefix(session: Any, prefix: list[str]) -> None:
+    session.restart()
+    for number, code in enumerate(prefix):
+        cell = session.execute(code)
+        if cell.status in ("kernel_died", "timeout") and getattr(cell, "kernel_restarted", False):
+            raise BranchError(f"replay fallback: prefix cell {number} ended in {cell.status} ({cell.evalue}); "
+                              "the pre-cell state cannot be rebuilt")
+
+
+def _replay_one(session: Any, index: int, code: str, prefix: list[str], *, timeout_s: float, memory_bytes: int,
+                guard: WorkdirGuard | None) -> BranchResult:
+    _replay_prefix(session, prefix)
+    before = take_snapshot(session)
+    if guard is not None:
+        guard.refresh()
+    agent_call(session, f"set_data_limit({int(memory_bytes)})", timeout=30)
+    cell = session.execute(code, timeout=timeout_s)
+    result = BranchResult(index=index, status=cell.status, outputs=cell.outputs, ename=cell.ename,
+                          evalue=cell.evalue, traceback=list(cell.traceback), duration_s=cell.duration_s,
+                          truncated=cell.truncated, method="replay")
+    if not getattr(cell, "kernel_restarted", False) and session.alive:
+        agent_call(session, "set_data_limit(None)", timeout=30)
+        after = take_snapshot(session)
+        pre, post = before.hashes(), after.hashes()
+        result.added = {n: h for n, h in post.items() if n not in pre}
+        result.changed = {n: h for n, h in post.items() if n in pre and pre[n] != h}
+        result.deleted = {n: h for n, h in pre.items() if n not in post}
+        result.state_hash_after = after.state_hash
+    if guard is not None:
+        changes = guard.check_and_restore()
+        result.workdir_changes = {key: changes[key] for key in ("added", "deleted", "modified") if changes[key]}
+        result.workdir_restored = not changes["unrestored"]
+    return result
+
+
+def _replay_branches(session: Any, candidates: list[str], prefix: list[str], *, timeout_s: float,
+                     memory_bytes: int, protect_workdir: bool) -> list[BranchResult]:
+    guard = WorkdirGuard(str(session.workdir)) if protect_workdir else None
+    try:
+        results = [_replay_one(session, index, code, prefix, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                               guard=guard) for index, code in enumerate(candidates)]
+    finally:
+        if guard is not None:
+            guard.close()
+    _replay_prefix(session, prefix)  # leave the session in the pre-cell state, as the fork path does
+    return results
+
+
+def fork_available() -> bool:
+    """True where the kernel can fork (POSIX with os.fork); the kernel runs on this machine."""
+    return hasattr(os, "fork") and hasattr(os, "memfd_create")
+
+
+def run_branches(session: Any, candidates: list[str], *, timeout_s: float = 30.0, memory_bytes: int = 2**30,
+                 output_bytes: int = 2**20, prefix: list[str] | None = None, use_fork: bool | None = None,
+                 protect_workdir: bool = True, delta: Literal["hash", "identity"] = "hash") -> list[BranchResult]:
+    """Run each candidate cell in the session's current state and return one BranchResult per candidate.
+
+    `use_fork=None` forks where possible and replays otherwise; the replay fallback needs `prefix`, the cells that
+    rebuild the state. `delta="identity"` trusts large objects that kept their identity and structure instead of
+    rehashing them (much faster with big DataFrames; such names are listed in `unverified`).
+    """
+    candidates = list(candidates)
+    if not candidates:
+        return []
+    if delta not in ("hash", "identity"):
+        raise ValueError(f"delta must be 'hash' or 'identity', not {delta!r}")
+    if use_fork is None:
+        use_fork = fork_available()
+    if use_fork:
+        return _fork_branches(session, candidates, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                              output_bytes=output_bytes, protect_workdir=protect_workdir, delta=delta)
+    if prefix is None:
+        raise BranchError("the replay fallback needs `prefix`: the cells that rebuild the pre-cell state")
+    return _replay_branches(session, candidates, list(prefix), timeout_s=timeout_s, memory_bytes=memory_bytes,
+                            protect_workdir=protect_workdir)
+

@@ -1,0 +1,135 @@
+"""Runtime snapshots of a kernel's user namespace, read through a silent channel that leaves In/Out untouched.
+
+The kernel side is `themisto.kernel_agent`; this module sends it silent user expressions and turns the replies into
+records. The names the paper's release uses stay recognisable: `size`, `repr`, `memory_bytes`, `state_hash`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# A user expression that reaches the agent without binding any name in the user's namespace.
+AGENT = "__import__('themisto.kernel_agent').kernel_agent"
+SNAPSHOT_TIMEOUT_S = 60.0
+
+
+class AgentError(RuntimeError):
+    """The kernel agent could not answer: the kernel replied with an error, timed out or died."""
+
+
+def agent_call(session: Any, call: str, *, timeout: float) -> Any:
+    """Evaluate `kernel_agent.<call>` silently in the session's kernel and return its decoded JSON answer."""
+    expression = f"{AGENT}.reply({AGENT}.{call})"
+    content = session.execute_silent("", user_expressions={"themisto": expression}, timeout=timeout)
+    if content.get("status") != "ok":
+        raise AgentError(f"kernel agent call {call[:60]!r}: {content.get('status')}: "
+                         f"{content.get('ename')}: {content.get('evalue')}")
+    answer = content.get("user_expressions", {}).get("themisto")
+    if answer is None:
+        raise AgentError(f"kernel agent call {call[:60]!r}: no user expression came back")
+    if answer.get("status") != "ok":
+        raise AgentError(f"kernel agent call {call[:60]!r} failed in the kernel: "
+                         f"{answer.get('ename')}: {answer.get('evalue')}")
+    return json.loads(answer["data"]["text/plain"])
+
+
+@dataclass(frozen=True)
+class VariableInfo:
+    """One user variable: qualified type, size in bytes, bounded repr, content hash, and shape-like facts."""
+
+    name: str
+    type: str
+    size: int
+    repr: str
+    hash: str  # "unhashable:<reason>" when no stable hash could be made
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    len: int | None = None
+    columns: tuple[str, ...] | None = None
+    repr_error: str | None = None  # the exception of a broken __repr__
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        for key in ("shape", "columns"):
+            if data[key] is not None:
+                data[key] = list(data[key])
+        return {k: v for k, v in data.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> VariableInfo:
+        try:
+            return cls(name=data["name"], type=data["type"], size=int(data["size"]), repr=data["repr"],
+                       hash=data["hash"], shape=tuple(data["shape"]) if data.get("shape") is not None else None,
+                       dtype=data.get("dtype"), len=data.get("len"),
+                       columns=tuple(data["columns"]) if data.get("columns") is not None else None,
+                       repr_error=data.get("repr_error"))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"variable record {data.get('name', '?')!r}: {type(error).__name__}: {error}") from error
+
+
+@dataclass
+class Snapshot:
+    """The runtime state after a step: the user's variables, the kernel's memory and a hash of the whole state."""
+
+    variables: dict[str, VariableInfo]
+    memory_bytes: int  # resident set of the kernel process
+    state_hash: str  # over the sorted (name, content hash) pairs
+    failures: dict[str, str] = field(default_factory=dict)  # variable name -> what could not be measured
+    uss_bytes: int = 0  # memory unique to the kernel process
+    elapsed_s: float = 0.0  # time the kernel spent taking it
+
+    def runtime_variables(self) -> dict[str, dict]:
+        """The paper's release shape: name -> {size, repr}."""
+        return {name: {"size": info.size, "repr": info.repr} for name, info in self.variables.items()}
+
+    def hashes(self) -> dict[str, str]:
+        return {name: info.hash for name, info in self.variables.items()}
+
+    def to_dict(self) -> dict:
+        return {"variables": [info.to_dict() for info in self.variables.values()], "memory_bytes": self.memory_bytes,
+                "uss_bytes": self.uss_bytes, "state_hash": self.state_hash, "failures": dict(self.failures),
+                "elapsed_s": self.elapsed_s}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Snapshot:
+        try:
+            variables = [VariableInfo.from_dict(v) for v in data["variables"]]
+            return cls(variables={v.name: v for v in variables}, memory_bytes=int(data["memory_bytes"]),
+                       state_hash=data["state_hash"], failures=dict(data.get("failures", {})),
+                       uss_bytes=int(data.get("uss_bytes", 0)), elapsed_s=float(data.get("elapsed_s", 0.0)))
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"snapshot record: missing or malformed {error}") from error
+
+
+def take_snapshot(session: Any, *, timeout: float = SNAPSHOT_TIMEOUT_S) -> Snapshot:
+    """Read the session kernel's runtime snapshot silently (In/Out and the execution count stay as they were)."""
+    return Snapshot.from_dict(agent_call(session, "snapshot()", timeout=timeout))
+
+
+@dataclass
+class DumpReport:
+    """Where `dump_values` wrote each variable, and why the others could not be written."""
+
+    paths: dict[str, Path]
+    failures: dict[str, str]
+
+
+def dump_values(session: Any, names: list[str], dest_dir: str | Path, *,
+                timeout: float = SNAPSHOT_TIMEOUT_S) -> DumpReport:
+    """Serialize the named variables with dill, one file per variable, into `dest_dir` (which the kernel must be
+    able to write, e.g. a folder under `session.workdir`). Generators and file handles fail by name."""
+    call = f"dump_values({[str(n) for n in names]!r}, {str(dest_dir)!r})"
+    answer = agent_call(session, call, timeout=timeout)
+    return DumpReport(paths={name: Path(info["path"]) for name, info in answer["written"].items()},
+                      failures=dict(answer["failures"]))
+
+
+def load_value(path: str | Path) -> Any:
+    """Read back one value written by `dump_values`."""
+    import dill
+
+    with open(path, "rb") as f:
+        return dill.load(f)
