@@ -177,10 +177,26 @@ def _hash_frame(value: Any, h: Any) -> None:
     index = value if isinstance(value, pd.Index) else value.index
     h.update(repr((list(index.names), repr(index.dtype), len(index))).encode())
     if isinstance(value, pd.Index):
-        hashed = pd.util.hash_pandas_object(value)
-    else:
-        hashed = pd.util.hash_pandas_object(value, index=True)
-    h.update(memoryview(hashed.to_numpy()))
+        _hash_column(value, h)
+        return
+    h.update(memoryview(pd.util.hash_pandas_object(index).to_numpy()))
+    columns = [value] if isinstance(value, pd.Series) else [value.iloc[:, i] for i in range(value.shape[1])]
+    for column in columns:
+        _hash_column(column, h)
+
+
+def _hash_column(column: Any, h: Any) -> None:
+    """pandas' own value hashes; a column holding lists or dicts (which it refuses) is encoded canonically."""
+    import pandas as pd
+
+    try:
+        h.update(memoryview(pd.util.hash_pandas_object(column, index=False).to_numpy()))
+    except TypeError:
+        values = list(column)
+        try:
+            _canonical(h, values, [max(_CANON_NODES, 50 * len(values))], set())
+        except _NotCanonical:
+            h.update(_fast_pickle(values))
 
 
 def _hash_array(value: Any, h: Any) -> None:
@@ -227,7 +243,8 @@ def content_hash(value: Any) -> str:
         return f"{UNHASHABLE}:RecursionError"
     except Exception as error:  # noqa: BLE001 - any failure of user code in pickle/repr is recorded, not raised
         text = _safe_repr(value)[0]
-        if " at 0x" in text or text.startswith("<repr failed"):
+        # A repr stands for the content only where it is complete: never for arrays and frames (display-truncated).
+        if " at 0x" in text or text.startswith("<repr failed") or module.startswith(("pandas", "numpy")):
             return f"{UNHASHABLE}:{type(error).__name__}"
         h = hashlib.sha256(b"repr:" + _qualname(value).encode() + text.encode("utf-8", "replace"))
         return "repr:" + h.hexdigest()[:HASH_CHARS]
@@ -281,7 +298,8 @@ def _frame_size(value: Any) -> int:
     columns = [value] if isinstance(value, pd.Series) else [value.iloc[:, i] for i in range(value.shape[1])]
     for column in columns:  # shallow counts only the pointers of object columns; add their objects from a sample
         if column.dtype == object:
-            sample = column.iloc[:: max(1, len(column) // 2000)]
+            # a fixed pseudo-random sample: a stride could fall in step with a repeating pattern
+            sample = column.iloc[sorted(random.Random(0).sample(range(len(column)), 2000))]
             total += int(sum(sys.getsizeof(v) for v in sample) / max(1, len(sample)) * len(column))
     return total
 
@@ -483,7 +501,8 @@ class WorkdirGuard:
                 elif stat.S_ISLNK(st.st_mode):
                     found[rel] = ("l", os.readlink(full))
                 else:  # ctime cannot be set by the user: any write or rename changes it
-                    found[rel] = ("f", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, stat.S_IMODE(st.st_mode))
+                    found[rel] = ("f", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, stat.S_IMODE(st.st_mode),
+                                  st.st_uid, st.st_gid)
                 if len(found) > self.max_entries:
                     raise RuntimeError(f"{self.root} holds more than {self.max_entries} entries; not guarded")
         return found
@@ -545,6 +564,8 @@ class WorkdirGuard:
                 else:
                     partial = full + ".themisto-restore"
                     shutil.copy2(os.path.join(self.backup_dir, rel), partial)
+                    if (os.geteuid() == 0) and (entry[6], entry[7]) != (os.getuid(), os.getgid()):
+                        os.chown(partial, entry[6], entry[7])  # the host restores files the kernel's uid owns
                     os.replace(partial, full)
             except OSError:
                 unrestored.append(rel)
@@ -586,14 +607,15 @@ class _Recorder:
     def stream(self, name: str, text: str) -> None:
         if not text:
             return
-        size = len(text.encode("utf-8", "replace"))
-        self.total += size
         room = self.cap - self.kept
+        # utf-8 takes at least a byte per character: a text far over the room is cut before it is encoded
+        size = len(text) if len(text) > 4 * max(room, 0) + 4096 else len(text.encode("utf-8", "replace"))
+        self.total += size
         if size > room:
             self.truncated = True
             if room <= 0:
                 return
-            text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+            text = text[:room].encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
             size = len(text.encode("utf-8"))
         self.kept += size
         last = self.outputs[-1] if self.outputs else None
