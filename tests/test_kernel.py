@@ -105,7 +105,7 @@ def test_limits_hold_inside_the_kernel():
                 "os.environ['MPLBACKEND'])")
         printed = kernel.execute(code).outputs[0]["text"].split()
         assert printed[:3] == ["[2147483648,", "1048576,", "600]"]
-        assert printed[3:] == ["2", "1", "Agg"]
+        assert printed[3:] == ["2", "1", "module://matplotlib_inline.backend_inline"]
         too_big = kernel.execute("open('big.bin', 'wb').write(b'x' * (2 * 2**20))")
         assert too_big.status == "error" and too_big.ename in ("OSError", "OverflowError")
         if SANDBOX and os.geteuid() == 0:

@@ -42,7 +42,8 @@ INTERRUPT_GRACE_S = 1.5
 # How often the kernel process is checked for life while a cell runs.
 _LIVENESS_PERIOD_S = 0.2
 _KERNEL_NAME = "themisto-sandbox"
-_TRUNCATION_MARKER = "\n[themisto: output truncated: the cell wrote {total:,} bytes, over its {cap:,}-byte limit]\n"
+_STDERR_TAIL_BYTES = 8192
+_TRUNCATION_MARKER = "\n[themisto: output truncated at the cell's {cap:,}-byte limit]\n"
 
 
 class SandboxWarning(UserWarning):
@@ -194,7 +195,7 @@ class _OutputCollector:
 
     def finish(self) -> list[dict]:
         if self.truncated:
-            marker = _TRUNCATION_MARKER.format(total=self.total, cap=self.cap)
+            marker = _TRUNCATION_MARKER.format(cap=self.cap)
             self.outputs.append({"output_type": "stream", "name": "stderr", "text": marker})
         return self.outputs
 
@@ -328,6 +329,8 @@ class AsyncKernelSession:
         self._bwrap: str | None = None
         self._uid: int | None = None
         self._gid: int | None = None
+        self._stderr = bytearray()
+        self._stderr_fd: int | None = None
 
     # ----- lifecycle -------------------------------------------------------------------------------------------
 
@@ -451,7 +454,8 @@ class AsyncKernelSession:
                                                network=limits.network, drop_uid=self._uid is not None)
         argv += kernel_launcher.launcher_argv(
             memory_bytes=limits.memory_bytes, max_processes=limits.max_processes,
-            file_size_bytes=limits.file_size_bytes, cpu_seconds=limits.cpu_seconds, uid=self._uid, gid=self._gid)
+            file_size_bytes=limits.file_size_bytes, cpu_seconds=limits.cpu_seconds, uid=self._uid, gid=self._gid,
+            output_bytes=limits.output_bytes)
         spec_dir = self._paths.root / "spec" / _KERNEL_NAME
         spec_dir.mkdir(parents=True, exist_ok=True)
         spec = {"argv": argv, "display_name": "Themisto sandbox", "language": "python", "interrupt_mode": "signal",
@@ -473,24 +477,53 @@ class AsyncKernelSession:
         km.write_connection_file()
         if self._uid is not None:
             os.chown(connection_file, self._uid, self._gid)
-        log_path = self._paths.root / f"kernel-{self._starts}.log"
         self._km = km
-        with open(log_path, "wb") as log:
-            await km.start_kernel(env=self._kernel_env(), cwd=str(self._paths.work), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=log)
+        await km.start_kernel(env=self._kernel_env(), cwd=str(self._paths.work), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         process = self._process()
         if process is not None:
             self._resources.pgids.add(process.pid)
+            self._stderr.clear()
+            self._watch_stderr(process)
         kc = km.client()
         kc.start_channels()
         self._kc = kc
         try:
             await kc.wait_for_ready(timeout=settings().kernel_start_timeout_s)
         except RuntimeError as exc:
-            tail = log_path.read_bytes()[-3000:].decode("utf-8", "replace") if log_path.exists() else ""
-            raise KernelStartError(f"the kernel did not start ({exc}); its log {log_path} ends with:\n{tail}") from exc
+            await asyncio.sleep(0.05)  # let the last lines of the kernel's stderr arrive
+            tail = self._stderr.decode("utf-8", "replace")
+            raise KernelStartError(f"the kernel did not start ({exc}); its stderr ends with:\n{tail}") from exc
         self._kernel_pid = self._find_kernel_pid()
         await self._drain_iopub()
+
+    def _watch_stderr(self, process: subprocess.Popen) -> None:
+        """Keep the last few KB of the kernel's stderr (startup errors; fd-level output echoed by ipykernel) in
+        memory: a file would grow with whatever the cell writes to fd 2."""
+        loop = asyncio.get_running_loop()
+        fd = process.stderr.fileno()
+
+        def on_readable() -> None:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(fd)
+                return
+            self._stderr += data
+            del self._stderr[:-_STDERR_TAIL_BYTES]
+
+        loop.add_reader(fd, on_readable)
+        self._stderr_fd = fd
+
+    def _unwatch_stderr(self) -> None:
+        if self._stderr_fd is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._stderr_fd)
+            except (RuntimeError, ValueError):
+                pass
+            self._stderr_fd = None
 
     def _process(self) -> subprocess.Popen | None:
         provisioner = getattr(self._km, "provisioner", None)
@@ -512,6 +545,7 @@ class AsyncKernelSession:
     async def _stop_kernel(self) -> None:
         kc, km = self._kc, self._km
         self._kc = self._km = None
+        self._unwatch_stderr()
         self._kernel_pid = None
         if kc is not None:
             kc.stop_channels()

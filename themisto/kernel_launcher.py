@@ -24,12 +24,18 @@ KERNEL_ENV: dict[str, str] = {
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
-    "MPLBACKEND": "Agg",
+    # Headless, like Agg, but figures come back as display_data image/png as they did for the JuNE participants
+    # (with plain Agg a plotting cell has no figure output at all).
+    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
     "PYTHONUNBUFFERED": "1",
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
 }
 
 _PR_SET_PDEATHSIG = 1
+# How the launcher tells the kernel-side output cap (the IPython extension below) its limit.
+OUTPUT_CAP_ENV = "THEMISTO_KERNEL_OUTPUT_BYTES"
+# The kernel keeps writing a little past the cap so the host sees the overflow and marks the cell truncated.
+_OUTPUT_CAP_SLACK = 4096
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,7 @@ def launcher_argv(
     cpu_seconds: int | None,
     uid: int | None,
     gid: int | None,
+    output_bytes: int | None = None,
 ) -> list[str]:
     """The command that runs this module with the given limits; `{connection_file}` is filled in by jupyter_client."""
     argv = [sys.executable, "-m", "themisto.kernel_launcher", "--memory-bytes", str(memory_bytes),
@@ -136,6 +143,8 @@ def launcher_argv(
         argv += ["--cpu-seconds", str(cpu_seconds)]
     if uid is not None and gid is not None:
         argv += ["--uid", str(uid), "--gid", str(gid)]
+    if output_bytes is not None:
+        argv += ["--output-bytes", str(output_bytes)]
     return argv + ["-f", "{connection_file}"]
 
 
@@ -169,6 +178,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cpu-seconds", type=int, default=None)
     parser.add_argument("--uid", type=int, default=None)
     parser.add_argument("--gid", type=int, default=None)
+    parser.add_argument("--output-bytes", type=int, default=None)
     parser.add_argument("-f", dest="connection_file", required=True)
     return parser.parse_args(argv)
 
@@ -199,13 +209,43 @@ def main(argv: list[str] | None = None) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    os.environ.update(KERNEL_ENV)
+    for name, value in KERNEL_ENV.items():
+        os.environ.setdefault(name, value)  # the session's extra_env may override them
     # ipykernel polls for the parent named here and quits when getppid() is 1, which in a pid namespace it always is;
     # PR_SET_PDEATHSIG above does that job instead.
     os.environ.pop("JPY_PARENT_PID", None)
     kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file,
               "--HistoryManager.hist_file=:memory:"]
+    if args.output_bytes is not None:
+        os.environ[OUTPUT_CAP_ENV] = str(args.output_bytes)
+        kernel.append("--IPKernelApp.extensions=themisto.kernel_launcher")
     os.execv(sys.executable, kernel)
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """Kernel side: stop forwarding stdout/stderr once a cell has written past its cap, so a cell printing 200 MB
+    does not ship 200 MB to the host (the host cuts precisely and marks the cut; this only spares the transfer)."""
+    cap = int(os.environ.get(OUTPUT_CAP_ENV, "0") or 0)
+    if cap <= 0:
+        return
+    cap += _OUTPUT_CAP_SLACK
+    written = [0]
+
+    def reset(*_: object) -> None:
+        written[0] = 0
+
+    ipython.events.register("pre_execute", reset)  # type: ignore[attr-defined]
+    for stream in (sys.stdout, sys.stderr):
+        original = stream.write
+
+        def capped_write(text: str, _original=original) -> int:
+            room = cap - written[0]
+            written[0] += len(text)
+            if room > 0:
+                _original(text if len(text) <= room else text[:room])
+            return len(text)
+
+        stream.write = capped_write  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":
