@@ -1,0 +1,153 @@
+"""Branch execution in a real sandboxed kernel: outputs, statuses and deltas of candidates in the exact pre-cell
+state, the parent left as it was, and the fork path agreeing with the replay fallback."""
+
+import shutil
+
+import pytest
+
+from themisto.branch import BranchError, BranchResult, run_branches
+from themisto.kernel import KernelSession
+from themisto.snapshot import take_snapshot
+
+pytestmark = pytest.mark.slow
+
+# The prefix of a task-2 trajectory, on the real features table.
+PREFIX = [
+    "import pandas as pd\nimport numpy as np",
+    "features = pd.read_pickle('test_features.pkl')",
+    "counts = features['cell_type'].value_counts()",
+    "import random\nrandom.seed(5)\nseen = []",
+]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, june_dir):
+    folder = tmp_path_factory.mktemp("branch-workspace")
+    shutil.copy(june_dir / "test_features.pkl", folder / "test_features.pkl")  # a temp copy, never the repo
+    return folder
+
+
+def _start(workspace):
+    session = KernelSession(workspace)
+    session.start()
+    for code in PREFIX:
+        result = session.execute(code)
+        assert result.status == "ok", result.traceback
+    return session
+
+
+@pytest.fixture(scope="module")
+def session(workspace):
+    session = _start(workspace)
+    yield session
+    session.close()
+
+
+def _count(session) -> int:
+    content = session.execute_silent("", user_expressions={"n": "get_ipython().execution_count"})
+    return int(content["user_expressions"]["n"]["data"]["text/plain"])
+
+
+def _texts(result) -> list[tuple]:
+    """Outputs as comparable facts: kind, stream name, text or text/plain, error name (tracebacks differ)."""
+    facts = []
+    for output in result.outputs:
+        kind = output["output_type"]
+        if kind == "stream":
+            facts.append((kind, output["name"], output["text"]))
+        elif kind == "error":
+            facts.append((kind, output["ename"], output["evalue"]))
+        else:
+            facts.append((kind, output["data"].get("text/plain")))
+    return facts
+
+
+def test_candidates_run_in_the_pre_cell_state_and_leave_it_unchanged(session):
+    before = take_snapshot(session)
+    count = _count(session)
+    results = run_branches(session, [
+        "features.shape",
+        "print(features['filename'].nunique())\ntotal = int(counts.sum())",
+        "del seen",
+        "features.drop(columns=['filename'], inplace=True)\nfeatures.shape",
+        "undefined_name",
+        "%who_ls list",
+        "x = 1;",
+        "from IPython.display import display\ndisplay(features.head(2))",
+    ], timeout_s=20)
+    assert [r.index for r in results] == list(range(8))
+    assert all(r.method == "fork" for r in results)
+    shape, printed, deleted, dropped, undefined, magic, quiet, shown = results
+    assert shape.status == "ok" and _texts(shape) == [("execute_result", "(1918, 21)")]
+    assert shape.added == shape.changed == shape.deleted == {}
+    assert shape.state_hash_after == before.state_hash
+    assert _texts(printed) == [("stream", "stdout", "94\n")]
+    assert list(printed.added) == ["total"]
+    assert deleted.deleted == {"seen": before.variables["seen"].hash}
+    assert _texts(dropped) == [("execute_result", "(1918, 20)")] and list(dropped.changed) == ["features"]
+    assert undefined.status == "error" and undefined.ename == "NameError"
+    assert "name 'undefined_name' is not defined" in undefined.evalue
+    assert any("NameError" in line for line in undefined.traceback)
+    assert all("\x1b[" not in line for line in undefined.traceback)
+    assert magic.status == "ok" and "seen" in _texts(magic)[0][1]
+    assert quiet.outputs == [] and list(quiet.added) == ["x"]
+    assert shown.outputs[0]["output_type"] == "display_data" and "text/html" in shown.outputs[0]["data"]
+    after = take_snapshot(session)
+    assert after.state_hash == before.state_hash
+    assert _count(session) == count
+
+
+def test_identity_delta_trusts_large_unchanged_objects_and_sees_structure(session):
+    session.execute("big = np.zeros(2_000_000)\nsmall = [1, 2]")
+    try:
+        codes = ["big[0] = 1.0", "big = big[:10]", "small.append(3)", "features['new'] = 1"]
+        exact = run_branches(session, codes, delta="hash")
+        fast = run_branches(session, codes, delta="identity")
+        assert list(exact[0].changed) == ["big"] and exact[0].unverified == []
+        assert fast[0].changed == {} and "big" in fast[0].unverified  # an in-place write it cannot see, said so
+        for index in (1, 2, 3):
+            assert exact[index].changed == fast[index].changed and exact[index].changed
+            assert exact[index].state_hash_after == fast[index].state_hash_after
+    finally:
+        session.execute("del big, small")
+
+
+def test_bad_requests_are_refused_clearly(session):
+    with pytest.raises(BranchError, match="prefix"):
+        run_branches(session, ["1"], use_fork=False)
+    with pytest.raises(ValueError, match="delta"):
+        run_branches(session, ["1"], delta="fuzzy")
+    assert run_branches(session, []) == []
+
+
+def test_result_round_trips():
+    result = BranchResult(index=2, status="error", outputs=[{"output_type": "error", "ename": "E", "evalue": "v",
+                                                             "traceback": []}], ename="E", evalue="v")
+    assert BranchResult.from_dict(result.to_dict()) == result
+
+
+def test_fork_and_replay_agree(workspace):
+    candidates = [
+        "features.shape",
+        "print(counts.head(3))\nseen.append(1)",
+        "random.random()",
+        "1/0",
+        "import sys\nsys.exit()",
+        "features['x'] = 1\nlen(features.columns)",
+        "del counts\nimport os\nos.listdir('.')",
+    ]
+    session = _start(workspace)
+    try:
+        before = take_snapshot(session)
+        forked = run_branches(session, candidates, timeout_s=20)
+        replayed = run_branches(session, candidates, timeout_s=20, prefix=PREFIX, use_fork=False)
+        assert take_snapshot(session).state_hash == before.state_hash  # replay leaves the prefix state behind too
+    finally:
+        session.close()
+    assert [r.method for r in replayed] == ["replay"] * len(candidates)
+    for fork, replay in zip(forked, replayed):
+        assert (fork.status, fork.ename, fork.evalue) == (replay.status, replay.ename, replay.evalue), fork.index
+        assert _texts(fork) == _texts(replay), fork.index
+        assert (fork.added, fork.changed, fork.deleted) == (replay.added, replay.changed, replay.deleted), fork.index
+        assert fork.state_hash_after == replay.state_hash_after, fork.index
+    assert forked[4].ename == "SystemExit"
