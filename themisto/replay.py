@@ -100,7 +100,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
            before_step: BeforeStep | None = None) -> Iterator[Step]:
     """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes."""
     from themisto.outputs import output_text, output_types, rich_outputs
-    from themisto.snapshot import take_snapshot
+    from themisto.snapshot import AgentError, take_snapshot
 
     restarts = _restart_points(trajectory)
     for i, execution in enumerate(trajectory.executions):
@@ -111,7 +111,12 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             before_step(trajectory, i, session)
         cleaned = clean_for_replay(execution.code)
         result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings))
-        snap = take_snapshot(session) if settings.snapshots else None
+        snap, snap_error = None, {}
+        if settings.snapshots:
+            try:
+                snap = take_snapshot(session)
+            except AgentError as exc:  # recorded on the step; one unreadable state does not end the replay
+                snap_error = {"<snapshot>": str(exc)[:500]}
         yield Step(
             kernel_id=trajectory.id,
             step=i,
@@ -129,8 +134,8 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             execution_time=round(result.duration_s, 6),
             memory_bytes=snap.memory_bytes if snap else None,
             state_hash=snap.state_hash if snap else None,
-            variables=[asdict(v) for v in snap.variables] if snap else [],
-            snapshot_failures=dict(snap.failures) if snap else {},
+            variables=[v.to_dict() for v in snap.variables.values()] if snap else [],
+            snapshot_failures=dict(snap.failures) if snap else snap_error,
             kernel_restarted=result.kernel_restarted,
             logged=_logged(execution),
             notebook=trajectory.notebook,
