@@ -211,8 +211,117 @@ def _add_replay(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# build, check, push (the dataset release)
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_ingest, _add_workspace, _add_replay)
+
+def build_command(args: argparse.Namespace) -> int:
+    """Replay the inputs (default: the shipped sample) and write a release folder: Parquet per config, card."""
+    from themisto.release import BuildInputs, build_release, release_rows
+    from themisto.tasks import TaskSettings
+
+    inputs = BuildInputs(
+        logs=tuple(args.logs or ()), table=args.table, notebooks=tuple(args.notebooks or ()), steps=args.steps,
+        paper=args.paper, workspace=args.workspace, workspace_seed=args.workspace_seed, steps_out=args.steps_out,
+        cell_timeout_s=args.timeout)
+    if args.workspace is not None and not args.workspace.is_dir():
+        raise CommandError(f"{args.workspace}: no such workspace directory (make one with `themisto workspace`)")
+    settings = TaskSettings(seed=args.seed, test_fraction=args.test_fraction,
+                            output_sample_size=None if args.all_outputs else TaskSettings.output_sample_size)
+    steps_default = args.output.with_name(args.output.name + ".steps.jsonl")
+    rows, source, extra = release_rows(inputs, steps_default)
+    report = build_release(rows, args.output, settings, source=source, extra_settings=extra,
+                           overwrite=args.overwrite, allow_missing_files=args.allow_missing_files)
+    if args.json:
+        print(json.dumps({"output": str(args.output), **report.to_dict()}, ensure_ascii=False, sort_keys=True))
+    else:
+        for config, splits in report.sizes.items():
+            print(f"{config}: " + ", ".join(f"{split} {n}" for split, n in splits.items()))
+        for note in report.notes:
+            print(f"note: {note}")
+        print(f"wrote {args.output} (content sha256 {report.content_sha256})")
+    return 0
+
+
+def _add_build(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("build", help="write the dataset release (Parquet per config and split + card)")
+    parser.add_argument("--logs", nargs="+", type=Path, metavar="LOG", help="JuNE .log files (default: data/sample)")
+    parser.add_argument("--table", type=Path, metavar="CSV", help="a JuNE table (dataset.csv)")
+    parser.add_argument("--notebooks", nargs="+", type=Path, metavar="IPYNB", help="notebooks as trajectories")
+    parser.add_argument("--steps", type=Path, help="an existing replay (steps JSONL): build from it, replay nothing")
+    parser.add_argument("--paper", type=Path, help="the paper's published rows (.parquet/.jsonl/.json/.csv)")
+    parser.add_argument("--workspace", type=Path, help="replay input files (default: look-alike inputs)")
+    parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
+    parser.add_argument("--steps-out", type=Path, help="where replay writes steps (default: DIR.steps.jsonl)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="replay: seconds per cell")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split and of the output sample")
+    parser.add_argument("--test-fraction", type=float, default=0.5, help="share of steps for `test`")
+    parser.add_argument("--all-outputs", action="store_true", help="output_prediction test: all eligible rows")
+    parser.add_argument("--allow-missing-files", action="store_true",
+                        help="build even when replay failed for a file the workspace lacks")
+    parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
+    parser.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="release folder to write")
+    parser.add_argument("--json", action="store_true", help="print the build report as one JSON object")
+    parser.set_defaults(run=build_command)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """Check a release folder: configs, splits, files, schema vs the declared Features; exit 1 on a problem."""
+    from themisto.release import check_release
+
+    report = check_release(args.folder)
+    if args.json:
+        print(json.dumps(report.to_dict(), ensure_ascii=False, sort_keys=True))
+    else:
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        for config, splits in report.sizes.items():
+            print(f"{config}: " + ", ".join(f"{split} {n}" for split, n in splits.items()))
+        print(f"{args.folder}: " + ("ok" if report.ok else f"{len(report.problems)} problem(s)"))
+    return 0 if report.ok else 1
+
+
+def _add_check(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("check", help="check a release folder before anyone trains on it")
+    parser.add_argument("folder", type=Path, metavar="DIR")
+    parser.add_argument("--json", action="store_true", help="print {ok, problems, sizes} as one JSON object")
+    parser.set_defaults(run=check_command)
+
+
+def push_command(args: argparse.Namespace) -> int:
+    """Upload a checked release folder to a Hub dataset repository (huggingface_hub; needs network and a token)."""
+    from dataclasses import asdict
+
+    from themisto.release import push_release, upload_plan
+
+    plan = upload_plan(args.folder, args.repo_id, private=args.private, revision=args.revision,
+                       commit_message=args.message)
+    commit = None if args.dry_run else push_release(plan)
+    if args.json:
+        print(json.dumps({**asdict(plan), "folder": str(plan.folder), "dry_run": args.dry_run,
+                          "commit": None if commit is None else str(commit)}, sort_keys=True))
+    else:
+        for rel, size in plan.files.items():
+            print(f"{size:>12,}  {rel}")
+        print(("would upload" if args.dry_run else "uploaded") + f" {len(plan.files)} files to {plan.repo_id}")
+    return 0
+
+
+def _add_push(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("push", help="upload a release folder to the Hugging Face Hub")
+    parser.add_argument("folder", type=Path, metavar="DIR")
+    parser.add_argument("--repo-id", required=True, help="dataset repository, owner/name")
+    parser.add_argument("--private", action="store_true")
+    parser.add_argument("--revision", help="branch to commit to")
+    parser.add_argument("--message", help="commit message")
+    parser.add_argument("--dry-run", action="store_true", help="check and list the files, upload nothing")
+    parser.add_argument("--json", action="store_true", help="print the upload plan as one JSON object")
+    parser.set_defaults(run=push_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_ingest, _add_workspace, _add_replay, _add_build, _add_check, _add_push)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,372 @@
+"""Benchmark rows from replayed trajectories: the `trajectories` config, the train/test split, and the two tasks.
+
+Rows are plain dicts whose keys are the fields declared in `themisto_dataset.py`. Task construction follows the
+paper (Grotov & Titov, 2025): a target needs at least five prior actions in its trajectory; empty targets and
+targets longer than the 0.99 quantile of target length are dropped; the output-prediction test split is the
+paper's sample of 200 (180 from the middle two quartiles of output length, 10 from the shortest quartile, 10
+from the longest, fixed seed). Every rule is counted, and a task left empty names the rule that emptied it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+# A prompt shows at most this many prior cells, each output cut to this many characters (then a marker).
+HISTORY_CELLS = 10
+HISTORY_OUTPUT_CHARS = 2000
+TRUNCATION_MARKER = "\n[... output truncated: {omitted} more characters]"
+MIN_PRIOR_ACTIONS = 5
+LENGTH_QUANTILE = 0.99
+OUTPUT_SAMPLE_SIZE = 200
+OUTPUT_SAMPLE_EXTREMES = 10  # drawn from each of the shortest and the longest quartile; the rest from the middle
+TEST_FRACTION = 0.5
+# Replay outcomes whose output is not a finished cell's output: no output-prediction target comes from them.
+UNFINISHED_STATUSES: frozenset[str] = frozenset({"timeout", "kernel_died"})
+
+# The rules, in the order they are applied, with the sentence the card and error messages use.
+RULES: dict[str, str] = {
+    "min_prior_actions": f"the target has fewer than {MIN_PRIOR_ACTIONS} prior actions in its trajectory",
+    "empty_target": "the target is empty (or its code was not logged)",
+    "unfinished_replay": "replay did not finish the cell (timeout or kernel died), so its output is not a target",
+    "length_quantile": f"the target is longer than the {LENGTH_QUANTILE} quantile of target length",
+}
+
+
+class TaskError(ValueError):
+    """Task rows cannot be built; the message names the trajectory/step or the rule concerned."""
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """How tasks and splits are made from trajectory rows."""
+
+    seed: int = 0
+    test_fraction: float = TEST_FRACTION  # share of steps (by whole groups) that go to `test`
+    history_cells: int = HISTORY_CELLS
+    history_output_chars: int = HISTORY_OUTPUT_CHARS
+    min_prior_actions: int = MIN_PRIOR_ACTIONS
+    length_quantile: float = LENGTH_QUANTILE
+    # The output-prediction `test` split: the paper's sample of this size, or every eligible row when None.
+    output_sample_size: int | None = OUTPUT_SAMPLE_SIZE
+    output_sample_extremes: int = OUTPUT_SAMPLE_EXTREMES
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.test_fraction <= 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1], got {self.test_fraction}")
+        if self.output_sample_size is not None and self.output_sample_size < 2 * self.output_sample_extremes:
+            raise ValueError("output_sample_size must hold the shortest and longest extremes")
+
+
+@dataclass
+class TaskReport:
+    """What the rules did to one task: candidates, rows removed per rule (in order), rows kept per split."""
+
+    task: str
+    candidates: int
+    removed: dict[str, int] = field(default_factory=dict)
+    length_limit: float | None = None  # the quantile cut-off, in characters
+    rows: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TaskSet:
+    """Rows of every config and split, the split of each trajectory, and the reports of the task rules."""
+
+    rows: dict[str, dict[str, list[dict]]]
+    split_of: dict[str, str]  # kernel_id -> split
+    reports: dict[str, TaskReport]
+    notes: list[str] = field(default_factory=list)
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        return {config: {split: len(rows) for split, rows in splits.items()} for config, splits in self.rows.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# trajectories rows
+
+
+def variable_row(info: Mapping) -> dict:
+    """One variable as the release stores it, from a `VariableInfo` dict (missing facts become None)."""
+    shape = info.get("shape")
+    columns = info.get("columns")
+    size = info.get("size")
+    length = info.get("len")
+    return {
+        "name": str(info["name"]),
+        "type": None if info.get("type") is None else str(info["type"]),
+        "size": None if size is None else int(size),
+        "repr": None if info.get("repr") is None else str(info["repr"]),
+        "hash": None if info.get("hash") is None else str(info["hash"]),
+        "shape": None if shape is None else [int(x) for x in shape],
+        "dtype": None if info.get("dtype") is None else str(info["dtype"]),
+        "len": None if length is None else int(length),
+        "columns": None if columns is None else [str(c) for c in columns],
+        "repr_error": None if info.get("repr_error") is None else str(info["repr_error"]),
+    }
+
+
+def trajectory_row(step, participant: str | None = None) -> dict:
+    """The `trajectories` row of one replayed `themisto.replay.Step`."""
+    return {
+        "kernel_id": step.kernel_id,
+        "step": int(step.step),
+        "cell_id": step.cell_id,
+        "notebook": step.notebook,
+        "task": step.task,
+        "participant": participant,
+        "code": step.code,
+        "replayed_code": step.replayed_code,
+        "restarted_before": bool(step.restarted_before),
+        "status": step.status,
+        "ename": step.ename,
+        "evalue": step.evalue,
+        "output": step.output,
+        "output_types": list(step.output_types),
+        "execution_time": float(step.execution_time),
+        "memory_bytes": step.memory_bytes,
+        "state_hash": step.state_hash,
+        "variables": [variable_row(v) for v in step.variables],
+        "snapshot_failures": [{"name": k, "reason": v} for k, v in sorted(step.snapshot_failures.items())],
+        "kernel_restarted": bool(step.kernel_restarted),
+        "logged_status": step.logged.status,
+        "logged_ename": step.logged.ename,
+        "logged_evalue": step.logged.evalue,
+        "logged_output_types": list(step.logged.output_types),
+    }
+
+
+def trajectory_rows(steps: Iterable, participants: Mapping[str, str | None] | None = None) -> list[dict]:
+    """`trajectories` rows of replayed steps, ordered by (kernel_id, step); `participants` maps kernel ids."""
+    participants = participants or {}
+    rows = [trajectory_row(s, participants.get(s.kernel_id)) for s in steps]
+    return sorted(rows, key=lambda r: (r["kernel_id"], r["step"]))
+
+
+def group_by_kernel(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    """Rows per kernel id, each list ordered by step; a repeated or missing step is an error naming it."""
+    kernels: dict[str, list[dict]] = {}
+    for row in rows:
+        kernels.setdefault(row["kernel_id"], []).append(row)
+    for kernel_id, steps in kernels.items():
+        steps.sort(key=lambda r: r["step"])
+        for expected, row in enumerate(steps):
+            if row["step"] != expected:
+                what = "repeated" if row["step"] < expected else "missing"
+                raise TaskError(f"trajectory {kernel_id}: step {expected} is {what} "
+                                f"(steps must run 0..{len(steps) - 1} without gaps; is the replay complete?)")
+    return dict(sorted(kernels.items()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# splits
+
+
+def _rank(seed: int, group: str) -> str:
+    return hashlib.sha256(f"{seed}/{group}".encode("utf-8")).hexdigest()
+
+
+def assign_splits(kernels: Mapping[str, list[dict]], settings: TaskSettings) -> tuple[dict[str, str], list[str]]:
+    """Send whole groups (a participant where known, else a trajectory) to `test` or `train`.
+
+    Groups are ordered by a hash of (seed, group) and go to `test` until it holds `test_fraction` of the steps;
+    at least one group stays in `train` when there are two or more. Returns (kernel_id -> split, notes).
+    """
+    groups: dict[str, list[str]] = {}
+    for kernel_id, steps in kernels.items():
+        participant = steps[0].get("participant") if steps else None
+        key = f"participant:{participant}" if participant else f"trajectory:{kernel_id}"
+        groups.setdefault(key, []).append(kernel_id)
+    total = sum(len(steps) for steps in kernels.values())
+    order = sorted(groups, key=lambda g: _rank(settings.seed, g))
+    split_of: dict[str, str] = {}
+    in_test = 0
+    for i, group in enumerate(order):
+        last = i == len(order) - 1
+        everything = settings.test_fraction >= 1.0
+        goes_to_test = i == 0 or everything or (in_test < settings.test_fraction * total and not last)
+        for kernel_id in groups[group]:
+            split_of[kernel_id] = "test" if goes_to_test else "train"
+            if goes_to_test:
+                in_test += len(kernels[kernel_id])
+    notes = []
+    if len(order) == 1:
+        notes.append("only one trajectory group: every trajectory is in `test`, `train` is empty")
+    return dict(sorted(split_of.items())), notes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# task rows
+
+
+def _truncate(text: str, limit: int) -> tuple[str, bool]:
+    if len(text) <= limit:
+        return text, False
+    return text[:limit] + TRUNCATION_MARKER.format(omitted=len(text) - limit), True
+
+
+def _history(steps: Sequence[dict], index: int, settings: TaskSettings) -> list[dict]:
+    window = steps[max(0, index - settings.history_cells):index]
+    cells = []
+    for row in window:
+        output, truncated = _truncate(row["output"] or "", settings.history_output_chars)
+        cells.append({"step": row["step"], "cell_id": row["cell_id"], "code": row["code"], "output": output,
+                      "output_truncated": truncated, "status": row["status"],
+                      "restarted_before": row["restarted_before"]})
+    return cells
+
+
+def _common(steps: Sequence[dict], index: int, settings: TaskSettings) -> dict:
+    target = steps[index]
+    # The state before the target is the snapshot after the previous step, unless the kernel was fresh:
+    # at the start of the trajectory or right after a logged restart.
+    fresh = index == 0 or target["restarted_before"]
+    before = None if fresh else steps[index - 1]
+    return {
+        "id": f"{target['kernel_id']}/{target['step']}",
+        "kernel_id": target["kernel_id"],
+        "step": target["step"],
+        "notebook": target["notebook"],
+        "task": target["task"],
+        "history": _history(steps, index, settings),
+        "restarted_before": bool(target["restarted_before"]),
+        "variables_before": [] if before is None else [dict(v) for v in before["variables"]],
+        "memory_bytes_before": None if before is None else before["memory_bytes"],
+        "state_hash_before": None if before is None else before["state_hash"],
+    }
+
+
+def next_cell_row(steps: Sequence[dict], index: int, settings: TaskSettings = TaskSettings()) -> dict:
+    """The next-cell row whose target is the code of `steps[index]`."""
+    return {**_common(steps, index, settings), "target": steps[index]["code"]}
+
+
+def output_prediction_row(steps: Sequence[dict], index: int, settings: TaskSettings = TaskSettings(),
+                          band: str = "all") -> dict:
+    """The output-prediction row whose target is the output text of `steps[index]`."""
+    target = steps[index]
+    return {**_common(steps, index, settings), "cell_id": target["cell_id"], "code": target["code"],
+            "target": target["output"], "status": target["status"], "ename": target["ename"],
+            "output_types": list(target["output_types"]), "sample_band": band}
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The `q` quantile with linear interpolation between order statistics (numpy's default method)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass
+class _Candidate:
+    kernel_id: str
+    index: int
+    target: str
+
+
+def _eligible(kernels: Mapping[str, list[dict]], task: str, settings: TaskSettings) -> tuple[list[_Candidate], TaskReport]:
+    """Apply the rules in order; raise TaskError naming the rule that left nothing."""
+    candidates = [_Candidate(k, i, row["code"] if task == "next_cell" else (row["output"] or ""))
+                  for k, steps in kernels.items() for i, row in enumerate(steps)]
+    report = TaskReport(task=task, candidates=len(candidates))
+    checks = {
+        "min_prior_actions": lambda c: c.index >= settings.min_prior_actions,
+        "empty_target": lambda c: c.target.strip() != "",
+        "unfinished_replay": lambda c: task == "next_cell" or kernels[c.kernel_id][c.index]["status"] not in UNFINISHED_STATUSES,
+    }
+    left = candidates
+    for rule, keep in checks.items():
+        kept = [c for c in left if keep(c)]
+        report.removed[rule] = len(left) - len(kept)
+        _raise_if_emptied(task, rule, left, kept)
+        left = kept
+    limit = quantile([len(c.target) for c in left], settings.length_quantile)
+    kept = [c for c in left if len(c.target) <= limit]
+    report.removed["length_quantile"] = len(left) - len(kept)
+    report.length_limit = limit
+    _raise_if_emptied(task, "length_quantile", left, kept)
+    return kept, report
+
+
+def _raise_if_emptied(task: str, rule: str, before: list, after: list) -> None:
+    if not after:
+        raise TaskError(f"{task}: no target left after rule {rule!r} ({RULES[rule]}); "
+                        f"it removed all {len(before)} remaining candidates")
+
+
+def paper_sample(candidates: Sequence[_Candidate], settings: TaskSettings) -> tuple[list[tuple[_Candidate, str]], list[str]]:
+    """The paper's output-prediction sample, each candidate with its band; all of them when too few.
+
+    Candidates are ranked by (output length, id); the bottom and top quarters by rank are the shortest and
+    longest quartiles, the rest the middle two. A band too small to give its share is taken whole and the
+    shortfall drawn from the remaining candidates; the notes say so.
+    """
+    size, extremes = settings.output_sample_size, settings.output_sample_extremes
+    ranked = sorted(candidates, key=lambda c: (len(c.target), c.kernel_id, c.index))
+    if size is None:
+        return [(c, "all") for c in ranked], []
+    if len(ranked) <= size:
+        return [(c, "all") for c in ranked], [
+            f"output_prediction: only {len(ranked)} eligible test targets (the paper's sample takes {size}); "
+            f"all of them are in `test`"]
+    quarter = len(ranked) // 4
+    bands = {"shortest": ranked[:quarter], "middle": ranked[quarter:len(ranked) - quarter],
+             "longest": ranked[len(ranked) - quarter:]}
+    wanted = {"shortest": extremes, "middle": size - 2 * extremes, "longest": extremes}
+    rng = random.Random(settings.seed)
+    chosen: list[tuple[_Candidate, str]] = []
+    notes = []
+    leftovers: list[tuple[_Candidate, str]] = []
+    for band, pool in bands.items():
+        take = min(wanted[band], len(pool))
+        picked = set(rng.sample(range(len(pool)), take))
+        chosen += [(c, band) for i, c in enumerate(pool) if i in picked]
+        leftovers += [(c, band) for i, c in enumerate(pool) if i not in picked]
+        if take < wanted[band]:
+            notes.append(f"output_prediction: the {band} band held {len(pool)} targets, fewer than "
+                         f"{wanted[band]}; the rest were drawn from the other bands")
+    missing = size - len(chosen)
+    if missing > 0:
+        chosen += rng.sample(leftovers, missing)
+    return chosen, notes
+
+
+def build_tasks(rows: Iterable[dict], settings: TaskSettings = TaskSettings()) -> TaskSet:
+    """Split trajectory rows by group and build both tasks; deterministic for the same rows and seed."""
+    kernels = group_by_kernel(rows)
+    if not kernels:
+        raise TaskError("no trajectory rows: nothing to build tasks from")
+    split_of, notes = assign_splits(kernels, settings)
+    out: dict[str, dict[str, list[dict]]] = {
+        "trajectories": {s: [r for k, steps in kernels.items() if split_of[k] == s for r in steps]
+                         for s in ("test", "train")},
+    }
+    reports = {}
+    for task in ("next_cell", "output_prediction"):
+        eligible, report = _eligible(kernels, task, settings)
+        by_split = {s: [c for c in eligible if split_of[c.kernel_id] == s] for s in ("test", "train")}
+        if not by_split["test"]:
+            raise TaskError(f"{task}: no eligible target falls in a `test` trajectory "
+                            f"({len(eligible)} eligible, all in `train`)")
+        if task == "next_cell":
+            made = {s: [next_cell_row(kernels[c.kernel_id], c.index, settings) for c in cs]
+                    for s, cs in by_split.items()}
+        else:
+            sample, sample_notes = paper_sample(by_split["test"], settings)
+            report.notes += sample_notes
+            made = {"test": [output_prediction_row(kernels[c.kernel_id], c.index, settings, band)
+                             for c, band in sample],
+                    "train": [output_prediction_row(kernels[c.kernel_id], c.index, settings)
+                              for c in by_split["train"]]}
+        for split, task_rows in made.items():
+            task_rows.sort(key=lambda r: (r["kernel_id"], r["step"]))
+            report.rows[split] = len(task_rows)
+        out[task] = made
+        reports[task] = report
+    return TaskSet(rows=out, split_of=split_of, reports=reports, notes=notes)
+

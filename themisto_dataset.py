@@ -1,0 +1,150 @@
+"""The Themisto dataset's schema: one `datasets.Features` per config, declared here once.
+
+The release (Parquet per config and split, written by `themisto.release`) and the card's YAML
+(`dataset_card.md`, rendered into the release's README.md) both follow these declarations; tests check that
+they agree. datasets 5.x no longer runs loading scripts, so a release loads as plain Parquet through the
+card's `configs:` section: `datasets.load_dataset(folder_or_hub_id, "next_cell")`.
+"""
+
+from __future__ import annotations
+
+import datasets
+
+CONFIGS: tuple[str, ...] = ("trajectories", "next_cell", "output_prediction")
+# `test` is the benchmark; `train` holds other trajectories (and participants) for fine-tuning.
+SPLITS: tuple[str, ...] = ("test", "train")
+DEFAULT_CONFIG = "next_cell"
+
+_STR = datasets.Value("string")
+_INT32 = datasets.Value("int32")
+_INT64 = datasets.Value("int64")
+_FLOAT64 = datasets.Value("float64")
+_BOOL = datasets.Value("bool")
+
+# One user variable after a step, as `themisto.snapshot.VariableInfo` records it; the paper's release
+# calls the same facts "runtime variables (name -> size, repr)" and "hash".
+VARIABLE = {
+    "name": _STR,
+    "type": _STR,
+    "size": _INT64,  # bytes
+    "repr": _STR,  # bounded
+    "hash": _STR,  # content hash, or "unhashable:<reason>"
+    "shape": datasets.List(_INT64),
+    "dtype": _STR,
+    "len": _INT64,
+    "columns": datasets.List(_STR),
+    "repr_error": _STR,
+}
+
+# What a snapshot could not measure about one variable.
+SNAPSHOT_FAILURE = {"name": _STR, "reason": _STR}
+
+TRAJECTORIES = datasets.Features({
+    "kernel_id": _STR,
+    "step": _INT32,
+    "cell_id": _STR,
+    "notebook": _STR,
+    "task": _STR,
+    "participant": _STR,
+    "code": _STR,
+    "replayed_code": _STR,
+    "restarted_before": _BOOL,
+    "status": _STR,
+    "ename": _STR,
+    "evalue": _STR,
+    "output": _STR,
+    "output_types": datasets.List(_STR),
+    "execution_time": _FLOAT64,
+    "memory_bytes": _INT64,
+    "state_hash": _STR,
+    "variables": datasets.List(VARIABLE),
+    "snapshot_failures": datasets.List(SNAPSHOT_FAILURE),
+    "kernel_restarted": _BOOL,
+    "logged_status": _STR,
+    "logged_ename": _STR,
+    "logged_evalue": _STR,
+    "logged_output_types": datasets.List(_STR),
+})
+
+# One prior cell in a task row's history window.
+HISTORY_CELL = {
+    "step": _INT32,
+    "cell_id": _STR,
+    "code": _STR,
+    "output": _STR,
+    "output_truncated": _BOOL,
+    "status": _STR,
+    "restarted_before": _BOOL,
+}
+
+# Fields every task row shares: the ids the metric needs to rebuild the exact state, the prompt's history,
+# and the runtime snapshot before the target step.
+_TASK_COMMON = {
+    "id": _STR,
+    "kernel_id": _STR,
+    "step": _INT32,
+    "notebook": _STR,
+    "task": _STR,
+    "history": datasets.List(HISTORY_CELL),
+    "restarted_before": _BOOL,
+    "variables_before": datasets.List(VARIABLE),
+    "memory_bytes_before": _INT64,
+    "state_hash_before": _STR,
+}
+
+NEXT_CELL = datasets.Features({
+    **_TASK_COMMON,
+    "target": _STR,  # the code of the next executed cell
+})
+
+OUTPUT_PREDICTION = datasets.Features({
+    **_TASK_COMMON,
+    "cell_id": _STR,
+    "code": _STR,  # the cell whose output is predicted
+    "target": _STR,  # its output text
+    "status": _STR,
+    "ename": _STR,
+    "output_types": datasets.List(_STR),
+    "sample_band": _STR,  # shortest | middle | longest (the paper's sample of 200), or "all"
+})
+
+FEATURES: dict[str, datasets.Features] = {
+    "trajectories": TRAJECTORIES,
+    "next_cell": NEXT_CELL,
+    "output_prediction": OUTPUT_PREDICTION,
+}
+
+CONFIG_DESCRIPTIONS: dict[str, str] = {
+    "trajectories": "one row per replayed step: code, output, status, execution time, memory, variables, state hash",
+    "next_cell": "predict the code of the next executed cell from the history and the runtime state",
+    "output_prediction": "predict the output text of a given cell from the history and the runtime state",
+}
+
+
+def features_for(config: str) -> datasets.Features:
+    """The Features of one config; an unknown name raises ValueError listing the known ones."""
+    try:
+        return FEATURES[config]
+    except KeyError:
+        raise ValueError(f"unknown config {config!r} (expected one of {', '.join(CONFIGS)})") from None
+
+
+def features_yaml(config: str) -> list:
+    """The config's Features as the card's `dataset_info.features` YAML list."""
+    return datasets.DatasetInfo(features=features_for(config))._to_yaml_dict()["features"]
+
+
+def field_names(config: str) -> list[str]:
+    """Every field name of a config, nested struct fields included (`history.code`), in declaration order."""
+    names: list[str] = []
+
+    def walk(prefix: str, feature) -> None:
+        if isinstance(feature, datasets.List):
+            feature = feature.feature
+        if isinstance(feature, dict):
+            for key, sub in feature.items():
+                names.append(f"{prefix}{key}")
+                walk(f"{prefix}{key}.", sub)
+
+    walk("", dict(features_for(config)))
+    return names
