@@ -1,0 +1,355 @@
+"""Output equivalence: whether a predicted or replayed output text says the same as the reference output text.
+
+Rules, tried in this order; the first that finds the texts equal decides, and a rule that applies but finds a
+difference gives the reason: `exact` (after whitespace normalisation), `numbers` (every number within tolerance),
+`table` (pandas DataFrame/Series reprs cell by cell), `error` (same exception and normalised message) and `image`
+(images of the same kind, whatever their size). Nothing here raises on odd input.
+
+>>> outputs_equivalent("0.30000000000000004", "0.3")
+Verdict(equal=True, rule='numbers', reason='1 number(s) agree within tolerance')
+>>> outputs_equivalent("3", "4").equal
+False
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from themisto.text_scores import normalize_whitespace
+
+__all__ = ["Verdict", "outputs_equivalent", "image_placeholder"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one comparison: whether the outputs are equivalent, the rule that decided, and why."""
+
+    equal: bool
+    rule: str  # exact | numbers | table | error | image | none | invalid
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Tolerance:
+    rel: float
+    abs: float
+
+
+def image_placeholder(mime: str, size: int) -> str:
+    """The text that stands for an image output, from a `themisto.outputs.rich_outputs` entry's mime and bytes.
+
+    >>> image_placeholder("image/png", 12345)
+    '<image/png 12345 bytes>'
+    """
+    return f"<{mime} {size} bytes>"
+
+
+# --- numbers ------------------------------------------------------------------------------------------------------
+
+# numpy 2 prints scalars as `np.float64(1.5)`; the value is what the cell printed, the wrapper is repr noise.
+_NP_SCALAR_RE = re.compile(r"\bnp\.(?:float|int|uint|complex|str_|bytes_|longdouble|double|half|single)\w*\(([^()]*)\)")
+_NP_BOOL_RE = re.compile(r"\bnp\.(True|False)_")
+# A number is not part of a word (`x1`, `1.5.2`); its sign counts only where it cannot be an operator (`a-1`).
+_NUMBER_RE = re.compile(r"(?<![\w.)\]])(?:[-+](?=[\d.]))?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+_SPACES_RE = re.compile(r"[ \t]+")
+
+
+def _unwrap_numpy(text: str) -> str:
+    return _NP_BOOL_RE.sub(r"\1", _NP_SCALAR_RE.sub(r"\1", text))
+
+
+def _numbers_close(a: str, b: str, tol: _Tolerance) -> bool:
+    """Integers must be equal; a float on either side is compared with tolerance (`1e3` == `1000.0`)."""
+    if not re.search(r"[.eE]", a + b):
+        return int(a) == int(b)
+    return math.isclose(float(a), float(b), rel_tol=tol.rel, abs_tol=tol.abs)
+
+
+def _numbers_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
+    """Equal text around the numbers (spacing runs collapsed, as column padding follows number widths)."""
+    pred, ref = _unwrap_numpy(pred), _unwrap_numpy(ref)
+    pred_numbers, ref_numbers = _NUMBER_RE.findall(pred), _NUMBER_RE.findall(ref)
+    if not ref_numbers or len(pred_numbers) != len(ref_numbers):
+        return None
+    skeleton = [[_SPACES_RE.sub(" ", part) for part in _NUMBER_RE.split(text)] for text in (pred, ref)]
+    if skeleton[0] != skeleton[1]:
+        return None
+    for index, (a, b) in enumerate(zip(pred_numbers, ref_numbers)):
+        if not _numbers_close(a, b, tol):
+            return Verdict(False, "numbers", f"number {index + 1} differs: {a} vs {b}")
+    return Verdict(True, "numbers", f"{len(ref_numbers)} number(s) agree within tolerance")
+
+
+def _cells_equal(a: str, b: str, tol: _Tolerance) -> bool:
+    if a == b or (a.lower() == b.lower() == "nan"):
+        return True
+    verdict = _numbers_rule(a, b, tol)
+    return verdict is not None and verdict.equal
+
+
+# --- pandas tables ------------------------------------------------------------------------------------------------
+
+_FRAME_FOOTER_RE = re.compile(r"^\[(\d+) rows x (\d+) columns\]$")
+_SERIES_FOOTER_RE = re.compile(r"^(?:(Name: .*?), )?(?:(Freq: \S+), )?(?:Length: (\d+), )?(dtype: \S+)$")
+_WRAP_MARK_RE = re.compile(r"\s+\\$")  # pandas marks a frame wrapped into blocks with a trailing backslash
+_ELLIPSIS = {"..", "..."}
+
+
+@dataclass
+class _Table:
+    kind: str  # "DataFrame" or "Series"
+    rows: tuple[list[str], list[str]]  # labels before and after the `...` row; both all labels if not truncated
+    columns: tuple[list[str], list[str]]  # the same for column labels
+    cells: dict[tuple, str]  # (row label, its occurrence, column label, its occurrence) -> cell text
+    shape: tuple[int, int] | None
+    footer: str  # a Series' name, freq and dtype
+    truncated: bool
+
+
+def _blank(line: str, position: int) -> bool:
+    return position >= len(line) or line[position] == " "
+
+
+def _parse_block(lines: list[str], with_header: bool) -> tuple[list[str], list[list[str]], int, int] | None:
+    """One fixed-width block: column labels, rows of [index label, cells...], and where `...` cut the rows and the
+    columns (-1: nowhere); None where the block is not a pandas table.
+
+    pandas right-aligns labels and cells on each column's right edge and pads values with a space, so the cells
+    of a row are 2+ blanks apart, while labels may be 1 apart and cells may hold single spaces (dates)."""
+    header, body = (lines[0], lines[1:]) if with_header else ("", lines)
+    if not body:
+        return None
+    if with_header:
+        ends = [m.end() - 1 for m in re.finditer(r"\S+", header)]
+        edges = [p for p in ends if all(_blank(row, p + 1) for row in body)]
+    else:
+        edges = [max(len(row) for row in body) - 1]
+    # The index ends at the rightmost gap of two blanks (on every row) left of the first column's edge.
+    start = next((p for p in range(edges[0] - 1, 1, -1)
+                  if all(_blank(row, p) and _blank(row, p - 1) for row in body)), None) if edges else None
+    if start is None:
+        return None
+    # A label may be wider than its cells, so the first one is all the header left of its edge.
+    labels = [header[:edges[0] + 1].strip()] + [header[a + 1:b + 1].strip() for a, b in zip(edges, edges[1:])]
+    rows: list[list[str]] = []
+    row_cut = col_cut = -1
+    for line in body:
+        row = [line[:start].strip()] + [line[a + 1:b + 1].strip() for a, b in zip([start - 1, *edges], edges)]
+        if all(cell in _ELLIPSIS or not cell for cell in row):
+            row_cut = len(rows)
+        elif not any(row[1:]):
+            continue  # the index name
+        elif not row[0] or len(line.rstrip()) > edges[-1] + 1:
+            return None  # a row without a label, or text past the last column: not a pandas table
+        else:
+            rows.append(row)
+    for j, label in enumerate(labels):
+        if label in _ELLIPSIS and all(row[j + 1] in _ELLIPSIS for row in rows):
+            del labels[j]
+            for row in rows:
+                del row[j + 1]
+            col_cut = j
+            break
+    return labels, rows, row_cut, col_cut
+
+
+def _split(labels: list[str], cut: int) -> tuple[list[str], list[str]]:
+    return (labels, labels) if cut < 0 else (labels[:cut], labels[cut:])
+
+
+def _parse_table(text: str) -> _Table | None:
+    """A pandas DataFrame or Series repr as its visible cells, or None where the text is not one."""
+    lines = text.split("\n")
+    frame_footer = _FRAME_FOOTER_RE.match(lines[-1])
+    series_footer = _SERIES_FOOTER_RE.match(lines[-1])
+    shape, footer = None, ""
+    if frame_footer and len(lines) >= 4 and not lines[-2].strip():
+        kind, body, shape = "DataFrame", lines[:-2], (int(frame_footer[1]), int(frame_footer[2]))
+    elif series_footer:
+        kind, body, footer = "Series", lines[:-1], ", ".join(filter(None, series_footer.group(1, 2, 4)))
+        shape = (int(series_footer[3]), 1) if series_footer[3] else None
+    else:
+        kind, body = "DataFrame", lines
+    blocks: list[list[str]] = [[]]  # a wide frame may be wrapped into blocks of columns
+    for line in body:
+        if line.strip():
+            blocks[-1].append(_WRAP_MARK_RE.sub("", line) if kind == "DataFrame" else line)
+        elif blocks[-1]:
+            blocks.append([])
+    if kind == "Series" and len(blocks) > 1:
+        return None
+    columns: list[str] = []
+    cells: dict[tuple, str] = {}
+    row_labels: list[str] = []
+    row_cut = col_cut = -1
+    for block in filter(None, blocks):
+        parsed = _parse_block(block, with_header=kind == "DataFrame")
+        if parsed is None or (row_labels and [row[0] for row in parsed[1]] != row_labels):
+            return None
+        labels, rows, row_cut, block_col_cut = parsed
+        col_cut = len(columns) + block_col_cut if block_col_cut >= 0 else col_cut
+        row_labels = [row[0] for row in rows]
+        for key, cell in _keyed(rows, labels, len(columns)):
+            cells[key] = cell
+        columns += labels
+    if not cells:
+        return None
+    truncated = row_cut >= 0 or col_cut >= 0
+    if shape is None and not truncated:
+        shape = (len(row_labels), len(columns) if kind == "DataFrame" else 1)
+    return _Table(kind, _split(row_labels, row_cut), _split(columns, col_cut), cells, shape, footer, truncated)
+
+
+def _keyed(rows: list[list[str]], labels: list[str], offset: int):
+    """Each cell keyed by its row and column labels and their occurrence, so repeated labels stay apart."""
+    row_seen: Counter = Counter()
+    for row in rows:
+        row_seen[row[0]] += 1
+        col_seen: Counter = Counter()
+        for label, cell in zip(labels, row[1:]):
+            col_seen[label] += 1
+            yield (row[0], row_seen[row[0]], label, col_seen[label]), cell
+
+
+def _aligned(a: tuple[list[str], list[str]], b: tuple[list[str], list[str]]) -> bool:
+    """Labels before the cut agree as far as both show them, and so do those after it, counted from the end."""
+    head, tail = min(len(a[0]), len(b[0])), min(len(a[1]), len(b[1]))
+    return a[0][:head] == b[0][:head] and a[1][len(a[1]) - tail:] == b[1][len(b[1]) - tail:]
+
+
+def _table_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
+    """Visible cells of two reprs agree (numbers with tolerance, NaN equals NaN), with the same labels in the same
+    places and the same shape."""
+    a, b = _parse_table(pred), _parse_table(ref)
+    if a is None or b is None or a.kind != b.kind:
+        return None
+    if a.shape != b.shape or a.shape is None:
+        return Verdict(False, "table", f"{a.kind} shapes differ: {a.shape} vs {b.shape}")
+    if a.footer != b.footer:
+        return Verdict(False, "table", f"Series footers differ: {a.footer!r} vs {b.footer!r}")
+    if a.truncated or b.truncated:
+        labels_agree = _aligned(a.rows, b.rows) and _aligned(a.columns, b.columns)
+    else:
+        labels_agree = a.rows == b.rows and a.columns == b.columns
+    if not labels_agree:
+        return Verdict(False, "table", "row or column labels differ")
+    common = a.cells.keys() & b.cells.keys()
+    for key in sorted(common, key=str):
+        if not _cells_equal(a.cells[key], b.cells[key], tol):
+            return Verdict(False, "table", f"cell [{key[0]!r}, {key[2]!r}] differs: {a.cells[key]} vs {b.cells[key]}")
+    return Verdict(True, "table", f"{len(common)} visible cell(s) agree; shape {a.shape[0]} x {a.shape[1]}")
+
+
+# --- errors -------------------------------------------------------------------------------------------------------
+
+_ERROR_LINE_RE = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Iteration|Warning))(?::[ \t]*(.*))?$", re.MULTILINE)
+_PY_TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
+_MESSAGE_NOISE = [
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
+    (re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.\-+~]+)+[\\/]"), "<dir>/"),  # sandbox and user folders differ
+    (re.compile(r"<ipython-input-\d+-[0-9a-f]+>"), "<ipython-input>"),
+    (re.compile(r"Cell In\[\d+\]"), "Cell In[?]"),
+    (re.compile(r"\bline \d+"), "line ?"),
+    (re.compile(r"\s+"), " "),
+]
+
+
+def _parse_error(text: str) -> tuple[str, str, str] | None:
+    """(text printed before the error, exception name without module, normalised message), or None.
+
+    Two layouts: Python's (`Traceback (most recent call last):` ... `KeyError: 'a'` last) and themisto.outputs'
+    (`KeyError: 'a'` first, then the traceback)."""
+    python = _PY_TRACEBACK_RE.search(text)
+    if python:
+        found = list(_ERROR_LINE_RE.finditer(text, python.end()))
+        match = found[-1] if found else None
+        before = text[: python.start()]
+    else:
+        match = _ERROR_LINE_RE.search(text)
+        before = text[: match.start()] if match else ""
+    if match is None:
+        return None
+    message = match[2] or ""
+    for pattern, replacement in _MESSAGE_NOISE:
+        message = pattern.sub(replacement, message)
+    return normalize_whitespace(before), match[1].rsplit(".", 1)[-1], message.strip()
+
+
+def _error_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
+    a, b = _parse_error(pred), _parse_error(ref)
+    if a is None and b is None:
+        return None
+    if a is None or b is None:
+        return Verdict(False, "error", f"only the {'reference' if a is None else 'prediction'} is an error")
+    if a[1] != b[1]:
+        return Verdict(False, "error", f"different errors: {a[1]} vs {b[1]}")
+    if a[2] != b[2]:
+        return Verdict(False, "error", f"{a[1]} with different messages: {a[2]!r} vs {b[2]!r}")
+    if a[0] != b[0] and not _cells_equal(a[0], b[0], tol):
+        return Verdict(False, "error", f"same {a[1]}, but the output printed before it differs")
+    return Verdict(True, "error", f"same {a[1]} and message")
+
+
+# --- images -------------------------------------------------------------------------------------------------------
+
+# A matplotlib figure's text/plain: its size is styling like an image's bytes, its number of axes is content.
+_IMAGE_RE = re.compile(r"<(image/[\w.+-]+) \d+ bytes>|<Figure size [\d.]+x[\d.]+ (with \d+ Axes)>")
+
+
+def _image_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
+    """Same kinds of images in the same order (sizes ignored), and the same text around them."""
+    kinds = [[m[1] or f"Figure {m[2]}" for m in _IMAGE_RE.finditer(text)] for text in (pred, ref)]
+    if not kinds[0] and not kinds[1]:
+        return None
+    if not kinds[0] or not kinds[1]:
+        return Verdict(False, "image", f"image vs text: {kinds[0] or 'text'} vs {kinds[1] or 'text'}")
+    if kinds[0] != kinds[1]:
+        return Verdict(False, "image", f"different images: {kinds[0]} vs {kinds[1]}")
+    rest = [_IMAGE_RE.sub("<image>", text) for text in (pred, ref)]
+    if rest[0] != rest[1] and not _cells_equal(rest[0], rest[1], tol):
+        return Verdict(False, "image", "same images, but the text around them differs")
+    return Verdict(True, "image", f"same image kinds: {', '.join(kinds[1])}")
+
+
+# --- the door -----------------------------------------------------------------------------------------------------
+
+
+def _first_difference(pred: str, ref: str) -> str:
+    pred_lines, ref_lines = pred.split("\n"), ref.split("\n")
+    for number, (a, b) in enumerate(zip(pred_lines, ref_lines), start=1):
+        if a != b:
+            return f"line {number} differs: {a[:60]!r} vs {b[:60]!r}"
+    return f"{len(pred_lines)} line(s) vs {len(ref_lines)} line(s)"
+
+
+def outputs_equivalent(predicted: str, reference: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Verdict:
+    """Compare two output texts under the module's rules; numbers agree within `rel_tol` or `abs_tol`.
+
+    >>> outputs_equivalent("KeyError: 'a'", "Traceback (most recent call last):\\n  File \\"/x/y.py\\", line 3\\nKeyError: 'a'")
+    Verdict(equal=True, rule='error', reason='same KeyError and message')
+    >>> outputs_equivalent("<image/png 100 bytes>", "<image/png 23456 bytes>").equal
+    True
+    """
+    if not isinstance(predicted, str) or not isinstance(reference, str):
+        return Verdict(False, "invalid", f"expected two texts, got {type(predicted).__name__} "
+                                         f"and {type(reference).__name__}")
+    pred, ref = normalize_whitespace(predicted), normalize_whitespace(reference)
+    if pred == ref:
+        return Verdict(True, "exact", "identical after whitespace normalisation")
+    tol = _Tolerance(rel_tol, abs_tol)
+    misses = []
+    for rule in (_numbers_rule, _table_rule, _error_rule, _image_rule):
+        verdict = rule(pred, ref, tol)
+        if verdict is not None and verdict.equal:
+            return verdict
+        if verdict is not None:
+            misses.append(verdict)
+    # The most specific difference is the most useful reason: a table, error or image one before a number one.
+    specific = [miss for miss in misses if miss.rule != "numbers"]
+    if specific or misses:
+        return (specific or misses)[0]
+    return Verdict(False, "none", _first_difference(pred, ref))
