@@ -3,11 +3,14 @@ timeouts, and cleanup (no process, connection file or temporary folder left behi
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import shutil
 import signal
+import socket
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -170,6 +173,24 @@ def test_dead_kernel_is_replaced():
         assert after.status == "ok" and after.outputs[0]["data"]["text/plain"] == "False"
 
 
+def test_death_between_cells_is_reported_on_the_next_one():
+    with KernelSession() as kernel:
+        kernel.execute("import os, threading\nstate = 1\nthreading.Timer(0.2, os._exit, (3,)).start()")
+        deadline = time.monotonic() + 10
+        while kernel.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not kernel.alive
+        result = kernel.execute("'state' in dir()")
+        assert result.status == "ok" and result.kernel_restarted
+        assert result.outputs[0]["data"]["text/plain"] == "False"
+        assert not kernel.execute("1").kernel_restarted
+
+
+def test_not_started_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="not started"):
+        KernelSession().execute("1")
+
+
 def test_close_leaves_no_process_or_folder(tmp_path):
     before = _live_children()
     kernel = KernelSession()
@@ -208,6 +229,35 @@ def test_keyboard_interrupt_during_a_cell_cleans_up():
     timer.join()
     assert not root.exists()
     assert _wait_gone(_live_children() - before) == set()
+
+
+def test_a_dropped_session_is_cleaned_up():
+    before = _live_children()
+    kernel = KernelSession()
+    kernel.start()
+    root = kernel.workdir.parent
+    kernel.execute("import subprocess\np = subprocess.Popen(['sleep', '60'])")
+    del kernel
+    gc.collect()
+    assert not root.exists()
+    assert _wait_gone(_live_children() - before) == set()
+
+
+@pytest.mark.skipif(not SANDBOX, reason="bubblewrap is not installed")
+def test_network_only_when_asked():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    code = ("import socket\ns = socket.socket()\ns.settimeout(3)\n"
+            f"try:\n    s.connect(('127.0.0.1', {listener.getsockname()[1]})); print('connected')\n"
+            "except OSError as exc:\n    print(type(exc).__name__)")
+    try:
+        with KernelSession(limits=Limits(network=True)) as kernel:
+            assert kernel.execute(code).outputs[0]["text"] == "connected\n"
+        with KernelSession(limits=Limits(network=False)) as kernel:
+            assert kernel.execute(code).outputs[0]["text"] != "connected\n"
+    finally:
+        listener.close()
 
 
 def test_without_bubblewrap_it_warns_and_still_limits(monkeypatch):

@@ -325,7 +325,7 @@ class AsyncKernelSession:
         self._kc: Any = None
         self._kernel_pid: int | None = None
         self._starts = 0
-        self._lock: asyncio.Lock | None = None
+        self._lock = asyncio.Lock()  # one request at a time; bound to a loop only when first awaited
         self._bwrap: str | None = None
         self._uid: int | None = None
         self._gid: int | None = None
@@ -361,7 +361,6 @@ class AsyncKernelSession:
         """Copy the workspace, start the kernel and wait until it answers."""
         if self._km is not None:
             return
-        self._lock = asyncio.Lock()
         self._plan_sandbox()
         self._prepare_folders()
         try:
@@ -571,8 +570,8 @@ class AsyncKernelSession:
 
     async def restart(self) -> None:
         """Kill the kernel and start a fresh one: empty namespace, same workdir."""
-        await self._ensure_started()
-        assert self._lock is not None
+        if self._paths is None:
+            raise RuntimeError("the kernel session is not started (call start() or use it as a context manager)")
         async with self._lock:
             await self._restart_now()
 
@@ -580,12 +579,15 @@ class AsyncKernelSession:
         await self._stop_kernel()
         await self._start_kernel()
 
-    async def _ensure_started(self) -> None:
+    async def _ensure_started(self) -> bool:
+        """Start a fresh kernel if the last one died between calls; True when that happened (state lost)."""
         if self._paths is None:
             raise RuntimeError("the kernel session is not started (call start() or use it as a context manager)")
         if self._km is None or not self.alive:
             await self._stop_kernel()
             await self._start_kernel()
+            return True
+        return False
 
     def interrupt(self) -> None:
         """Send SIGINT to the kernel's process group, as Jupyter's interrupt button does."""
@@ -605,30 +607,35 @@ class AsyncKernelSession:
 
     async def execute(self, code: str, *, timeout: float | None = None) -> CellResult:
         """Run one cell as a notebook would (stored in history, counted) and return its outcome."""
-        await self._ensure_started()
-        assert self._lock is not None
         async with self._lock:
+            replaced = await self._ensure_started()
             collector = _OutputCollector(self.limits.output_bytes)
             outcome = await self._request(code, collector, timeout, silent=False, user_expressions=None)
-        return self._cell_result(outcome, collector)
+        result = self._cell_result(outcome, collector)
+        result.kernel_restarted = result.kernel_restarted or replaced
+        return result
 
     async def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
                              timeout: float | None = None) -> dict:
         """Run code without touching In/Out or the execution count; returns the execute_reply content.
 
         The content's `status` is "ok" or "error" as the kernel said, or "timeout" / "kernel_died" when the watchdog
-        ended the request (then `evalue` says whether the state was lost).
+        ended the request (then `evalue` says whether the state was lost); `kernel_restarted: True` is added when
+        the namespace was lost (the kernel had died before the call, or was restarted during it).
         """
-        await self._ensure_started()
-        assert self._lock is not None
         async with self._lock:
+            replaced = await self._ensure_started()
             collector = _OutputCollector(self.limits.output_bytes)
             outcome = await self._request(code, collector, timeout, silent=True,
                                           user_expressions=dict(user_expressions or {}))
         if outcome.reply is not None and outcome.kind == "done":
-            return outcome.reply
-        return {"status": outcome.status, "ename": outcome.ename, "evalue": outcome.evalue,
-                "user_expressions": {}, "kernel_restarted": outcome.restarted}
+            reply = outcome.reply
+        else:
+            reply = {"status": outcome.status, "ename": outcome.ename, "evalue": outcome.evalue,
+                     "user_expressions": {}}
+        if replaced or outcome.restarted:
+            reply["kernel_restarted"] = True
+        return reply
 
     def _cell_result(self, outcome: _Outcome, collector: _OutputCollector) -> CellResult:
         outputs = collector.finish()
@@ -770,6 +777,12 @@ class _Outcome:
     restarted: bool = False
 
 
+def _abandon(loop: asyncio.AbstractEventLoop, resources: _Resources) -> None:
+    """A started `KernelSession` was dropped (or the interpreter exits) without close(): kill, remove, stop."""
+    _release(resources)
+    loop.call_soon_threadsafe(loop.stop)
+
+
 class KernelSession:
     """A sandboxed kernel with a blocking API; use it as a context manager so the kernel always shuts down."""
 
@@ -779,6 +792,7 @@ class KernelSession:
         self.limits = limits
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._finalizer: weakref.finalize | None = None
 
     def _call(self, coroutine_function: Any, *args: Any, **kwargs: Any) -> Any:
         if self._loop is None:
@@ -801,6 +815,7 @@ class KernelSession:
         thread = threading.Thread(target=loop.run_forever, name="themisto-kernel-loop", daemon=True)
         thread.start()
         self._loop, self._thread = loop, thread
+        self._finalizer = weakref.finalize(self, _abandon, loop, self._session._resources)
         try:
             self._call(self._session.start)
         except BaseException:
@@ -821,7 +836,9 @@ class KernelSession:
                 thread.join(timeout=10)
             if not loop.is_running():
                 loop.close()
-            self._loop = self._thread = None
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._loop = self._thread = self._finalizer = None
 
     def __enter__(self) -> KernelSession:
         self.start()
