@@ -1152,6 +1152,10 @@ def set_data_limit(extra_bytes: int | None) -> str:
     return json.dumps({"previous_soft": soft, "hard": hard})
 
 
-def process_count() -> int:
-    """Processes visible in this kernel's /proc (its pid namespace under bubblewrap): to check for stragglers."""
-    return sum(1 for entry in os.listdir("/proc") if entry.isdigit())
+def process_count() -> str:
+    """JSON count of the processes visible in this kernel's /proc (its pid namespace under bubblewrap) and of
+    this process's threads: what a branch must leave as it found them."""
+    import threading
+
+    return json.dumps({"processes": sum(1 for entry in os.listdir("/proc") if entry.isdigit()),
+                       "threads": threading.active_count()})

@@ -1,0 +1,187 @@
+"""Hostile candidates run as branches: each ends in a closed outcome, the kernel's state hash is unchanged, the kernel
+still answers, its workspace files are as they were, and no process or thread is left behind."""
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from themisto.branch import run_branches
+from themisto.kernel import KernelSession
+from themisto.snapshot import agent_call, take_snapshot
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 1.5
+BRANCH_MEMORY = 512 * 2**20  # far under the kernel's own 4 GiB cap, so a 2 GiB allocation proves the branch cap
+
+_INPUTS = {"input.csv": "a,b\n1,2\n3,4\n", os.path.join("data", "raw.txt"): "raw data\n"}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hostile-workspace")
+    for name, text in _INPUTS.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def session(workspace):
+    with KernelSession(workspace) as session:
+        setup = session.execute("import numpy as np\nimport pandas as pd\n"
+                                "frame = pd.DataFrame({'n': np.arange(200_000), 's': ['w'] * 200_000})\n"
+                                "total = int(frame['n'].sum())\nwords = ['a', 'b']")
+        assert setup.status == "ok", setup.traceback
+        yield session
+
+
+def _uid_processes(session) -> int:
+    if session.kernel_uid is None:
+        return 0
+    return sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == session.kernel_uid)
+
+
+def _counts(session) -> tuple:
+    # The kernel's own thread count is left out: ipykernel starts threads of its own when it likes.
+    return agent_call(session, "process_count()", timeout=30)["processes"], _uid_processes(session)
+
+
+def _run_hostile(session, code: str, timeout_s: float = TIMEOUT_S, **kwargs):
+    """Run one candidate; check what must hold after any candidate; return its result."""
+    before = take_snapshot(session)
+    counts = _counts(session)
+    [result] = run_branches(session, [code], timeout_s=timeout_s, memory_bytes=BRANCH_MEMORY, **kwargs)
+    assert result.status in ("ok", "error", "timeout", "kernel_died")
+    assert session.alive
+    assert take_snapshot(session).state_hash == before.state_hash
+    check = session.execute("total + len(words)")
+    assert check.status == "ok" and check.outputs[0]["data"]["text/plain"] == str(199_999 * 100_000 + 2)
+    deadline = time.monotonic() + 5  # an orphaned child is reaped by the sandbox's init, not by the kernel
+    while _counts(session) != counts and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _counts(session) == counts
+    for name, text in _INPUTS.items():
+        assert (session.workdir / name).read_text() == text
+    return result
+
+
+def test_busy_loop_times_out(session):
+    result = _run_hostile(session, "print('started')\nwhile True:\n    pass")
+    assert result.status == "timeout"
+    assert result.outputs == [{"output_type": "stream", "name": "stdout", "text": "started\n"}]  # kept up to the end
+
+
+def test_c_loop_that_ignores_signals_is_killed(session):
+    result = _run_hostile(session, "sum(range(10**12))")
+    assert result.status == "timeout" and result.state_hash_after is None
+
+
+def test_replaced_signal_handlers_and_cancelled_timer_are_killed(session):
+    code = ("import signal\nfor s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+            "    signal.signal(s, signal.SIG_IGN)\nsignal.setitimer(signal.ITIMER_REAL, 0)\nwhile True:\n    pass")
+    assert _run_hostile(session, code).status == "timeout"
+
+
+def test_fifty_gigabytes_fail_with_memory_error(session):
+    result = _run_hostile(session, "block = bytearray(50 * 2**30)")
+    assert (result.status, result.ename) == ("error", "MemoryError")
+
+
+def test_the_branch_memory_cap_is_lower_than_the_kernels(session):
+    result = _run_hostile(session, "block = bytearray(2 * 2**30)")
+    assert (result.status, result.ename) == ("error", "MemoryError")
+
+
+def test_fork_storm_hits_the_process_cap_and_leaves_no_children(session):
+    if session.kernel_uid is None and os.geteuid() == 0:
+        pytest.skip("the kernel runs as root, which the process cap does not bind")
+    code = ("import os, time\nborn = 0\nfor _ in range(5000):\n    if os.fork() == 0:\n        time.sleep(600)\n"
+            "        os._exit(0)\n    born += 1")
+    result = _run_hostile(session, code, timeout_s=30)  # each fork copies the page tables: ~20 ms here
+    assert (result.status, result.ename) == ("error", "BlockingIOError")
+
+
+def test_os_exit_is_a_dead_branch(session):
+    result = _run_hostile(session, "import os\nos._exit(1)")
+    assert result.status == "kernel_died" and "status 1" in result.evalue
+
+
+def test_sys_exit_is_an_error(session):
+    result = _run_hostile(session, "import sys\nsys.exit()")
+    assert (result.status, result.ename) == ("error", "SystemExit")
+
+
+def test_killing_the_parent_does_not_reach_the_kernel(session):
+    result = _run_hostile(session, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('alive')")
+    assert result.status == "ok" and result.outputs[0]["text"] == "alive\n"
+
+
+@pytest.mark.parametrize("code", ["print('x' * 200_000_000)", "import os\nos.write(1, b'y' * 200_000_000)"],
+                         ids=["python", "fd"])
+def test_two_hundred_megabytes_are_cut_at_the_output_cap(session, code):
+    result = _run_hostile(session, code, output_bytes=2**20)
+    assert result.status == "ok" and result.truncated
+    kept = sum(len(o["text"]) for o in result.outputs if o["output_type"] == "stream" and o["name"] == "stdout")
+    assert 0 < kept <= 2**20
+    assert "output truncated" in result.outputs[-1]["text"]
+
+
+def test_workspace_files_deleted_or_overwritten_are_restored(session):
+    code = ("import os\nos.remove('input.csv')\nopen('data/raw.txt', 'w').write('garbage')\n"
+            "os.chmod('data/raw.txt', 0)\nopen('made.txt', 'w').write('new')\nos.makedirs('newdir/inner')")
+    result = _run_hostile(session, code)
+    assert result.status == "ok"
+    assert result.workdir_changes == {"added": ["made.txt", "newdir", os.path.join("newdir", "inner")],
+                                      "deleted": ["input.csv"], "modified": [os.path.join("data", "raw.txt")]}
+    assert result.workdir_restored
+    assert not (session.workdir / "made.txt").exists() and not (session.workdir / "newdir").exists()
+    assert session.execute("open('data/raw.txt').read()").outputs[0]["data"]["text/plain"] == repr("raw data\n")
+
+
+def test_writing_outside_the_workdir_fails(session):
+    if not session.sandboxed:
+        pytest.skip("no bubblewrap: the filesystem outside the workdir is not read-only")
+    outside = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="themisto-outside-"))
+    try:
+        outside.chmod(0o777)  # writable by the kernel's uid, were the filesystem not read-only
+        result = _run_hostile(session, f"open({str(outside / 'escaped.txt')!r}, 'w').write('x')")
+        assert result.status == "error" and result.ename == "OSError" and "Read-only" in result.evalue
+        assert not (outside / "escaped.txt").exists()
+    finally:
+        for child in outside.iterdir():
+            child.unlink()
+        outside.rmdir()
+
+
+def test_a_socket_to_localhost_is_refused(session):
+    result = _run_hostile(session, "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=2)")
+    assert result.status == "error" and result.ename in ("OSError", "ConnectionRefusedError")
+
+
+def test_a_thread_left_running_dies_with_the_branch(session):
+    result = _run_hostile(session, "import threading, time\n"
+                                   "threading.Thread(target=time.sleep, args=(600,)).start()\nprint('started')")
+    assert result.status == "ok" and result.outputs[0]["text"] == "started\n"
+
+
+def test_recursion_error_is_an_error(session):
+    # A lower limit: IPython takes seconds to format a traceback of 3,000 frames (in a real cell too).
+    result = _run_hostile(session, "import sys\nsys.setrecursionlimit(400)\ndef down(n):\n    return down(n + 1)\n"
+                                   "down(0)", timeout_s=30)
+    assert (result.status, result.ename) == ("error", "RecursionError")
+
+
+def test_reset_clears_the_child_only(session):
+    result = _run_hostile(session, "%reset -f\nprint(sorted(k for k in globals() if not k.startswith('_')))")
+    assert result.status == "ok"
+    assert set(result.deleted) >= {"frame", "total", "words"}
+
+
+def test_input_is_refused(session):
+    result = _run_hostile(session, "answer = input('name? ')")
+    assert (result.status, result.ename) == ("error", "StdinNotImplementedError")
