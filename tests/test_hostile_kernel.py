@@ -8,7 +8,6 @@ damage the kernel get a fresh one.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import threading
 from pathlib import Path
@@ -16,13 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from themisto.kernel import STATUSES, KernelSession, Limits
+from themisto.kernel import STATUSES, KernelSession, Limits, sandbox_available
 
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SANDBOX = shutil.which("bwrap") is not None
-needs_sandbox = pytest.mark.skipif(not SANDBOX, reason="bubblewrap is not installed (apt-get install bubblewrap)")
+SANDBOX = sandbox_available()
+needs_sandbox = pytest.mark.skipif(
+    not SANDBOX, reason="bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
 
 
 def _live_children() -> set[int]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import os
 import resource
-import shutil
 import signal
 import socket
 import threading
@@ -17,11 +16,11 @@ import psutil
 import pytest
 
 from themisto import settings as settings_module
-from themisto.kernel import KernelSession, Limits, SandboxWarning
+from themisto.kernel import KernelSession, Limits, SandboxWarning, sandbox_available
 
 pytestmark = pytest.mark.slow
 
-SANDBOX = shutil.which("bwrap") is not None
+SANDBOX = sandbox_available()
 
 
 def _live_children() -> set[int]:
@@ -243,7 +242,7 @@ def test_a_dropped_session_is_cleaned_up():
     assert _wait_gone(_live_children() - before) == set()
 
 
-@pytest.mark.skipif(not SANDBOX, reason="bubblewrap is not installed")
+@pytest.mark.skipif(not SANDBOX, reason="bubblewrap is missing or cannot create namespaces here")
 def test_network_only_when_asked():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

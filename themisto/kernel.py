@@ -18,7 +18,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -212,6 +211,12 @@ def _bwrap_works(bwrap: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
+
+
+def sandbox_available() -> bool:
+    """Whether kernels will run under bubblewrap here (installed, not disabled, and able to create namespaces)."""
+    bwrap = settings().bwrap
+    return bwrap is not None and _bwrap_works(bwrap)
 
 
 def _uid_in_use(uid: int) -> bool:
