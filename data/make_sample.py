@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -67,7 +67,6 @@ class Step:
     code: str = ""
     expect: str | None = None  # authored intent: None = runs fine, else the ename it must raise
     interrupt: bool = False  # the developer interrupts it (a run that would not finish)
-    ctrl_enter: bool = False  # run in place (selection stays) instead of shift-enter
 
 
 @dataclass
@@ -82,7 +81,7 @@ class Script:
     sources: dict[str, str] = field(default_factory=lambda: {"template": TEMPLATE_CELL})
 
     def run(self, cell: str, code: str | None = None, *, edit: tuple[str, str] | list[tuple[str, str]] | None = None,
-            expect: str | None = None, interrupt: bool = False, ctrl: bool = False) -> "Script":
+            expect: str | None = None, interrupt: bool = False) -> "Script":
         """Run `cell` with new `code`, with its current source edited (`edit=(old, new)`), or unchanged."""
         if code is None:
             if cell not in self.sources:
@@ -96,7 +95,7 @@ class Script:
         elif edit is not None:
             raise SampleError(f"{self.name}: step {len(self.steps)}: give code or edit, not both")
         self.sources[cell] = code
-        self.steps.append(Step("run", cell, code, expect, interrupt, ctrl))
+        self.steps.append(Step("run", cell, code, expect, interrupt))
         return self
 
     def restart(self) -> "Script":
@@ -222,9 +221,9 @@ class LogWriter:
 
     script: Script
     rng: random.Random
-    kernel_id: str = ""
-    session_id: str = ""
-    clock: datetime = field(default_factory=lambda: datetime(2023, 1, 1, tzinfo=timezone.utc))
+    kernel_id: str = field(init=False)
+    session_id: str = field(init=False)
+    clock: datetime = field(init=False)
     events: list[dict] = field(default_factory=list)
     order: list[str] = field(default_factory=list)  # cell names in notebook order
     ids: dict[str, str] = field(default_factory=dict)
@@ -301,7 +300,7 @@ class LogWriter:
             if step.interrupt:
                 self._event("kernel_interrupting", None, "", None)
                 self._advance(0.01, 0.08)
-        if not step.ctrl_enter:
+        if self.rng.random() < 0.7:  # shift-enter moves the selection down; ctrl-enter leaves it
             self.selected = min(position + 1, len(self.order) - 1)
         self._event("finished_execute", step.cell, step.code, _compact(outputs))
         if outcome.ename is not None:
@@ -553,6 +552,15 @@ def task1_regex() -> Script:
                  "df[df.user_id.isin(top)].groupby(df.action_time.dt.date).size().plot(figsize=(12, 4))")
     s.run("top", edit=("top = active.head(int(len(active) * 0.2)).index",
                        "top = active.head(max(1, round(len(active) * 0.2))).index"))
+    s.restart()  # the plots were drawn over each other; start clean
+    s.run("rec", expect="NameError")
+    s.run("load")
+    s.run("pat", expect="NameError")  # the imports went with the restart
+    s.run("imp")
+    s.run("pat")
+    s.run("rec")
+    s.run("clean")
+    s.run("order")
     s.run("m_rep")  # out of order: back to the streaks after the plots
     s.run("own", "dur = df.groupby('session_num').action_time.agg(lambda t: t.max() - t.min())\n"
                  "plt.hist(dur.dt.total_seconds() / 3600, bins=30)")
@@ -767,6 +775,19 @@ def task1_extract() -> Script:
                  "plot1", "plot2"):
         s.run(cell)  # "Restart & Run All" to check the notebook is reproducible
     s.run("m3", edit=("same3.groupby(sn).any().mean()", "round(same3.groupby(sn).any().mean(), 4)"))
+    s.run("m5", "from scipy import stats\n"
+                "table = pd.crosstab(df.action_time.dt.dayofweek, df.action_name)\n"
+                "stats.chi2_contingency(table).pvalu", expect="AttributeError")
+    s.run("m5", edit=(".pvalu", ".pvalue"))
+    s.run("m5", edit=("stats.chi2_contingency(table).pvalue",
+                      "weekend = df.action_time.dt.dayofweek >= 5\n"
+                      "daily = df.groupby([df.action_time.dt.date, weekend]).size().reset_index(name=\"n\")\n"
+                      "daily.groupby(\"action_time\").n.mean()"), expect="ValueError")
+    s.run("m5", edit=("df.groupby([df.action_time.dt.date, weekend])",
+                      "df.groupby([df.action_time.dt.date.rename(\"day\"), weekend.rename(\"weekend\")])"),
+          expect="KeyError")
+    s.run("m5", edit=('daily.groupby("action_time").n.mean()',
+                      'stats.mannwhitneyu(daily.n[daily.weekend], daily.n[~daily.weekend])'))
     return s
 
 
@@ -825,6 +846,14 @@ def task2_trees() -> Script:
                    "best.fit(pd.concat([train[num], val[num]]), pd.concat([train.primary_label, val.primary_label]))\n"
                    "pred = best.predict(data[\"test\"][num]\npd.Series(pred).value_counts()", expect="SyntaxError")
     s.run("final", edit=('data["test"][num]\n', 'data["test"][num])\n'))
+    s.run("rf", "from sklearn.ensemble import RandomForestClassifier\n"
+                "rf = RandomForestClassifier(n_estimators=50, random_state=0).fit(train[num], train.label)",
+          expect="AttributeError")
+    s.run("rf", edit=("train.label)", "train.primary_label)"))
+    s.run("rf", edit=("train.primary_label)", "train.primary_label)\n"
+                                              'f1_score(val.primary_label, rf.predict(val[num]), average="macro")'))
+    s.run("rf", edit=("n_estimators=50,", "n_estimators=50, max_depth=8,"))
+    s.run("depth")
     s.run("feat_imp", "pd.Series(best.feature_importances_, index=num).nlargest(8)")
     s.run("feat_imp", edit=("nlargest(8)", "nlargest(8).plot.bar()"))
     s.run("feat_imp", edit=("nlargest(8).plot.bar()", "nlargest(8).plot.bar()\nplt.show()"))
@@ -894,7 +923,8 @@ them for real in a Jupyter kernel, inside a copy of the look-alike workspace mad
 The format is that of the JuNE logging extension's local `<kernel_id>.log` files (one event per line, see
 `themisto/june_format.py`), so the same readers handle these and the real logs.
 
-Regenerate (byte-identical on the pinned library versions) or verify:
+Regenerate (byte-identical on the pinned library versions) or verify; regenerate too whenever
+`themisto/workspace.py` changes what seed 0 writes, since the logged outcomes come from those files:
 
 ```
 python data/make_sample.py            # rewrites data/sample/

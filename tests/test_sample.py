@@ -211,4 +211,5 @@ def test_authoring_errors_name_the_script_and_step():
 def test_regeneration_is_byte_identical(tmp_path):
     make_sample = _load_make_sample()
     make_sample.generate(tmp_path / "sample")
-    assert make_sample.digests(tmp_path / "sample") == make_sample.digests(SAMPLE)
+    assert make_sample.digests(tmp_path / "sample") == make_sample.digests(SAMPLE), \
+        "data/sample is stale (workspace, library or script changed): run `python data/make_sample.py`"
