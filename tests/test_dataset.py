@@ -242,3 +242,37 @@ def test_cli_build_from_an_existing_replay(tmp_path, capsys):
     assert main(["build", "--steps", str(steps_file), "-o", str(out)]) == 2  # exists: not overwritten
     assert "not an empty folder" in capsys.readouterr().err
     assert re.search(r"license: other", (out / "README.md").read_text())
+
+
+@pytest.mark.slow
+def test_cli_build_replays_a_notebook_in_a_real_kernel_and_the_release_loads(tmp_path, capsys):
+    import nbformat
+
+    cells = ["import math", "values = [math.sqrt(i) for i in range(10)]", "len(values)", "total = sum(values)",
+             "print(round(total, 3))", "squares = {i: i * i for i in range(6)}", "print(squares)",
+             "values[:3]", "def mean(xs):\n    return sum(xs) / len(xs)", "print(mean(values))", "1 / 0",
+             "print(sorted(squares.values(), reverse=True))"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code, execution_count=i + 1)
+                                               for i, code in enumerate(cells)])
+    path = tmp_path / "analysis.ipynb"
+    nbformat.write(notebook, path)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    out = tmp_path / "rel"
+    assert main(["build", "--notebooks", str(path), "--workspace", str(workspace), "-o", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["source"]["kind"] == "notebooks" and report["sizes"]["trajectories"] == {"test": 12, "train": 0}
+    assert any("train` is empty" in note for note in report["notes"])
+    assert (tmp_path / "rel.steps.jsonl").exists()  # the replay is kept beside the release, for resuming
+    steps = datasets.load_dataset(str(out), "trajectories", split="test")
+    by_step = {r["step"]: r for r in steps}
+    assert by_step[4]["output"].strip() == f"{round(sum(i ** 0.5 for i in range(10)), 3)}"
+    assert by_step[10]["status"] == "error" and by_step[10]["ename"] == "ZeroDivisionError"
+    assert {"values", "total"} <= {v["name"] for v in by_step[4]["variables"]}
+    assert by_step[4]["memory_bytes"] > 0 and by_step[3]["state_hash"] != by_step[2]["state_hash"]
+    assert by_step[4]["state_hash"] == by_step[3]["state_hash"]  # print() changes no variable
+    outputs = datasets.load_dataset(str(out), "output_prediction", split="test")
+    row = next(r for r in outputs if r["step"] == 6)
+    assert row["target"].strip() == "{0: 0, 1: 1, 2: 4, 3: 9, 4: 16, 5: 25}"
+    assert {"squares", "values", "total"} <= {v["name"] for v in row["variables_before"]}
+    assert main(["check", str(out)]) == 0

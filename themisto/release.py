@@ -170,6 +170,7 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
     schema = schema_module()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the release is meant to be read by others
     try:
         files: dict[str, str] = {}
         num_bytes: dict[str, dict[str, int]] = {}
@@ -262,6 +263,9 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
             raise ReleaseError(f"trajectory {traj.id} is read twice from the inputs")
         seen.add(traj.id)
     read = [*logs, *([inputs.table] if inputs.table else []), *inputs.notebooks]
+    # Logs named explicitly are still the shipped sample when they all lie in data/sample (authored, MIT).
+    sample = sample or (bool(logs) and not inputs.table and not inputs.notebooks
+                        and all(p.resolve().parent == SAMPLE_DIR.resolve() for p in logs))
     kind = "shipped-sample" if sample else ("june-logs" if logs else "june-table" if inputs.table
                                              else "notebooks" if inputs.notebooks else "replayed-steps")
     source: dict[str, Any] = {"kind": kind, "inputs": _described(read)}
