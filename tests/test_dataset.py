@@ -276,3 +276,10 @@ def test_cli_build_replays_a_notebook_in_a_real_kernel_and_the_release_loads(tmp
     assert row["target"].strip() == "{0: 0, 1: 1, 2: 4, 3: 9, 4: 16, 5: 25}"
     assert {"squares", "values", "total"} <= {v["name"] for v in row["variables_before"]}
     assert main(["check", str(out)]) == 0
+
+
+def test_size_category_follows_the_hub_buckets():
+    from themisto.release import size_category
+
+    assert [size_category(n) for n in (0, 999, 1000, 54_321, 2_000_000)] == [
+        "n<1K", "n<1K", "1K<n<10K", "10K<n<100K", "1M<n<10M"]

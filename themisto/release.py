@@ -354,6 +354,22 @@ def _source_text(source: dict) -> str:
     return "\n".join(lines)
 
 
+def size_category(rows: int) -> str:
+    """The Hub's size bucket for a number of rows (`n<1K`, `1K<n<10K`, ...).
+
+    >>> [size_category(n) for n in (999, 1000, 54_321, 2_000_000)]
+    ['n<1K', '1K<n<10K', '10K<n<100K', '1M<n<10M']
+    """
+    for name, upper in _SIZE_BUCKETS:
+        if rows < upper:
+            return name
+    return "n>1B"
+
+
+_SIZE_BUCKETS = (("n<1K", 10**3), ("1K<n<10K", 10**4), ("10K<n<100K", 10**5), ("100K<n<1M", 10**6),
+                 ("1M<n<10M", 10**7), ("10M<n<100M", 10**8), ("100M<n<1B", 10**9))
+
+
 def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[str, int]], folder: Path) -> str:
     """The release README: the template's YAML with this build's configs and sizes, the body's {{…}} filled."""
     schema = schema_module()
@@ -376,6 +392,7 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
         })
     data["configs"] = configs
     data["dataset_info"] = infos
+    data["size_categories"] = [size_category(max(sum(splits.values()) for splits in report.sizes.values()))]
     if report.source.get("kind") != "shipped-sample":
         # The sample is authored by the project (MIT); the JuNE logs' redistribution terms are not stated.
         data["license"] = "other"
@@ -526,10 +543,14 @@ def upload_plan(folder: str | Path, repo_id: str, *, private: bool = False, revi
 
 
 def push_release(plan: UploadPlan, api=None, *, token: str | None = None):
-    """Create the dataset repository if needed and upload the planned files; returns the Hub's commit info."""
-    if api is None:
-        from huggingface_hub import HfApi
+    """Create the dataset repository if needed and upload the planned files; returns the Hub's commit info.
 
+    With the real Hub (no `api` given) the card is first validated by the Hub's own YAML check (online).
+    """
+    if api is None:
+        from huggingface_hub import DatasetCard, HfApi
+
+        DatasetCard.load(plan.folder / README).validate(repo_type="dataset")
         api = HfApi(token=token)
     api.create_repo(repo_id=plan.repo_id, repo_type="dataset", private=plan.private, exist_ok=True)
     return api.upload_folder(repo_id=plan.repo_id, repo_type="dataset", folder_path=str(plan.folder),
