@@ -14,7 +14,6 @@ import yaml
 from huggingface_hub import DatasetCard
 from test_tasks import make_steps, rows_of
 
-import themisto_dataset
 from themisto.cli import main
 from themisto.release import (
     BUILD_FILE,
@@ -24,12 +23,14 @@ from themisto.release import (
     check_release,
     parquet_name,
     push_release,
+    schema_module,
     split_card,
     upload_plan,
 )
 from themisto.tasks import TaskSettings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+# themisto_dataset.py lies at the repository root, which is not on sys.path under every test runner.
+themisto_dataset = schema_module()
 
 
 def sample_rows() -> list[dict]:

@@ -10,10 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import themisto_dataset
 from themisto.paper_release import PaperReleaseError, paper_rows, read_paper_release
-from themisto.release import build_release, check_release
+from themisto.release import build_release, check_release, schema_module
 from themisto.tasks import TaskSettings
+
+# themisto_dataset.py lies at the repository root, which is not on sys.path under every test runner.
+themisto_dataset = schema_module()
 
 CODES = ["import pandas as pd", "df = pd.read_pickle('data/task2/train_features.pkl')", "df.shape", "df.head(3)",
          "y = df['primary_label']", "y.value_counts()", "X = df.drop(columns=['primary_label'])", "X.shape",

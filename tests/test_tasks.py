@@ -8,8 +8,8 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-import themisto_dataset
 from themisto.replay import LoggedOutcome, Step
+from themisto.release import schema_module
 from themisto.snapshot import VariableInfo
 from themisto.tasks import (
     HISTORY_OUTPUT_CHARS,
@@ -22,6 +22,9 @@ from themisto.tasks import (
     quantile,
     trajectory_rows,
 )
+
+# themisto_dataset.py lies at the repository root, which is not on sys.path under every test runner.
+themisto_dataset = schema_module()
 
 # A data-analysis session as developers write it: load, look, fix a typo, aggregate, plot, print.
 CELLS = [

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Sequence
 
-from themisto.tasks import RULES, TaskSet, TaskSettings, build_tasks
+from themisto.tasks import RULES, TaskSettings, build_tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CARD_TEMPLATE = REPO_ROOT / "dataset_card.md"
