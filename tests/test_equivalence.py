@@ -63,6 +63,7 @@ def test_numbers_within_tolerance(pred, ref):
     ("x - 1", "x + 1"),
     ("mean = 0.3", "median = 0.3"),
     ("pandas 1.5.2", "pandas 1.5.20"),  # versions are not numbers
+    ("9" * 5000, "9" * 4999 + "8"),  # beyond int()'s 4,300-digit limit
 ])
 def test_numbers_that_differ(pred, ref):
     _different(pred, ref)
@@ -111,6 +112,27 @@ def test_small_frames_and_index_names(frame):
     _different(repr(small.rename(columns={"mean": "avg"})), ref)
 
 
+def test_layouts_pandas_prints(frame):
+    # A date column only 1 blank after the index, a label of several words over short cells, and short labels
+    # printed left of their cells (pandas pads all labels to the longest before aligning them).
+    dates = frame[["when", "mean"]].rename(columns={"mean": "average per day"})
+    _same(_repr(dates, **{"display.max_rows": 8, "display.min_rows": 8}), _repr(dates, **{"display.max_rows": 10}),
+          "table")
+    table = _parse_table(repr(dates.head(3)))
+    assert table.cells[("2", 1, "when", 1)] == "2019-09-20 02:00:00"
+    assert table.cells[("2", 1, "average per day", 1)] == "51.0"
+    for columns in (12, 1200):
+        wide = pd.DataFrame(np.arange(3 * columns).reshape(3, columns) / 7)
+        text = _repr(wide, **{"display.max_columns": None, "display.width": 100000})
+        header, first = text.split("\n")[:2]
+        shift = len(str(columns - 1)) - 1
+        assert header.index(" 0 ") + 1 + shift == first.index("0.000000") + 7  # label "0" ends left of its cells
+        table = _parse_table(text)
+        last = 3 * columns - 1
+        assert table.shape == (3, columns) and table.cells[("2", 1, str(columns - 1), 1)] == f"{last / 7:.6f}"
+        assert "cell ['0', '0']" in _different(text.replace("0.000000", "0.000001", 1), text, "table").reason
+
+
 def test_series(frame):
     series = frame["mean"].rename("x")
     ref = _repr(series, **{"display.max_rows": 10})
@@ -150,7 +172,7 @@ def test_errors_by_name_and_message():
     _different("ValueError: 'a'", python_tb, "error")
     _different("'a'", python_tb, "error")
     _different("printed first\nKeyError: 'a'", python_tb, "error")
-    _same("printed first\n" + python_tb, "printed first\nKeyError: 'a'\n--------\nCell In[4], line 1", "error")
+    _same("printed first\n" + python_tb, "printed first\nKeyError: 'a'\n" + "-" * 75 + "\nCell In[4], line 1", "error")
     _same("TypeError: cannot pickle <lock object at 0x7f3a2b1c90>", "TypeError: cannot pickle <lock object at "
           "0x7f00dd>", "error")
     _same("FileNotFoundError: [Errno 2] No such file or directory: '/tmp/ws-1a2b/data/logs.csv'",
@@ -158,6 +180,11 @@ def test_errors_by_name_and_message():
     _different("FileNotFoundError: [Errno 2] No such file or directory: '/tmp/ws/data/a.csv'",
                "FileNotFoundError: [Errno 2] No such file or directory: '/tmp/ws/data/b.csv'", "error")
     _same("pandas.errors.ParserError: Error tokenizing data", "ParserError: Error tokenizing data", "error")
+    _same("SyntaxError: invalid syntax (2218459243.py, line 2)\n  Cell In[7], line 2\n    x =\n       ^",
+          "SyntaxError: invalid syntax (1049311137.py, line 1)", "error")
+    # A line printed by an `except` is not the cell's error: the text after it still counts.
+    _different("ValueError: bad row\nrows kept: 10", "ValueError: bad row\nrows kept: 12", "numbers")
+    _different(python_tb + "more", "KeyError: 'a'", "error")
 
 
 @pytest.mark.slow
@@ -268,3 +295,21 @@ def test_real_outputs_one_digit_changed(june_dir):
                 assert not outputs_equivalent(changed, text).equal, (text[position - 30:position + 30])
             checked += 1
     assert checked > 50
+
+
+def test_fuzz_never_raises_and_is_symmetric(june_dir):
+    fragments = ["0", "1.5", "-2", "1e3", "NaN", "...", "..", " ", "  ", "\n", "\n\n", "\\", "a", "x y", "é", "\t",
+                 "[3 rows x 2 columns]", "dtype: int64", "Name: x, Length: 9, dtype: float64", "KeyError: 'a'",
+                 "Traceback (most recent call last):", "-" * 75, "<image/png 5 bytes>", "<Figure size 6x4 with 1 Axes>",
+                 "np.float64(", ")"]
+    real = _real_outputs(june_dir)
+    rng = random.Random(11)
+    for _ in range(400):
+        texts = ["".join(rng.choices(fragments, k=rng.randint(0, 12))) for _ in range(2)]
+        if rng.random() < 0.3:
+            source = rng.choice(real)
+            cut = rng.randrange(len(source))
+            texts = [source[:cut] + texts[0] + source[cut:], source]
+        forward, backward = outputs_equivalent(*texts), outputs_equivalent(*reversed(texts))
+        assert forward.equal == backward.equal, (texts, forward, backward)
+        assert outputs_equivalent(texts[0], texts[0]).equal

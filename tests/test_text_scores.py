@@ -59,7 +59,8 @@ def test_tokens():
     assert code_tokens("1.5e-3 + .5 - 2j") == ["1.5e-3", "+", ".5", "-", "2j"]
 
 
-@pytest.mark.parametrize("text", ["print('unterminated", 'x = """open', "def f(:\n  ))) @@ $ ?", "é = ∑(ß) ←", "\x00\x1b[0m"])
+@pytest.mark.parametrize("text", ["print('unterminated", 'x = """open', "def f(:\n  ))) @@ $ ?", "é = ∑(ß) ←",
+                                  "\x00\x1b[0m"])
 def test_tokenizer_never_fails_and_loses_no_visible_character(text):
     tokens = code_tokens(text)
     assert "".join(tokens) == "".join(text.split())

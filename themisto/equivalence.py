@@ -54,32 +54,45 @@ _NP_SCALAR_RE = re.compile(r"\bnp\.(?:float|int|uint|complex|str_|bytes_|longdou
 _NP_BOOL_RE = re.compile(r"\bnp\.(True|False)_")
 # A number is not part of a word (`x1`, `1.5.2`); its sign counts only where it cannot be an operator (`a-1`).
 _NUMBER_RE = re.compile(r"(?<![\w.)\]])(?:[-+](?=[\d.]))?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
-_SPACES_RE = re.compile(r"[ \t]+")
+_SPACES_RE = re.compile(r"[ \t]{2,}|\t")
 
 
 def _unwrap_numpy(text: str) -> str:
+    if "np." not in text:
+        return text
     return _NP_BOOL_RE.sub(r"\1", _NP_SCALAR_RE.sub(r"\1", text))
+
+
+_FLOAT_MARKS = set(".eE")
+
+
+def _int_text(number: str) -> str:
+    digits = number.lstrip("+-").lstrip("0") or "0"
+    return f"-{digits}" if number.startswith("-") and digits != "0" else digits
+
+
+def _clip(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else f"{text[:width - 3]}..."
 
 
 def _numbers_close(a: str, b: str, tol: _Tolerance) -> bool:
     """Integers must be equal; a float on either side is compared with tolerance (`1e3` == `1000.0`)."""
-    if not re.search(r"[.eE]", a + b):
-        return int(a) == int(b)
+    if not _FLOAT_MARKS & set(a + b):  # compared as text: int() refuses over 4,300 digits
+        return _int_text(a) == _int_text(b)
     return math.isclose(float(a), float(b), rel_tol=tol.rel, abs_tol=tol.abs)
 
 
 def _numbers_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
     """Equal text around the numbers (spacing runs collapsed, as column padding follows number widths)."""
-    pred, ref = _unwrap_numpy(pred), _unwrap_numpy(ref)
+    pred, ref = (_SPACES_RE.sub(" ", _unwrap_numpy(text)) for text in (pred, ref))
     pred_numbers, ref_numbers = _NUMBER_RE.findall(pred), _NUMBER_RE.findall(ref)
     if not ref_numbers or len(pred_numbers) != len(ref_numbers):
         return None
-    skeleton = [[_SPACES_RE.sub(" ", part) for part in _NUMBER_RE.split(text)] for text in (pred, ref)]
-    if skeleton[0] != skeleton[1]:
+    if _NUMBER_RE.split(pred) != _NUMBER_RE.split(ref):
         return None
     for index, (a, b) in enumerate(zip(pred_numbers, ref_numbers)):
         if not _numbers_close(a, b, tol):
-            return Verdict(False, "numbers", f"number {index + 1} differs: {a} vs {b}")
+            return Verdict(False, "numbers", f"number {index + 1} differs: {_clip(a)} vs {_clip(b)}")
     return Verdict(True, "numbers", f"{len(ref_numbers)} number(s) agree within tolerance")
 
 
@@ -96,6 +109,8 @@ _FRAME_FOOTER_RE = re.compile(r"^\[(\d+) rows x (\d+) columns\]$")
 _SERIES_FOOTER_RE = re.compile(r"^(?:(Name: .*?), )?(?:(Freq: \S+), )?(?:Length: (\d+), )?(dtype: \S+)$")
 _WRAP_MARK_RE = re.compile(r"\s+\\$")  # pandas marks a frame wrapped into blocks with a trailing backslash
 _ELLIPSIS = {"..", "..."}
+_NOT_SPACE_RE = re.compile(r"[^ ]")
+_ASCII_BITS = bytes(ord("0") if byte == ord(" ") else ord("1") for byte in range(256))
 
 
 @dataclass
@@ -109,31 +124,51 @@ class _Table:
     truncated: bool
 
 
-def _blank(line: str, position: int) -> bool:
-    return position >= len(line) or line[position] == " "
+def _occupied(lines: list[str]) -> str:
+    """"1" at each position where some line has a character, "0" where every line is blank (or ends before)."""
+    mask = 0
+    for line in lines:  # one big-integer OR per line instead of a loop over characters
+        if line.isascii():
+            bits = line[::-1].encode().translate(_ASCII_BITS).decode()
+        else:
+            bits = _NOT_SPACE_RE.sub("1", line[::-1]).replace(" ", "0")
+        mask |= int(bits or "0", 2)
+    return f"{mask:b}"[::-1]
 
 
 def _parse_block(lines: list[str], with_header: bool) -> tuple[list[str], list[list[str]], int, int] | None:
     """One fixed-width block: column labels, rows of [index label, cells...], and where `...` cut the rows and the
     columns (-1: nowhere); None where the block is not a pandas table.
 
-    pandas right-aligns labels and cells on each column's right edge and pads values with a space, so the cells
-    of a row are 2+ blanks apart, while labels may be 1 apart and cells may hold single spaces (dates)."""
+    pandas right-aligns labels and cells on each column's right edge; columns may be 1 blank apart, cells may hold
+    single blanks (dates), the index is left-aligned and 2+ blanks before the first column."""
     header, body = (lines[0], lines[1:]) if with_header else ("", lines)
     if not body:
         return None
-    if with_header:
-        ends = [m.end() - 1 for m in re.finditer(r"\S+", header)]
-        edges = [p for p in ends if all(_blank(row, p + 1) for row in body)]
-    else:
-        edges = [max(len(row) for row in body) - 1]
-    # The index ends at the rightmost gap of two blanks (on every row) left of the first column's edge.
-    start = next((p for p in range(edges[0] - 1, 1, -1)
-                  if all(_blank(row, p) and _blank(row, p - 1) for row in body)), None) if edges else None
-    if start is None:
+    used = _occupied(body) + "00"
+    edges: list[int] = []
+    labels: list[str] = []
+    words: list[str] = []  # the words of a label up to its last
+    found = list(re.finditer(r"\S+", header)) if with_header else []
+    header_words = [(m.end() - 1, m[0]) for m in found] if with_header else [(len(used) - 3, "")]
+    longest = max(len(word) for _, word in header_words)
+    limits = [m.start() - 2 for m in found[1:]] + [len(used)]  # a column ends 2+ before the next label
+    for (end, word), limit in zip(header_words, limits):
+        words.append(word)
+        # A column ends where the next position is blank on every row; pandas pads labels to the longest one
+        # before right-aligning them, so a short label may end up to that many positions left of its cells.
+        last = min(end + longest - len(word), limit)
+        edge = next((p for p in range(end, last + 1) if used[p + 1:p + 2] == "0"), None)
+        if edge is not None and (not edges or edge > edges[-1]):
+            edges.append(edge)
+            labels.append(" ".join(words))
+            words = []
+    if words or not edges:
+        return None  # header words with no cells under them
+    gap = used.rfind("00", 0, edges[0])
+    start = gap + 1 if gap >= 1 else used.find("0", 1, edges[0])  # a date first column is 1 blank after the index
+    if start < 1:
         return None
-    # A label may be wider than its cells, so the first one is all the header left of its edge.
-    labels = [header[:edges[0] + 1].strip()] + [header[a + 1:b + 1].strip() for a, b in zip(edges, edges[1:])]
     rows: list[list[str]] = []
     row_cut = col_cut = -1
     for line in body:
@@ -146,13 +181,17 @@ def _parse_block(lines: list[str], with_header: bool) -> tuple[list[str], list[l
             return None  # a row without a label, or text past the last column: not a pandas table
         else:
             rows.append(row)
-    for j, label in enumerate(labels):
-        if label in _ELLIPSIS and all(row[j + 1] in _ELLIPSIS for row in rows):
-            del labels[j]
-            for row in rows:
-                del row[j + 1]
+    for j in range(len(labels) - 1, -1, -1):
+        cells = [row[j + 1] for row in rows]
+        if labels[j] in _ELLIPSIS and all(cell in _ELLIPSIS for cell in cells):
             col_cut = j
-            break
+        elif j + 1 < len(labels) and not any(cells):
+            labels[j + 1] = f"{labels[j]} {labels[j + 1]}"  # a word of a longer label over short cells
+        else:
+            continue
+        del labels[j]
+        for row in rows:
+            del row[j + 1]
     return labels, rows, row_cut, col_cut
 
 
@@ -192,7 +231,7 @@ def _parse_table(text: str) -> _Table | None:
         labels, rows, row_cut, block_col_cut = parsed
         col_cut = len(columns) + block_col_cut if block_col_cut >= 0 else col_cut
         row_labels = [row[0] for row in rows]
-        for key, cell in _keyed(rows, labels, len(columns)):
+        for key, cell in _keyed(rows, labels):
             cells[key] = cell
         columns += labels
     if not cells:
@@ -203,7 +242,7 @@ def _parse_table(text: str) -> _Table | None:
     return _Table(kind, _split(row_labels, row_cut), _split(columns, col_cut), cells, shape, footer, truncated)
 
 
-def _keyed(rows: list[list[str]], labels: list[str], offset: int):
+def _keyed(rows: list[list[str]], labels: list[str]):
     """Each cell keyed by its row and column labels and their occurrence, so repeated labels stay apart."""
     row_seen: Counter = Counter()
     for row in rows:
@@ -239,7 +278,8 @@ def _table_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
     common = a.cells.keys() & b.cells.keys()
     for key in sorted(common, key=str):
         if not _cells_equal(a.cells[key], b.cells[key], tol):
-            return Verdict(False, "table", f"cell [{key[0]!r}, {key[2]!r}] differs: {a.cells[key]} vs {b.cells[key]}")
+            return Verdict(False, "table", f"cell [{key[0]!r}, {key[2]!r}] differs: "
+                                           f"{_clip(a.cells[key])} vs {_clip(b.cells[key])}")
     return Verdict(True, "table", f"{len(common)} visible cell(s) agree; shape {a.shape[0]} x {a.shape[1]}")
 
 
@@ -248,10 +288,13 @@ def _table_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
 _ERROR_LINE_RE = re.compile(
     r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Iteration|Warning))(?::[ \t]*(.*))?$", re.MULTILINE)
 _PY_TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
+# What follows an error's first line in themisto.outputs' layout: IPython's rule of dashes, a cell or file location.
+_TRACEBACK_START_RE = re.compile(r"-{20,}|\s*(?:Cell In\s?\[|Input In \[|File \"|Traceback \()")
 _MESSAGE_NOISE = [
     (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
     (re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.\-+~]+)+[\\/]"), "<dir>/"),  # sandbox and user folders differ
     (re.compile(r"<ipython-input-\d+-[0-9a-f]+>"), "<ipython-input>"),
+    (re.compile(r"\b\d{6,}\.py\b"), "<cell>.py"),  # ipykernel's file name for a cell
     (re.compile(r"Cell In\[\d+\]"), "Cell In[?]"),
     (re.compile(r"\bline \d+"), "line ?"),
     (re.compile(r"\s+"), " "),
@@ -266,13 +309,17 @@ def _parse_error(text: str) -> tuple[str, str, str] | None:
     python = _PY_TRACEBACK_RE.search(text)
     if python:
         found = list(_ERROR_LINE_RE.finditer(text, python.end()))
-        match = found[-1] if found else None
-        before = text[: python.start()]
+        if not found or text[found[-1].end():].strip():
+            return None  # the error line must end the text
+        match, before = found[-1], text[: python.start()]
     else:
-        match = _ERROR_LINE_RE.search(text)
-        before = text[: match.start()] if match else ""
-    if match is None:
-        return None
+        # A line that merely looks like an error (printed by an `except`) is one only if the text ends or a
+        # traceback starts after it; otherwise what follows it would be ignored.
+        match = next((m for m in _ERROR_LINE_RE.finditer(text) if not text[m.end():].strip()
+                      or _TRACEBACK_START_RE.match(text[m.end():].lstrip("\n"))), None)
+        if match is None:
+            return None
+        before = text[: match.start()]
     message = match[2] or ""
     for pattern, replacement in _MESSAGE_NOISE:
         message = pattern.sub(replacement, message)
@@ -288,7 +335,7 @@ def _error_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
     if a[1] != b[1]:
         return Verdict(False, "error", f"different errors: {a[1]} vs {b[1]}")
     if a[2] != b[2]:
-        return Verdict(False, "error", f"{a[1]} with different messages: {a[2]!r} vs {b[2]!r}")
+        return Verdict(False, "error", f"{a[1]} with different messages: {_clip(a[2])!r} vs {_clip(b[2])!r}")
     if a[0] != b[0] and not _cells_equal(a[0], b[0], tol):
         return Verdict(False, "error", f"same {a[1]}, but the output printed before it differs")
     return Verdict(True, "error", f"same {a[1]} and message")
@@ -322,15 +369,18 @@ def _first_difference(pred: str, ref: str) -> str:
     pred_lines, ref_lines = pred.split("\n"), ref.split("\n")
     for number, (a, b) in enumerate(zip(pred_lines, ref_lines), start=1):
         if a != b:
-            return f"line {number} differs: {a[:60]!r} vs {b[:60]!r}"
+            return f"line {number} differs: {_clip(a)!r} vs {_clip(b)!r}"
     return f"{len(pred_lines)} line(s) vs {len(ref_lines)} line(s)"
 
 
 def outputs_equivalent(predicted: str, reference: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Verdict:
     """Compare two output texts under the module's rules; numbers agree within `rel_tol` or `abs_tol`.
 
-    >>> outputs_equivalent("KeyError: 'a'", "Traceback (most recent call last):\\n  File \\"/x/y.py\\", line 3\\nKeyError: 'a'")
+    >>> outputs_equivalent("KeyError: 'a'", "Traceback (most recent call last):\\n  File \\"/x/y.py\\", line 3\\n"
+    ...                    "KeyError: 'a'")
     Verdict(equal=True, rule='error', reason='same KeyError and message')
+    >>> outputs_equivalent("   a\\n0  1.0\\n1  NaN", "     a\\n0  1.0000001\\n1    NaN").rule
+    'numbers'
     >>> outputs_equivalent("<image/png 100 bytes>", "<image/png 23456 bytes>").equal
     True
     """
@@ -350,6 +400,6 @@ def outputs_equivalent(predicted: str, reference: str, *, rel_tol: float = 1e-6,
             misses.append(verdict)
     # The most specific difference is the most useful reason: a table, error or image one before a number one.
     specific = [miss for miss in misses if miss.rule != "numbers"]
-    if specific or misses:
+    if misses:
         return (specific or misses)[0]
     return Verdict(False, "none", _first_difference(pred, ref))
