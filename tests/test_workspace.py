@@ -100,6 +100,18 @@ def test_test_features_columns_and_dtypes_equal_the_real_file(small, june_dir):
         assert {type(v) for v in fake[column]} == {type(v) for v in real[column]} == {list, int}, column
 
 
+def test_pickles_name_no_numpy_module(small):
+    # The replay kernel may run numpy 1.x (the participants' era); numpy 2 pickles name `numpy._core`,
+    # which it cannot import. The only global these pickles may name is pandas' DataFrame.
+    import pickletools
+
+    for rel in (TRAIN_FEATURES, VALIDATION_FEATURES, TEST_FEATURES):
+        ops = [op for op in pickletools.genops((small.root / rel).read_bytes()) if op[0].name != "MEMOIZE"]
+        assert not any(op[0].name in ("GLOBAL", "INST") for op in ops), rel
+        named = {(ops[i - 2][1], ops[i - 1][1]) for i, op in enumerate(ops) if op[0].name == "STACK_GLOBAL"}
+        assert named == {("pandas.core.frame", "DataFrame")}, rel
+
+
 def test_train_and_validation_have_labels_consistent_with_the_features(small):
     expected = list(pd.read_pickle(small.root / TEST_FEATURES).columns) + ["primary_label", *LABEL_COLUMNS]
     for rel, rows in ((TRAIN_FEATURES, SIZE_SPECS["small"].train_rows),

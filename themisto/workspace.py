@@ -10,6 +10,7 @@ logs, error messages, the final notebooks' outputs, and the real task-2 test fea
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 import random
@@ -149,12 +150,34 @@ def write_workspace(dest, tasks=TASKS, *, seed: int = 0, size: str = "small",
         if "task2" in tasks:
             splits = cell_feature_splits(spec, seed)
             for rel, frame in zip((TRAIN_FEATURES, VALIDATION_FEATURES, TEST_FEATURES), splits):
-                files[rel] = _write_bytes(tmp / rel, pickle.dumps(frame, protocol=PICKLE_PROTOCOL))
+                files[rel] = _write_bytes(tmp / rel, portable_frame_pickle(frame))
         _replace_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Workspace(root=dest, files=dict(sorted(files.items())), seed=seed, size=size, tasks=tasks)
+
+
+def portable_frame_pickle(frame: pd.DataFrame) -> bytes:
+    """Pickle `frame` so that any pandas with any numpy unpickles it to the same columns, values and dtypes.
+
+    A DataFrame pickled by pandas 2.2 on numpy 2 names `numpy._core`, which numpy 1.x (the participants'
+    era, and the replay kernel's environment) cannot import. This pickle holds only built-in values and one
+    call, `pandas.DataFrame({column: list})`, which infers the same int64/float64/object dtypes.
+    """
+    for column, dtype in frame.dtypes.items():
+        if dtype.kind not in "ifO":
+            raise WorkspaceError(f"column {column!r}: dtype {dtype} would not survive the portable pickle")
+    buffer = io.BytesIO()
+    _FramePickler(buffer, protocol=PICKLE_PROTOCOL).dump(frame)
+    return buffer.getvalue()
+
+
+class _FramePickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if isinstance(obj, pd.DataFrame):
+            return pd.DataFrame, ({column: obj[column].tolist() for column in obj.columns},)
+        return NotImplemented
 
 
 def _write_bytes(path: Path, data: bytes) -> str:
