@@ -68,6 +68,7 @@ class Step:
     variables: list[dict]
     snapshot_failures: dict[str, str]
     kernel_restarted: bool  # replay lost the namespace here (timeout escalated or the kernel died)
+    rebuilt_steps: int  # after an unplanned loss, how many earlier steps were re-run to rebuild the state
     logged: LoggedOutcome
     notebook: str = ""
     task: str | None = None
@@ -103,14 +104,23 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     from themisto.snapshot import AgentError, take_snapshot
 
     restarts = _restart_points(trajectory)
+    session_start = 0  # first step of the current kernel life, as the log recorded it
+    lost: set[int] = set()  # steps that cost the namespace; never re-run when rebuilding it
     for i, execution in enumerate(trajectory.executions):
         restarted = i in restarts and i > 0
         if restarted:
             session.restart()
+            session_start = i
         if before_step is not None:
             before_step(trajectory, i, session)
         cleaned = clean_for_replay(execution.code)
         result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings))
+        rebuilt = 0
+        if result.kernel_restarted:
+            # The developer's kernel kept its state here; ours lost it. Re-run this kernel life's earlier steps
+            # (not the ones that lost it) so the steps after this one see the state they saw in the log.
+            lost.add(i)
+            rebuilt = _rebuild(session, trajectory, session_start, i, lost, settings)
         snap, snap_error = None, {}
         if settings.snapshots:
             try:
@@ -137,10 +147,30 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             variables=[v.to_dict() for v in snap.variables.values()] if snap else [],
             snapshot_failures=dict(snap.failures) if snap else snap_error,
             kernel_restarted=result.kernel_restarted,
+            rebuilt_steps=rebuilt,
             logged=_logged(execution),
             notebook=trajectory.notebook,
             task=trajectory.task,
         )
+
+
+def _rebuild(session, trajectory: Trajectory, start: int, end: int, lost: set[int],
+             settings: ReplaySettings) -> int:
+    """Re-run steps start..end-1 (minus `lost`) in the fresh kernel; a step that loses the state again joins
+    `lost` and the rebuild starts over. Returns how many steps ran."""
+    rerun = 0
+    while True:
+        for j in range(start, end):
+            if j in lost:
+                continue
+            execution = trajectory.executions[j]
+            result = session.execute(clean_for_replay(execution.code).code, timeout=_timeout_for(execution, settings))
+            rerun += 1
+            if result.kernel_restarted:
+                lost.add(j)
+                break
+        else:
+            return rerun
 
 
 def _limits(settings: ReplaySettings):

@@ -1,0 +1,111 @@
+"""Replay in real sandboxed kernels: snapshots after every step, logged restarts honoured, lost state rebuilt,
+resumable output, and the fidelity report's arithmetic."""
+
+import json
+
+import pytest
+
+from themisto.fidelity import fidelity_report
+from themisto.replay import LoggedOutcome, ReplaySettings, Step, read_steps, replay_to_file, replay_trajectory
+from themisto.trajectory import Execution, KernelEvent, Trajectory
+
+FAST = ReplaySettings(cell_timeout_s=4.0, interrupted_timeout_s=2.0)
+
+
+def _traj(codes, *, tid="t-1", restarts=(), statuses=None):
+    statuses = statuses or {}
+    executions = []
+    for i, code in enumerate(codes):
+        status, ename = statuses.get(i, ("ok", None))
+        executions.append(Execution(cell_id=f"c{i}", code=code, status=status, ename=ename))
+    events = [KernelEvent(kind="restart", before=b) for b in restarts]
+    return Trajectory(id=tid, notebook="nb.ipynb", source="test", executions=executions, events=events)
+
+
+@pytest.mark.slow
+def test_replay_records_outputs_snapshots_and_honours_logged_restart(tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n", encoding="utf-8")
+    traj = _traj(
+        ["x = 40 + 2", "print(open('in.txt').read().strip(), x)", "x", "!pip install nothing-at-all\ny = x + 1",
+         "z = 1", "x"],
+        restarts=[5],
+        statuses={5: ("error", "NameError")},
+    )
+    steps = list(replay_trajectory(traj, tmp_path, FAST))
+    assert [s.step for s in steps] == list(range(6))
+    assert steps[1].output.strip() == "hello 42"
+    assert steps[2].output_types == ["execute_result"] and steps[2].output.strip() == "42"
+    # the install line was cleaned (no network in the sandbox) but the rest of the cell ran
+    assert steps[3].replayed_code != steps[3].code and steps[3].status == "ok"
+    assert {v["name"] for v in steps[3].variables} == {"x", "y"}
+    # every step carries a snapshot; the state hash changes when the namespace does
+    assert all(s.state_hash for s in steps)
+    assert steps[0].state_hash != steps[3].state_hash
+    assert steps[2].state_hash == steps[1].state_hash  # reading `x` changes nothing
+    assert all(s.memory_bytes and s.memory_bytes > 10_000_000 for s in steps)
+    # the logged restart before step 5 wiped the namespace, as it did for the developer
+    assert steps[5].restarted_before and steps[5].status == "error" and steps[5].ename == "NameError"
+    assert steps[5].variables == []
+
+
+@pytest.mark.slow
+def test_state_lost_to_an_uninterruptible_cell_is_rebuilt(tmp_path):
+    hang = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.01)"
+    traj = _traj(["a = 7", hang, "print(a * 6)"])
+    steps = list(replay_trajectory(traj, tmp_path, FAST))
+    assert steps[1].status == "timeout" and steps[1].kernel_restarted
+    assert steps[1].rebuilt_steps == 1  # `a = 7` ran again; the hanging cell did not
+    assert steps[2].status == "ok" and steps[2].output.strip() == "42"
+
+
+def _fake_step(i, status, ename=None, logged=("ok", None), types=None, logged_types=None, code="x"):
+    return Step(kernel_id="k", step=i, cell_id="c", code=code, replayed_code=code, cleaning=[],
+                restarted_before=False, status=status, ename=ename, evalue=None, output="", outputs=[],
+                output_types=types or [], execution_time=0.1, memory_bytes=1, state_hash="h", variables=[],
+                snapshot_failures={}, kernel_restarted=False, rebuilt_steps=0,
+                logged=LoggedOutcome(logged[0], logged[1], None, logged_types or []), notebook="nb")
+
+
+def test_fidelity_shares_and_reasons():
+    steps = [
+        _fake_step(0, "ok"),
+        _fake_step(1, "error", "KeyError", logged=("error", "KeyError"), types=["error"], logged_types=["error"]),
+        _fake_step(2, "error", "KeyError", logged=("error", "NameError"), types=["error"], logged_types=["error"]),
+        _fake_step(3, "ok", logged=("error", "ModuleNotFoundError"), logged_types=["error"]),
+        _fake_step(4, "timeout", logged=("error", "KeyboardInterrupt"), types=["error"], logged_types=["error"]),
+        _fake_step(5, "ok", logged=("unknown", None)),  # no finished event: not comparable
+        _fake_step(6, "ok", logged=("error", None), code=""),  # code not logged: not comparable
+    ]
+    (report,) = fidelity_report(steps)
+    assert report.executions_replayed == 7 and report.comparable == 5 and report.logged_errors == 4
+    assert report.status_match == pytest.approx(4 / 5)
+    assert report.ename_match == pytest.approx(2 / 4)  # steps 1 and 4 (a timeout reads as an interrupt)
+    kinds = {(m.step, m.kind) for m in report.mismatches}
+    assert kinds == {(2, "ename"), (3, "status")}
+    assert "installed" in next(m.reason for m in report.mismatches if m.step == 3)
+
+
+@pytest.mark.slow
+def test_replay_to_file_resumes_after_an_interruption(tmp_path):
+    out = tmp_path / "steps.jsonl"
+    trajs = [_traj(["a = 1", "a"], tid="first"), _traj(["b = 2", "b"], tid="second")]
+
+    def stop_in_second(msg):
+        if msg.startswith("second"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        replay_to_file(trajs, out, tmp_path, FAST, progress=stop_in_second)
+    assert not out.exists()  # nothing half-written under the final name
+    run = replay_to_file(trajs, out, tmp_path, FAST, progress=lambda msg: None)
+    assert run.resumed == ["first"] and run.replayed == ["second"]
+    steps = read_steps(out)
+    assert [(s.kernel_id, s.step) for s in steps] == [("first", 0), ("first", 1), ("second", 0), ("second", 1)]
+    assert not (tmp_path / "steps.jsonl.partial").exists()
+
+
+def test_read_steps_names_file_and_line(tmp_path):
+    bad = tmp_path / "steps.jsonl"
+    bad.write_text(json.dumps(_fake_step(0, "ok").to_dict()) + "\n{not json\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"steps.jsonl:2"):
+        read_steps(bad)
