@@ -18,6 +18,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -219,6 +220,64 @@ def sandbox_available() -> bool:
     return bwrap is not None and _bwrap_works(bwrap)
 
 
+# Run by the kernel's interpreter with -I: where it lives and which versions of the stack it would import. Versions
+# come from the installed metadata, so nothing heavy is imported.
+_PROBE = """
+import importlib.metadata as m, json, platform, sys
+names = ("numpy", "pandas", "scipy", "matplotlib", "seaborn", "scikit-learn", "lightgbm", "ipykernel", "ipython",
+         "dill", "psutil")
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return None
+print(json.dumps({"python": platform.python_version(), "executable": sys.executable, "prefix": sys.prefix,
+                  "base_prefix": sys.base_prefix, "exec_prefix": sys.exec_prefix,
+                  "path": [p for p in sys.path if p], "packages": {n: version(n) for n in names}}))
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(python: str) -> dict:
+    try:
+        done = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelStartError(f"the kernel interpreter {python} cannot be run: {exc}") from exc
+    if done.returncode != 0:
+        raise KernelStartError(f"the kernel interpreter {python} failed (exit status {done.returncode}): "
+                               f"{done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout)
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_python() -> str:
+    """The interpreter every kernel runs (THEMISTO_KERNEL_PYTHON, else the repo's .venv-kernel, else this one)."""
+    chosen = settings()
+    if chosen.kernel_python_source == "host":
+        # Once per process: every session would repeat it.
+        warnings.warn(f"no kernel environment ({chosen.kernel_python} runs the kernels): replay fidelity needs the "
+                      "2023 stack of requirements-kernel.txt (scripts/install.sh makes .venv-kernel)",
+                      SandboxWarning, stacklevel=2)
+    return chosen.kernel_python
+
+
+def kernel_environment(python: str | None = None) -> dict[str, str | None]:
+    """Versions the kernel runs with, read once per interpreter: {"interpreter", "python", "numpy", "pandas", ...};
+    a package that is not installed maps to None."""
+    python = kernel_python() if python is None else python
+    probe = _probe(python)
+    return {"interpreter": python, "python": probe["python"], **probe["packages"]}
+
+
+def _interpreter_paths(python: str) -> list[Path]:
+    """Folders `python` reads when it starts: its venv, the base installation it links to, its import path."""
+    probe = _probe(python)
+    paths = [Path(python).parent, Path(python).resolve().parent]
+    paths += [Path(probe[key]) for key in ("prefix", "base_prefix", "exec_prefix")]
+    paths += [Path(p) for p in probe["path"] if Path(p).is_dir()]
+    return paths
+
+
 def _uid_in_use(uid: int) -> bool:
     for proc in psutil.process_iter(["uids"]):
         uids = proc.info.get("uids")
@@ -336,6 +395,7 @@ class AsyncKernelSession:
         self._gid: int | None = None
         self._stderr = bytearray()
         self._stderr_fd: int | None = None
+        self._python: str | None = None
 
     # ----- lifecycle -------------------------------------------------------------------------------------------
 
@@ -361,6 +421,11 @@ class AsyncKernelSession:
     def kernel_uid(self) -> int | None:
         """The uid the kernel runs as when it was dropped from root, else None."""
         return self._uid
+
+    @property
+    def kernel_python(self) -> str:
+        """The interpreter the kernel runs (see `kernel_environment()` for its versions)."""
+        return self._python or kernel_python()
 
     async def start(self) -> None:
         """Copy the workspace, start the kernel and wait until it answers."""
@@ -390,6 +455,7 @@ class AsyncKernelSession:
         await self.close()
 
     def _plan_sandbox(self) -> None:
+        self._python = kernel_python()
         is_root = os.geteuid() == 0
         bwrap = settings().bwrap
         if bwrap is not None and not _bwrap_works(bwrap):
@@ -454,18 +520,38 @@ class AsyncKernelSession:
         limits = self.limits
         argv = []
         if self._bwrap is not None:
-            argv += kernel_launcher.bwrap_argv(self._bwrap, self._paths, isolate_fs=limits.isolate_fs,
-                                               network=limits.network, drop_uid=self._uid is not None)
-        argv += kernel_launcher.launcher_argv(
+            argv += self._bwrap_argv()
+        launcher = kernel_launcher.launcher_argv(
             memory_bytes=limits.memory_bytes, max_processes=limits.max_processes,
             file_size_bytes=limits.file_size_bytes, cpu_seconds=limits.cpu_seconds, uid=self._uid, gid=self._gid,
             output_bytes=limits.output_bytes)
+        # The launcher is written for the interpreter that runs it; the kernel's own interpreter runs it here (it
+        # imports the standard library only) and execs ipykernel from the same environment.
+        assert launcher[0] == sys.executable, launcher
+        argv += [self.kernel_python] + launcher[1:]
         spec_dir = self._paths.root / "spec" / _KERNEL_NAME
         spec_dir.mkdir(parents=True, exist_ok=True)
         spec = {"argv": argv, "display_name": "Themisto sandbox", "language": "python", "interrupt_mode": "signal",
                 "env": {}}
         (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
         return spec_dir.parent
+
+    def _bwrap_argv(self) -> list[str]:
+        """The bubblewrap prefix, with the kernel interpreter's folders readable by the kernel's uid too."""
+        assert self._bwrap is not None and self._paths is not None
+        limits, drop_uid = self.limits, self._uid is not None
+        if not (drop_uid and limits.isolate_fs):
+            return kernel_launcher.bwrap_argv(self._bwrap, self._paths, isolate_fs=limits.isolate_fs,
+                                              network=limits.network, drop_uid=drop_uid)
+        # kernel_launcher masks the folders only its own interpreter needs (e.g. a 0700 /root that holds the Python
+        # install); the masks must cover the kernel's interpreter as well, and one tmpfs per folder, so they are
+        # built here over both sets and put where bwrap_argv would put them (right after the root bind).
+        argv = kernel_launcher.bwrap_argv(self._bwrap, self._paths, isolate_fs=True, network=limits.network,
+                                          drop_uid=False)
+        assert argv[1:4] == ["--ro-bind", "/", "/"], argv
+        readable = kernel_launcher.readable_paths()
+        readable += [path for path in _interpreter_paths(self.kernel_python) if path not in readable]
+        return argv[:4] + kernel_launcher._mask_untraversable(readable) + argv[4:]
 
     async def _start_kernel(self) -> None:
         from jupyter_client.kernelspec import KernelSpecManager
@@ -871,6 +957,11 @@ class KernelSession:
     def kernel_uid(self) -> int | None:
         """The uid the kernel runs as when it was dropped from root, else None."""
         return self._session.kernel_uid
+
+    @property
+    def kernel_python(self) -> str:
+        """The interpreter the kernel runs (see `kernel_environment()` for its versions)."""
+        return self._session.kernel_python
 
     def execute(self, code: str, *, timeout: float | None = None) -> CellResult:
         """Run one cell as a notebook would and return its outcome."""

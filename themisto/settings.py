@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+# The replay kernel's own environment, made by scripts/install.sh from requirements-kernel.txt beside the package.
+KERNEL_VENV = Path(__file__).resolve().parents[1] / ".venv-kernel"
 
 
 @dataclass(frozen=True)
@@ -19,6 +25,13 @@ class Settings:
     # Where the sessions' temporary folders go (the kernel's workdir, its home, its connection file).
     tmp_dir: str | None
     kernel_start_timeout_s: float
+    # The interpreter the kernel runs (not resolved: a venv's bin/python must stay a path into the venv), and where
+    # the choice came from: THEMISTO_KERNEL_PYTHON ("env"), the repo's .venv-kernel ("kernel_venv"), or this
+    # process's own interpreter ("host", which lacks the 2023 stack that replay fidelity needs).
+    kernel_python: str
+    kernel_python_source: Literal["env", "kernel_venv", "host"]
+    # HF_ALLOW_CODE_EVAL=1: the user's half of the opt-in to executing model-written code (see themisto.gate).
+    allow_code_eval: bool = False
 
 
 def _flag(value: str | None, default: bool) -> bool:
@@ -37,17 +50,39 @@ def _int_or_none(name: str) -> int | None:
         raise ValueError(f"environment variable {name}={value!r} must be an integer") from None
 
 
+def _kernel_python() -> tuple[str, Literal["env", "kernel_venv", "host"]]:
+    configured = os.environ.get("THEMISTO_KERNEL_PYTHON", "").strip()
+    if configured:
+        path = Path(configured).expanduser()
+        if not path.is_absolute():
+            found = shutil.which(configured)
+            path = Path(found) if found else path
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ValueError(f"environment variable THEMISTO_KERNEL_PYTHON={configured!r} is not an executable file")
+        return str(path.absolute()), "env"
+    venv_python = KERNEL_VENV / "bin" / "python"
+    if venv_python.is_file() and os.access(venv_python, os.X_OK):
+        return str(venv_python), "kernel_venv"
+    return sys.executable, "host"
+
+
 @lru_cache(maxsize=1)
 def settings() -> Settings:
     """The settings from the environment: THEMISTO_SANDBOX, THEMISTO_BWRAP, THEMISTO_KERNEL_UID, THEMISTO_TMPDIR,
-    THEMISTO_KERNEL_START_TIMEOUT."""
+    THEMISTO_KERNEL_START_TIMEOUT, THEMISTO_KERNEL_PYTHON (default: the repo's .venv-kernel, else this interpreter),
+    HF_ALLOW_CODE_EVAL."""
     bwrap = None
     if _flag(os.environ.get("THEMISTO_SANDBOX"), True):
         bwrap = os.environ.get("THEMISTO_BWRAP") or shutil.which("bwrap")
     timeout = os.environ.get("THEMISTO_KERNEL_START_TIMEOUT", "").strip()
+    kernel_python, kernel_python_source = _kernel_python()
     return Settings(
         bwrap=bwrap,
         kernel_uid=_int_or_none("THEMISTO_KERNEL_UID"),
         tmp_dir=os.environ.get("THEMISTO_TMPDIR") or None,
         kernel_start_timeout_s=float(timeout) if timeout else 60.0,
+        kernel_python=kernel_python,
+        kernel_python_source=kernel_python_source,
+        # Exactly "1", as evaluate's code_eval reads it: an opt-in is never inferred from "yes" or "true".
+        allow_code_eval=os.environ.get("HF_ALLOW_CODE_EVAL", "").strip() == "1",
     )
