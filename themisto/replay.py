@@ -173,7 +173,8 @@ def _rebuild(session, trajectory: Trajectory, start: int, end: int, lost: set[in
             return rerun
 
 
-def _limits(settings: ReplaySettings):
+def kernel_limits(settings: ReplaySettings):
+    """The kernel limits a replay with these settings runs under."""
     from themisto.kernel import Limits
 
     return Limits(memory_bytes=settings.memory_bytes, cell_timeout_s=settings.cell_timeout_s,
@@ -186,7 +187,7 @@ def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
     """Replay `trajectory` in its own fresh sandboxed kernel over a copy of `workspace`."""
     from themisto.kernel import KernelSession
 
-    with KernelSession(workspace, _limits(settings)) as session:
+    with KernelSession(workspace, kernel_limits(settings)) as session:
         yield from replay(trajectory, session, settings, before_step=before_step)
 
 
