@@ -60,6 +60,7 @@ TRAJECTORIES = datasets.Features({
     "variables": datasets.List(VARIABLE),
     "snapshot_failures": datasets.List(SNAPSHOT_FAILURE),
     "kernel_restarted": _BOOL,
+    "rebuilt_steps": _INT32,
     "logged_status": _STR,
     "logged_ename": _STR,
     "logged_evalue": _STR,

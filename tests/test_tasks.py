@@ -77,7 +77,7 @@ def make_steps(kernel_id: str, n: int, *, task: str = "task1", restarts: tuple[i
             output=output, outputs=[], output_types=types, execution_time=0.002 + i / 1000,
             memory_bytes=75_000_000 + 1_000 * i, state_hash=hashlib.sha256(f"{kernel_id}:{i}".encode()).hexdigest(),
             variables=_variables(i, kernel_id), snapshot_failures={"gen": "TypeError: cannot pickle"} if i == 2 else {},
-            kernel_restarted=False,
+            kernel_restarted=False, rebuilt_steps=0,
             logged=LoggedOutcome(status, "AttributeError" if status == "error" else None, None, types),
             notebook=f"{task}.ipynb", task=task))
     return steps

@@ -176,6 +176,7 @@ def _row(record: Mapping, where: str) -> tuple[str, float, dict]:
         "variables": variables,
         "snapshot_failures": [],
         "kernel_restarted": False,
+        "rebuilt_steps": 0,
         "logged_status": None,
         "logged_ename": None,
         "logged_evalue": None,

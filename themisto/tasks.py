@@ -133,6 +133,7 @@ def trajectory_row(step, participant: str | None = None) -> dict:
         "variables": [variable_row(v) for v in step.variables],
         "snapshot_failures": [{"name": k, "reason": v} for k, v in sorted(step.snapshot_failures.items())],
         "kernel_restarted": bool(step.kernel_restarted),
+        "rebuilt_steps": int(step.rebuilt_steps),
         "logged_status": step.logged.status,
         "logged_ename": step.logged.ename,
         "logged_evalue": step.logged.evalue,
