@@ -284,3 +284,16 @@ def test_size_category_follows_the_hub_buckets():
 
     assert [size_category(n) for n in (0, 999, 1000, 54_321, 2_000_000)] == [
         "n<1K", "n<1K", "1K<n<10K", "10K<n<100K", "1M<n<10M"]
+
+
+def test_check_reports_a_trajectory_in_both_splits(release, tmp_path, capsys):
+    folder = _copy(release, tmp_path)
+    test_rows = pq.read_table(folder / parquet_name("trajectories", "test"))
+    train_path = folder / parquet_name("trajectories", "train")
+    train_rows = pq.read_table(train_path)
+    leaked = test_rows.slice(0, 1)
+    pq.write_table(pa.concat_tables([train_rows, leaked]), train_path)
+    assert main(["check", str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert f"trajectories ['{leaked['kernel_id'][0]}'] are in both `test` and `train`" in out
+    assert f"trajectories/train: {train_rows.num_rows + 1} rows, the card says {train_rows.num_rows}" in out

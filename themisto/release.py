@@ -467,6 +467,7 @@ def check_release(folder: str | Path) -> CheckReport:
     declared = {c.get("config_name"): c for c in data.get("configs") or []}
     infos = {i.get("config_name"): i for i in data.get("dataset_info") or []}
     recorded = {}
+    kernels: dict[str, dict[str, set[str]]] = {}
     if (folder / BUILD_FILE).is_file():
         recorded = json.loads((folder / BUILD_FILE).read_text(encoding="utf-8")).get("files", {})
     for config in schema.CONFIGS:
@@ -504,7 +505,38 @@ def check_release(folder: str | Path) -> CheckReport:
             report.sizes.setdefault(config, {})[split] = rows
             if split in expected_rows and expected_rows[split] != rows:
                 problems.append(f"{config}/{split}: {rows} rows, the card says {expected_rows[split]}")
+            kernels.setdefault(config, {})[split] = _kernel_ids(matches)
+    problems += _split_problems(kernels)
     return report
+
+
+def _kernel_ids(paths: list[Path]) -> set[str]:
+    import pyarrow.parquet as pq
+
+    ids: set[str] = set()
+    for path in paths:
+        try:
+            ids.update(pq.read_table(path, columns=["kernel_id"]).column("kernel_id").to_pylist())
+        except (OSError, ValueError, KeyError):
+            pass  # an unreadable file or a missing column is reported by the schema check
+    return ids
+
+
+def _split_problems(kernels: dict[str, dict[str, set[str]]]) -> list[str]:
+    """A trajectory in both splits, or a task row whose trajectory is not in the same split of `trajectories`."""
+    problems = []
+    steps = kernels.get("trajectories", {})
+    both = sorted(steps.get("test", set()) & steps.get("train", set()))
+    if both:
+        problems.append(f"trajectories {both[:3]} are in both `test` and `train`")
+    for config, splits in kernels.items():
+        if config == "trajectories" or not steps:
+            continue
+        for split, ids in splits.items():
+            orphans = sorted(ids - steps.get(split, set()))
+            if orphans:
+                problems.append(f"{config}/{split}: trajectories {orphans[:3]} are not in trajectories/{split}")
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------------------------
