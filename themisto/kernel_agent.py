@@ -145,6 +145,48 @@ _CANONICAL_TYPES = frozenset({type(None), type(Ellipsis), bool, int, float, comp
                               dict, set, frozenset, range})
 
 
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def _holds_set_or_object(value: Any) -> bool:
+    """True when a builtin structure holds a set or a non-builtin object; visits containers only, not leaves."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is set or kind is frozenset:
+            return True
+        if kind is dict:
+            members: Any = list(item.keys()) + list(item.values())
+        elif kind is list or kind is tuple:
+            members = item
+        else:
+            continue
+        for member in members:
+            member_kind = type(member)
+            if member_kind in _CONTAINERS:
+                stack.append(member)
+            elif member_kind not in _CANONICAL_TYPES:
+                return True
+    return False
+
+
+def _hash_builtin(h: Any, value: Any) -> None:
+    """Without sets or objects inside, the memo-free pickle of a builtin structure is canonical (and C-fast);
+    otherwise the type-tagged encoder sorts set members, falling back to the pickle past its budget."""
+    try:
+        canonical_needed = _holds_set_or_object(value)
+    except RecursionError:
+        canonical_needed = True
+    if canonical_needed:
+        try:
+            _canonical(h, value, [_CANON_NODES], set())
+            return
+        except _NotCanonical:
+            pass
+    h.update(b"p" + _fast_pickle(value))
+
+
 def _fast_pickle(value: Any) -> bytes:
     """Pickle without the memo, so equal content gives equal bytes whatever the objects' identities."""
     buffer = io.BytesIO()
@@ -192,11 +234,7 @@ def _hash_column(column: Any, h: Any) -> None:
     try:
         h.update(memoryview(pd.util.hash_pandas_object(column, index=False).to_numpy()))
     except TypeError:
-        values = list(column)
-        try:
-            _canonical(h, values, [max(_CANON_NODES, 50 * len(values))], set())
-        except _NotCanonical:
-            h.update(_fast_pickle(values))
+        _hash_builtin(h, list(column))
 
 
 def _hash_array(value: Any, h: Any) -> None:
@@ -232,10 +270,7 @@ def content_hash(value: Any) -> str:
                 if isinstance(member, types.FunctionType):
                     _code_digest(h, member.__code__)
         elif type(value) in _CANONICAL_TYPES:
-            try:
-                _canonical(h, value, [_CANON_NODES], set())
-            except _NotCanonical:
-                h = hashlib.sha256(_qualname(value).encode() + _fast_pickle(value))
+            _hash_builtin(h, value)
         else:
             h.update(_qualname(value).encode())
             h.update(_fast_pickle(value))
@@ -325,8 +360,16 @@ _REPR.maxlevel = 4
 def _safe_repr(value: Any) -> tuple[str, str | None]:
     """A repr of at most REPR_CHARS characters, and the error if __repr__ failed."""
     try:
+        module = type(value).__module__ or ""
         if type(value) in (list, tuple, dict, set, frozenset, str, bytes):
             text = _REPR.repr(value)  # bounded effort on huge builtin containers
+        elif module.startswith("pandas"):
+            import pandas as pd
+
+            # Fewer rows and narrower cells than the notebook shows: the repr is cut at REPR_CHARS anyway.
+            with pd.option_context("display.max_rows", 6, "display.min_rows", 6, "display.max_columns", 8,
+                                   "display.max_colwidth", 30):
+                text = builtins.repr(value)
         else:
             text = builtins.repr(value)
     except Exception as error:  # noqa: BLE001 - a broken __repr__ is data, not a failure of the snapshot
@@ -894,7 +937,9 @@ def _unsafe_run_candidate(shell: Any, code: str, plan: _BranchPlan, wfd: int) ->
         result["duration_s"] = duration
         result["truncated"] = recorder.truncated
         result["outputs"] = recorder.finish()
+        hashing = time.perf_counter()
         result.update(_delta(shell, plan))
+        result["delta_s"] = time.perf_counter() - hashing
     except BaseException as error:  # noqa: BLE001 - the child reports whatever happened, then always exits
         result.setdefault("outputs", [])
         result.update({"status": "timeout" if timed_out[0] else "error",
