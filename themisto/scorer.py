@@ -132,6 +132,7 @@ class ExampleRecord:
     correct: int | None = None  # predictions with a functional match
     pass_at_k: dict[str, float] = field(default_factory=dict)
     state_verified: bool | None = None  # rebuilt state hash == the release's; None where not checked
+    state_differences: list[str] = field(default_factory=list)  # variables whose rebuilt hash differs (first 20)
     branch_wall_s: float | None = None  # wall time of the step's branch call (references + predictions)
 
     @classmethod
@@ -484,9 +485,13 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
     if settings.verify_state and not (step == 0 or row["restarted_before"]):
         expected = rows[step - 1]["state_hash"]
         if expected is not None:
-            verified = take_snapshot(session).state_hash == expected
+            snapshot = take_snapshot(session)
+            recorded = {v["name"]: v["hash"] for v in rows[step - 1]["variables"] or []}
+            now = snapshot.hashes()
+            differing = sorted(n for n in set(recorded) | set(now) if recorded.get(n) != now.get(n))
             for example in examples:
-                example_records[example.id].state_verified = verified
+                example_records[example.id].state_verified = snapshot.state_hash == expected
+                example_records[example.id].state_differences = differing[:20]
     # The reference runs as replay ran it: after the same cleaning; predictions get the same cleaning.
     reference = clean_for_replay(rows[step]["code"]).code
     codes = [reference] * REFERENCE_RUNS + [clean_for_replay(r.prediction).code for r in ready]

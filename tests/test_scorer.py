@@ -1,0 +1,311 @@
+"""The scorer on a tiny release built here from a short trajectory replayed in a real kernel: text scores, execution
+in the exact pre-cell state, nondeterminism, errors, hostile predictions, bad input and resume."""
+
+import itertools
+import math
+
+import pytest
+
+from themisto import scorer as sc
+from themisto.gate import ExecutionRefused
+from themisto.release import build_release
+from themisto.replay import ReplaySettings, replay_trajectory
+from themisto.settings import settings as env_settings
+from themisto.tasks import TaskSettings, trajectory_rows
+from themisto.trajectory import Execution, KernelEvent, Trajectory
+
+KERNEL = "tiny-kernel"
+# Step -> code. Step 7 reads the clock (nondeterministic), step 8 raises, a restart comes before step 9.
+CELLS = [
+    "data = [3, 1, 2]",
+    "total = sum(data)",
+    "print(total)",
+    "label = 'x'",
+    "data.sort()",
+    "print(open('input.csv').read().splitlines()[0])",
+    "average = total / len(data)\nprint(average)",
+    "import time\nstamp = time.time()\nprint(stamp)",
+    "del label\nmissing_name + 1",
+    "data = [5]",
+    "print(data)",
+]
+RESTART_BEFORE = 9
+ids = [f"{KERNEL}/{step}" for step in range(5, len(CELLS))]
+
+
+def _id(step: int) -> str:
+    return f"{KERNEL}/{step}"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("scorer-ws")
+    (folder / "input.csv").write_text("a,b\n1,2\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory, workspace):
+    """A release of one trajectory, every next_cell target in `test`, replayed over `workspace`."""
+    trajectory = Trajectory(id=KERNEL, notebook="task1.ipynb", source="test", task="task1",
+                            executions=[Execution(cell_id=f"c{i}", code=code, status="ok")
+                                        for i, code in enumerate(CELLS)],
+                            events=[KernelEvent("restart", before=RESTART_BEFORE)])
+    steps = list(replay_trajectory(trajectory, workspace, ReplaySettings(cell_timeout_s=20)))
+    out = tmp_path_factory.mktemp("scorer-release") / "release"
+    build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0, length_quantile=1.0),
+                  source={"kind": "test", "workspace": {"given": "scorer-ws"}})
+    return sc.load_release(out, "next_cell")
+
+
+@pytest.fixture
+def allow_execution(monkeypatch):
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    env_settings.cache_clear()
+    yield
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
+    env_settings.cache_clear()
+
+
+def _targets(release, example_ids):
+    return [release.task_rows[i]["target"] for i in example_ids]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# text only: no kernel, no gate
+
+
+def test_text_scores_with_several_predictions_average_per_example():
+    result = sc.score([["x = 1", "x = 2"], "y"], ["x = 1", "y"], ids=["a/1", "b/2"])
+    assert result.scores["exact_match"] == pytest.approx((0.5 + 1.0) / 2)
+    assert [(p.id, p.index, p.exact_match) for p in result.predictions] == [("a/1", 0, 1.0), ("a/1", 1, 0.0),
+                                                                          ("b/2", 0, 1.0)]
+    assert all(p.outcome is None and p.functional_match is None for p in result.predictions)
+    assert "functional_match" not in result.scores
+
+
+def test_output_prediction_reports_equivalence_beside_exact_match():
+    result = sc.score(["0.30000000000000004", "KeyError: 'b'"], ["0.3", "KeyError: 'a'"],
+                      settings=sc.ScoreSettings(task="output_prediction"))
+    assert [p.exact_match for p in result.predictions] == [0.0, 0.0]
+    assert [(p.output_equivalent, p.equivalence_rule) for p in result.predictions] == [(True, "numbers"),
+                                                                                      (False, "error")]
+    assert result.scores["output_equivalent"] == 0.5
+
+
+@pytest.mark.parametrize("predictions, references, ids, message", [
+    (["a", "b"], ["a"], None, "2 predictions for 1 references"),
+    (["a", 3], ["a", "b"], ["k/1", "k/2"], "example k/2: the prediction is int"),
+    ([["a", None]], ["a"], ["k/1"], "example k/1: prediction 1 is NoneType"),
+    ([[]], ["a"], ["k/1"], "example k/1: the prediction is list"),
+    (["a", "b"], ["a", "b"], ["k/1", "k/1"], "example k/1: the id appears more than once"),
+    ("ab", ["a", "b"], None, "must be lists"),
+])
+def test_bad_input_names_the_example(predictions, references, ids, message):
+    with pytest.raises(sc.ScoreError, match=message):
+        sc.score(predictions, references, ids=ids)
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    # Brute force: the share of k-subsets of n samples that hold at least one of the c correct ones.
+    for n, c, k in [(5, 2, 1), (5, 2, 3), (6, 1, 2), (4, 0, 2), (3, 3, 3)]:
+        subsets = list(itertools.combinations(range(n), k))
+        expected = sum(1 for s in subsets if any(i < c for i in s)) / len(subsets)
+        assert math.isclose(sc.pass_at_k(n, c, k), expected)
+    with pytest.raises(ValueError):
+        sc.pass_at_k(2, 1, 3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the gate
+
+
+def test_execution_is_refused_without_the_environment_switch(monkeypatch):
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    env_settings.cache_clear()
+    with pytest.raises(ExecutionRefused, match="HF_ALLOW_CODE_EVAL") as refused:
+        sc.score(["x"], ["x"], ids=["k/1"], execute=True, release="/no/such/release")
+    assert "not a security boundary" in str(refused.value) and "--execute" in str(refused.value)
+
+
+def test_execution_is_refused_for_output_prediction(allow_execution):
+    with pytest.raises(sc.ScoreError, match="next_cell only"):
+        sc.score(["1"], ["1"], ids=["k/1"], execute=True, release="unused",
+                 settings=sc.ScoreSettings(task="output_prediction"))
+
+
+def test_forged_permit_is_rejected(tmp_path):
+    from themisto.gate import ExecutionPermit
+
+    examples = sc.make_examples(["x"], ["y"], [_id(6)])
+    records = {e.id: sc.text_records([e], sc.ScoreSettings()) for e in examples}
+    with pytest.raises(ExecutionRefused, match="not issued by"):
+        sc.unsafe_execute_trajectory(ExecutionPermit(object()), None, KERNEL, examples, records, tmp_path,
+                                     sc.ScoreSettings())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad input against the release (caught before any kernel starts)
+
+
+@pytest.mark.slow
+def test_unknown_id_and_wrong_reference_name_the_example(allow_execution, release, workspace):
+    with pytest.raises(sc.ScoreError, match=f"example {KERNEL}/99: no such id"):
+        sc.score(["x"], ["x"], ids=[f"{KERNEL}/99"], execute=True, release=release, workspace=workspace)
+    with pytest.raises(sc.ScoreError, match=f"example {_id(6)}: the reference is not the release's target"):
+        sc.score(["x"], ["x"], ids=[_id(6)], execute=True, release=release, workspace=workspace)
+
+
+@pytest.mark.slow
+def test_missing_trajectory_rows_and_workspace_name_the_problem(allow_execution, release):
+    broken = sc.Release(release.name, release.task_rows,
+                        {KERNEL: [r for r in release.trajectories[KERNEL] if r["step"] != 3]}, {}, release.replay)
+    with pytest.raises(sc.ScoreError, match=f"example {_id(6)}: .* do not hold steps 0..5"):
+        sc.score(_targets(release, [_id(6)]), _targets(release, [_id(6)]), ids=[_id(6)], execute=True,
+                 release=broken)
+    with pytest.raises(sc.ScoreError, match="given workspace .*scorer-ws"):
+        sc.score(_targets(release, [_id(6)]), _targets(release, [_id(6)]), ids=[_id(6)], execute=True,
+                 release=release)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# execution (one scoring run, ~20 s with the release build, shared by the tests below)
+
+
+@pytest.fixture(scope="module")
+def executed(release, workspace):
+    """One scoring run over every example: the reference, the previous cell and, at step 6, hostile predictions."""
+    env = pytest.MonkeyPatch()
+    env.setenv("HF_ALLOW_CODE_EVAL", "1")
+    env_settings.cache_clear()
+    hostile = ["while True:\n    pass", "import os\nos._exit(1)", "import os, signal\nos.kill(os.getppid(), 9)",
+               "import os\nos.remove('input.csv')\naverage = total / len(data)\nprint(average)",
+               "block = bytearray(50 * 2**30)"]
+    predictions, references, trajectories = [], [], []
+    for example_id in ids:
+        step = release.task_rows[example_id]["step"]
+        target = release.task_rows[example_id]["target"]
+        extra = hostile if step == 6 else []
+        predictions.append([target, CELLS[step - 1], *extra])
+        references.append(target)
+    try:
+        result = sc.score(predictions, references, ids=ids, execute=True, release=release, workspace=workspace,
+                          settings=sc.ScoreSettings(k=(1, 2), timeout_s=3, memory_bytes=512 * 2**20),
+                          on_trajectory=trajectories.append)
+    finally:
+        env.undo()
+        env_settings.cache_clear()
+    return result, trajectories, predictions, references
+
+
+def _records(result, example_id):
+    return [p for p in result.predictions if p.id == example_id]
+
+
+def _example(result, example_id):
+    return next(e for e in result.examples if e.id == example_id)
+
+
+@pytest.mark.slow
+def test_reference_cells_match_on_every_deterministic_example(executed):
+    result = executed[0]
+    for example in result.examples:
+        if example.status == "scored":
+            reference = _records(result, example.id)[0]
+            assert reference.functional_match and reference.exec_ok, (example.id, reference.reason)
+    assert result.scores["scored_examples"] == len(ids) - 1
+
+
+@pytest.mark.slow
+def test_clock_reading_cell_is_flagged_nondeterministic_and_excluded(executed):
+    result = executed[0]
+    example = _example(result, _id(7))
+    assert example.status == "nondeterministic"
+    assert "different outputs" in example.reason or "stamp" in example.reason
+    assert all(p.functional_match is None for p in _records(result, _id(7)))
+    assert result.scores["nondeterministic_examples"] == 1
+
+
+@pytest.mark.slow
+def test_errored_reference_counts_the_same_error_as_ok(executed):
+    result = executed[0]
+    example = _example(result, _id(8))
+    assert example.status == "scored" and example.reference_status == "error"
+    reference, previous = _records(result, _id(8))[:2]
+    assert reference.outcome == "error" and reference.exec_ok and reference.functional_match
+    # The previous cell (the clock reading) runs fine but neither prints the NameError nor deletes `label`.
+    assert previous.outcome == "ok" and previous.exec_ok and not previous.functional_match
+    assert "label" in previous.reason
+
+
+@pytest.mark.slow
+def test_previous_cell_scores_lower_with_reasons(executed):
+    result = executed[0]
+    previous = [_records(result, example_id)[1] for example_id in ids]
+    assert not any(p.functional_match for p in previous if p.functional_match is not None)
+    # print(total) before `average = ...`: same output? No: 6 vs 2.0, and `average` is missing.
+    at6 = _records(result, _id(6))[1]
+    assert at6.output_match is False and at6.state_match is False and "`average`" in at6.reason
+    assert result.scores["functional_match"] < 1.0
+
+
+@pytest.mark.slow
+def test_restart_gives_a_fresh_state(executed):
+    result = executed[0]
+    # At step 10, after the restart, `data = [5]` is the whole state: the reference prints [5], not [1, 2, 3]. The
+    # previous cell re-binds the same value (no state change, as the reference) but prints nothing.
+    example = _example(result, _id(10))
+    assert example.status == "scored"
+    reference, previous = _records(result, _id(10))
+    assert reference.functional_match and previous.state_match and not previous.output_match
+
+
+@pytest.mark.slow
+def test_hostile_predictions_cost_one_outcome_each(executed):
+    result = executed[0]
+    records = _records(result, _id(6))
+    reference, previous, loop, exit_, kill, remove, alloc = records
+    assert loop.outcome == "timeout" and not loop.exec_ok
+    assert exit_.outcome == "kernel_died" and "exited with status 1" in exit_.reason
+    # The prediction's parent is the branch's monitor, not the kernel: the kill ends that branch only.
+    assert kill.outcome in ("kernel_died", "ok") and not kill.functional_match
+    assert alloc.outcome == "error" and "MemoryError" in alloc.reason
+    # Deleting a workspace file is an ordinary side effect in a branch: the arithmetic still matches.
+    assert remove.outcome == "ok" and remove.functional_match
+    assert reference.functional_match
+    # The workspace file came back: step 7 onwards replayed, and the reference at step 10 still matches.
+    assert _example(result, _id(10)).status == "scored"
+    assert result.scores["outcomes"]["timeout"] == 1
+    example = _example(result, _id(6))
+    assert example.correct == 2 and example.pass_at_k["pass@1"] == pytest.approx(2 / 7)
+
+
+@pytest.mark.slow
+def test_pass_at_k_aggregates_over_scored_examples(executed):
+    result = executed[0]
+    scored = [e for e in result.examples if e.status == "scored"]
+    assert result.scores["pass@1"] == pytest.approx(sum(e.correct / e.predictions for e in scored) / len(scored))
+    assert result.scores["pass@2"] == pytest.approx(sum(e.pass_at_k["pass@2"] for e in scored) / len(scored))
+
+
+@pytest.mark.slow
+def test_rebuilt_state_is_checked_against_the_release(executed):
+    result = executed[0]
+    verified = {e.step: (e.state_verified, e.state_differences) for e in result.examples}
+    # Before step 8 the state holds the clock reading of step 7, which replay cannot reproduce; step 9 follows a
+    # restart (a fresh kernel, nothing to check).
+    assert verified[8] == (False, ["stamp"])
+    assert verified[9] == (None, [])
+    assert all(verified[s] == (True, []) for s in (5, 6, 7, 10)), verified
+    assert result.scores["state_mismatch_examples"] == 1
+
+
+@pytest.mark.slow
+def test_resume_keeps_finished_trajectories(executed, release, workspace, allow_execution):
+    result, trajectories, predictions, references = executed
+    messages = []
+    again = sc.score(predictions, references, ids=ids, execute=True, release=release, workspace=workspace,
+                     settings=result.settings, done={t.kernel_id: t for t in trajectories},
+                     progress=messages.append)
+    assert any("kept from the earlier run" in m for m in messages)
+    assert again.scores == result.scores
