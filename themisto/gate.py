@@ -8,7 +8,7 @@ reach them without passing here.
 >>> permit(execute=False)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-themisto.gate.ExecutionRefused: Executing model-written code is off. ...
+themisto.gate.ExecutionRefused: Executing model-written code is off: ...the explicit option was not passed...
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def refusal_message(*, execute: bool, env_allowed: bool) -> str:
         missing.append(f"the environment variable {ENV_SWITCH} is not set to 1")
     if not execute:
         missing.append("the explicit option was not passed (execute=True / --execute)")
-    return ("Executing model-written code is off. " + ("; ".join(missing) or "no switch is missing") + ".\n"
+    return ("Executing model-written code is off: " + ("; ".join(missing) or "no switch is missing") + ".\n"
             + _WARNING.format(env=ENV_SWITCH))
 
 

@@ -1,0 +1,113 @@
+"""Themisto metric: the paper's text scores, and execution of next-cell predictions in the exact pre-cell kernel state."""
+
+import datasets
+import evaluate
+
+_CITATION = """\
+@misc{grotov2025themisto,
+  title         = {Themisto: Jupyter-Based Runtime Benchmark},
+  author        = {Grotov, Konstantin and Titov, Sergey},
+  year          = {2025},
+  eprint        = {2504.12365},
+  archivePrefix = {arXiv},
+  primaryClass  = {cs.SE},
+  url           = {https://arxiv.org/abs/2504.12365}
+}
+"""
+
+_DESCRIPTION = """\
+Scores predictions for the two Themisto tasks, built from Jupyter development trajectories. `next_cell`: the code
+of the cell the developer ran next; `output_prediction`: the output text of a given cell. Both get the paper's text
+scores (exact match after whitespace normalisation, ROUGE-L over code-aware tokens, chrF; all 0-1); output
+prediction also gets an equivalence verdict (numbers within tolerance, DataFrame reprs cell by cell, errors by name
+and message, images by kind).
+
+With execution switched on (HF_ALLOW_CODE_EVAL=1 and execute=True), each next-cell prediction runs in a forked
+branch of a sandboxed kernel that holds exactly the state the developer's cell saw, rebuilt by replaying the
+trajectory from the release. The developer's cell runs there twice: when its two runs differ the example is
+flagged nondeterministic and left out of the functional scores. The sandbox is a best-effort guard, not a security
+boundary.
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions: one prediction per example, a string or a list of strings (several samples, for pass@k).
+    references: the reference per example (the release's `target`: next cell code, or output text).
+    ids: the examples' ids (`<kernel_id>/<step>`, the release's `id` column); needed for execution.
+    release: the release folder the examples come from (written by `themisto build`); needed for execution.
+    workspace: the input files the release was replayed over, when the build used a given folder rather than
+        regenerating its look-alike inputs from a seed.
+    execute: run next-cell predictions (also needs the environment variable HF_ALLOW_CODE_EVAL=1).
+    k: the k of pass@k (default [1]).
+    timeout_s: seconds per prediction (default 30; raised for reference cells that took long in replay).
+    memory_bytes: what one prediction may allocate beyond the kernel's current use (default 1 GiB).
+    return_records: also return one record per prediction and per example (outcomes and reasons).
+Returns:
+    exact_match, rouge_l, chrf: means over examples of the mean over each example's predictions (0-1).
+    output_equivalent: (output_prediction) the share of predictions equivalent to the reference output.
+    examples, predictions: how many were scored.
+    With execution: exec_ok, output_match, state_match, functional_match (means over the scored examples),
+    pass@k for each k, scored_examples, nondeterministic_examples, reference_unfinished_examples,
+    refused_examples, state_mismatch_examples, outcomes (predictions per outcome: ok, error, timeout, kernel_died,
+    refused); notes; with return_records also `records` and `example_records`.
+Examples:
+    >>> import evaluate
+    >>> themisto_metric = evaluate.load("metrics/themisto")  # the folder, from the repository root
+    >>> results = themisto_metric.compute(predictions=["df.head()", "x = a + b"],
+    ...                                   references=["df.head()", "x = a - b"])
+    >>> results["exact_match"], round(results["rouge_l"], 3), results["examples"]
+    (0.5, 0.9, 2)
+    >>> results = themisto_metric.compute(predictions=[["df.head()", "df.tail()"]], references=["df.head()"])
+    >>> results["exact_match"], results["predictions"]
+    (0.5, 2)
+    >>> outputs_metric = evaluate.load("metrics/themisto", "output_prediction")
+    >>> results = outputs_metric.compute(predictions=["0.30000000000000004"], references=["0.3"])
+    >>> results["exact_match"], results["output_equivalent"]
+    (0.0, 1.0)
+    >>> themisto_metric.compute(predictions=["x = 1"], references=["x = 1"], ids=["k/5"], release="release",
+    ...                         execute=True)  # without HF_ALLOW_CODE_EVAL=1 # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    themisto.gate.ExecutionRefused: Executing model-written code is off: the environment variable HF_ALLOW_CODE_EVAL...
+"""
+
+_TASKS = ("next_cell", "output_prediction")
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class Themisto(evaluate.Metric):
+    """Themisto's scores; the config name is the task (`next_cell`, the default, or `output_prediction`)."""
+
+    def _info(self):
+        if self.config_name == "default":
+            self.config_name = "next_cell"
+        if self.config_name not in _TASKS:
+            raise KeyError(f"unknown Themisto task {self.config_name!r}: use one of {', '.join(_TASKS)}")
+        one = datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")})
+        several = datasets.Features({"predictions": datasets.List(datasets.Value("string")),
+                                     "references": datasets.Value("string")})
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            # A string per example first: evaluate takes the first feature set an example fits.
+            features=[one, several] if self.config_name == "next_cell" else one,
+            reference_urls=["https://arxiv.org/abs/2504.12365"],
+        )
+
+    def _compute(self, predictions, references, ids=None, release=None, workspace=None, execute=False, k=(1,),
+                 timeout_s=30.0, memory_bytes=2**30, return_records=False):
+        from dataclasses import asdict
+
+        from themisto.scorer import ScoreSettings, score
+
+        settings = ScoreSettings(task=self.config_name, k=tuple(k), timeout_s=float(timeout_s),
+                                 memory_bytes=int(memory_bytes))
+        result = score(predictions, references, ids=ids, settings=settings, execute=execute, release=release,
+                       workspace=workspace)
+        out = dict(result.scores)
+        out["notes"] = list(result.notes)
+        if return_records:
+            out["records"] = [asdict(p) for p in result.predictions]
+            out["example_records"] = [asdict(e) for e in result.examples]
+        return out

@@ -1,0 +1,127 @@
+"""The `evaluate` metric in metrics/themisto: loads offline by folder, its docstring examples hold, it is a thin door
+to themisto.scorer (same scores, same refusals), and it reaches no network while computing."""
+
+import doctest
+import importlib.util
+import socket
+from pathlib import Path
+
+import evaluate
+import pytest
+
+from themisto import scorer as sc
+from themisto.gate import ExecutionRefused
+from themisto.settings import settings as env_settings
+
+METRIC_DIR = Path(__file__).resolve().parents[1] / "metrics" / "themisto"
+
+
+@pytest.fixture
+def no_code_eval(monkeypatch):
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    env_settings.cache_clear()
+    yield
+    env_settings.cache_clear()
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("test: the metric tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_docstring_examples(monkeypatch, no_code_eval):
+    # Loaded under its own name: as `themisto` it would shadow the package it wraps (pytest cannot collect
+    # metrics/ with its default import mode for the same reason).
+    spec = importlib.util.spec_from_file_location("themisto_metric_doctest", METRIC_DIR / "themisto.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(METRIC_DIR.parents[1])  # the examples load "metrics/themisto" from the repository root
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 8 and result.failed == 0
+
+
+def test_metric_gives_the_scorers_text_scores_without_network(no_network):
+    metric = evaluate.load(str(METRIC_DIR))
+    predictions = ["df.groupby('a').sum()", "x = a + b", "print(df.shape)"]
+    references = ["df.groupby('a').mean()", "x = a - b", "print(df.shape)"]
+    results = metric.compute(predictions=predictions, references=references, return_records=True)
+    expected = sc.score(predictions, references)
+    for name in ("exact_match", "rouge_l", "chrf"):
+        assert results[name] == pytest.approx(expected.scores[name])
+    assert [r["rouge_l"] for r in results["records"]] == [p.rouge_l for p in expected.predictions]
+    assert "functional_match" not in results
+
+
+def test_several_predictions_per_example():
+    metric = evaluate.load(str(METRIC_DIR))
+    results = metric.compute(predictions=[["a = 1", "a = 2", "a = 1"], ["b"]], references=["a = 1", "b"],
+                             return_records=True)
+    assert results["predictions"] == 4 and results["exact_match"] == pytest.approx((2 / 3 + 1) / 2)
+    assert [(r["id"], r["index"]) for r in results["records"]] == [("#0", 0), ("#0", 1), ("#0", 2), ("#1", 0)]
+
+
+def test_output_prediction_config():
+    metric = evaluate.load(str(METRIC_DIR), "output_prediction")
+    results = metric.compute(predictions=["   a\n0  1.0", "3"], references=["   a\n0  1.0000000001", "4"])
+    assert results["output_equivalent"] == 0.5 and results["exact_match"] == 0.0
+
+
+def test_unknown_config_is_an_error():
+    with pytest.raises(KeyError, match="next_cell, output_prediction"):
+        evaluate.load(str(METRIC_DIR), "next_output")
+
+
+def test_bad_input_is_refused():
+    metric = evaluate.load(str(METRIC_DIR))
+    with pytest.raises(ValueError):
+        metric.compute(predictions=["a", "b"], references=["a"])
+    with pytest.raises(ValueError):
+        metric.compute(predictions=[3], references=["a"])
+    with pytest.raises(sc.ScoreError, match="example k/2: the id appears more than once"):
+        metric.compute(predictions=["a", "b"], references=["a", "b"], ids=["k/2", "k/2"])
+
+
+def test_execution_needs_both_switches(monkeypatch, no_code_eval):
+    metric = evaluate.load(str(METRIC_DIR))
+    with pytest.raises(ExecutionRefused, match="HF_ALLOW_CODE_EVAL"):
+        metric.compute(predictions=["a"], references=["a"], ids=["k/5"], release="r", execute=True)
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    env_settings.cache_clear()
+    # The environment alone executes nothing: without execute=True the result has text scores only.
+    results = metric.compute(predictions=["a"], references=["a"])
+    assert results["exact_match"] == 1.0 and "functional_match" not in results
+
+
+@pytest.mark.slow
+def test_execution_through_the_metric(tmp_path, monkeypatch):
+    from themisto.release import build_release
+    from themisto.replay import ReplaySettings, replay_trajectory
+    from themisto.tasks import TaskSettings, trajectory_rows
+    from themisto.trajectory import Execution, Trajectory
+
+    cells = ["a = 1", "b = 2", "c = a + b", "print(c)", "items = [a, b, c]", "items.append(4)", "print(sum(items))"]
+    trajectory = Trajectory(id="m", notebook="n.ipynb", source="test",
+                            executions=[Execution(f"c{i}", code, "ok") for i, code in enumerate(cells)])
+    steps = list(replay_trajectory(trajectory, tmp_path, ReplaySettings(cell_timeout_s=20)))
+    release = tmp_path / "release"
+    build_release(trajectory_rows(steps), release, TaskSettings(test_fraction=1.0, length_quantile=1.0),
+                  source={"kind": "test", "workspace": {"given": tmp_path.name}})
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    env_settings.cache_clear()
+    try:
+        metric = evaluate.load(str(METRIC_DIR))
+        results = metric.compute(predictions=[["items.append(4)", "items.append(5)", "items = [1, 2, 3, 4]"],
+                                              ["print(sum(items))", "print(10)"]],
+                                 references=[cells[5], cells[6]], ids=["m/5", "m/6"], release=str(release),
+                                 workspace=str(tmp_path), execute=True, k=[1, 2], return_records=True)
+    finally:
+        env_settings.cache_clear()
+    matches = [r["functional_match"] for r in results["records"]]
+    # A list with equal content is the same state by content hash; printing the same number is the same output.
+    assert matches == [True, False, True, True, True]
+    assert results["pass@1"] == pytest.approx((2 / 3 + 1) / 2) and results["pass@2"] == pytest.approx(1.0)
+    assert results["scored_examples"] == 2 and results["outcomes"]["ok"] == 5
