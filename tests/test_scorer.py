@@ -309,3 +309,67 @@ def test_resume_keeps_finished_trajectories(executed, release, workspace, allow_
                      progress=messages.append)
     assert any("kept from the earlier run" in m for m in messages)
     assert again.scores == result.scores
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# files and the CLI
+
+
+def _write_predictions(path, release, steps):
+    lines = [{"id": _id(s), "prediction": release.task_rows[_id(s)]["target"]} for s in steps]
+    path.write_text("".join(sc.json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_bad_predictions_file_names_file_and_line(tmp_path):
+    path = tmp_path / "preds.jsonl"
+    path.write_text('{"id": "k/5", "prediction": "x"}\n{"id": "k/6", "prediction": 7}\n')
+    with pytest.raises(sc.ScoreError, match=r"preds.jsonl:2: example k/6: `prediction` must be a string"):
+        sc.read_predictions(path)
+    path.write_text('{"id": "k/5", "prediction": "x"}\n\n{"id": "k/5", "prediction": ["y"]}\n')
+    with pytest.raises(sc.ScoreError, match=r"preds.jsonl:3: example k/5 was already given on line 1"):
+        sc.read_predictions(path)
+    path.write_text('{"id": "k/5", "prediction": "x"\n')
+    with pytest.raises(sc.ScoreError, match=r"preds.jsonl:1: not JSON"):
+        sc.read_predictions(path)
+
+
+@pytest.mark.slow
+def test_cli_score_refuses_then_scores_and_resumes(release, workspace, tmp_path, monkeypatch, capsys):
+    from themisto.cli import main
+
+    predictions = _write_predictions(tmp_path / "preds.jsonl", release, [5, 6])
+    out = tmp_path / "results.json"
+    argv = ["score", "--release", release.name, "--predictions", str(predictions), "--workspace", str(workspace),
+            "-o", str(out), "--json"]
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    env_settings.cache_clear()
+    assert main(argv + ["--execute"]) == 2
+    assert "HF_ALLOW_CODE_EVAL" in capsys.readouterr().err and not out.exists()
+    assert main(argv) == 0  # text scores need no switch
+    printed = sc.json.loads(capsys.readouterr().out)
+    assert printed["scores"]["exact_match"] == 1.0 and "functional_match" not in printed["scores"]
+
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    env_settings.cache_clear()
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first(message):
+        raise Stop(message)  # progress is reported after the trajectory was written: an interruption here
+
+    with pytest.raises(Stop):
+        sc.score_to_file(release.name, predictions, out, execute=True, workspace=workspace,
+                         progress=stop_after_first)
+    partial = out.with_name(out.name + ".partial.jsonl")
+    assert len(partial.read_text().splitlines()) == 2  # the settings header and the one trajectory
+    assert main(argv + ["--execute"]) == 0
+    captured = capsys.readouterr()
+    printed = sc.json.loads(captured.out)
+    assert printed["resumed"] == [KERNEL] and "kept from the earlier run" in captured.err
+    assert printed["scores"]["functional_match"] == 1.0 and not partial.exists()
+    written = sc.json.loads(out.read_text())
+    assert [p["id"] for p in written["predictions"]] == [_id(5), _id(6)]
+    assert all(p["outcome"] == "ok" for p in written["predictions"])
+    env_settings.cache_clear()

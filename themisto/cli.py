@@ -319,9 +319,52 @@ def _add_push(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# score
+
+
+def score_command(args: argparse.Namespace) -> int:
+    """Score a predictions JSONL against a release: text scores, and with --execute (and HF_ALLOW_CODE_EVAL=1)
+    execution in the exact pre-cell state; results are written per trajectory and a rerun resumes."""
+    from themisto.scorer import ScoreSettings, score_to_file
+
+    settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.timeout)
+    run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,
+                        workspace=args.workspace, resume=not args.no_resume)
+    scores = run.result.scores
+    if args.json:
+        print(json.dumps({"output": str(run.path), "scores": scores, "notes": run.result.notes,
+                          "resumed": run.resumed, "seconds": round(run.seconds, 2)}, ensure_ascii=False,
+                         sort_keys=True))
+    else:
+        for name, value in scores.items():
+            print(f"{name}: {value:.4f}" if isinstance(value, float) else f"{name}: {value}")
+        for note in run.result.notes:
+            print(f"note: {note}")
+        print(f"wrote {run.path} in {run.seconds:.1f} s")
+    return 0
+
+
+def _add_score(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("score", help="score predictions against a release (text; --execute: run them)")
+    parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder (themisto build)")
+    parser.add_argument("--config", choices=("next_cell", "output_prediction"), default="next_cell")
+    parser.add_argument("--predictions", required=True, type=Path, metavar="JSONL",
+                        help='one {"id": ..., "prediction": str | [str, ...]} per line')
+    parser.add_argument("--execute", action="store_true",
+                        help="run next_cell predictions in the pre-cell state (also needs HF_ALLOW_CODE_EVAL=1)")
+    parser.add_argument("--k", nargs="+", type=int, default=[1], help="pass@k for each k (default: 1)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per prediction")
+    parser.add_argument("--workspace", type=Path, help="the release's replay inputs, if it was built with a given one")
+    parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
+    parser.add_argument("-o", "--output", required=True, type=Path, help="results JSON to write")
+    parser.add_argument("--json", action="store_true", help="print {output, scores, notes, ...} as one JSON object")
+    parser.set_defaults(run=score_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_ingest, _add_workspace, _add_replay, _add_build, _add_check, _add_push)
+    _add_ingest, _add_workspace, _add_replay, _add_build, _add_check, _add_push, _add_score)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -703,3 +703,127 @@ def _same_predictions(earlier: TrajectoryScore, group: Sequence[Example],
     have = {(r.id, r.index, r.prediction) for r in earlier.predictions}
     want = {(r.id, r.index, r.prediction) for e in group for r in by_id[e.id]}
     return have == want
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files: predictions in, results out (written per trajectory, resumable)
+
+
+def read_predictions(path: str | Path) -> tuple[list[str], list]:
+    """Ids and predictions from a JSONL file of `{"id": ..., "prediction": str | [str, ...]}` lines; a malformed
+    line, a prediction that is not text, or a repeated id is an error naming the file and line."""
+    path = Path(path)
+    ids: list[str] = []
+    predictions: list = []
+    first_line: dict[str, int] = {}
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ScoreError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or "id" not in record or "prediction" not in record:
+                raise ScoreError(f"{path}:{lineno}: expected an object with `id` and `prediction`")
+            example_id, prediction = str(record["id"]), record["prediction"]
+            texts = prediction if isinstance(prediction, list) else [prediction]
+            if not texts or not all(isinstance(t, str) for t in texts):
+                raise ScoreError(f"{path}:{lineno}: example {example_id}: `prediction` must be a string or a "
+                                 "non-empty list of strings")
+            if example_id in first_line:
+                raise ScoreError(f"{path}:{lineno}: example {example_id} was already given on line "
+                                 f"{first_line[example_id]}")
+            first_line[example_id] = lineno
+            ids.append(example_id)
+            predictions.append(prediction)
+    if not ids:
+        raise ScoreError(f"{path}: no predictions")
+    return ids, predictions
+
+
+@dataclass
+class ScoreRun:
+    """What `score_to_file` did: the result, where it went, and which trajectories an earlier run had scored."""
+
+    result: ScoreResult
+    path: Path
+    resumed: list[str]
+    seconds: float
+
+
+def _partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial.jsonl")
+
+
+def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> dict[str, TrajectoryScore]:
+    """Trajectories an interrupted run with the same settings finished; a cut last line ends what is trusted."""
+    if not partial.exists():
+        return {}
+    lines = partial.read_text(encoding="utf-8").splitlines()
+    try:
+        if not lines or json.loads(lines[0]) != header:
+            say(f"{partial}: written with other settings or predictions; starting over")
+            return {}
+    except json.JSONDecodeError:
+        return {}
+    done: dict[str, TrajectoryScore] = {}
+    for line in lines[1:]:
+        try:
+            item = TrajectoryScore.from_dict(json.loads(line))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            break
+        done[item.kernel_id] = item
+    return done
+
+
+def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
+                  settings: ScoreSettings = ScoreSettings(), *, execute: bool = False,
+                  workspace: str | Path | None = None, resume: bool = True,
+                  progress: Callable[[str], None] | None = None) -> ScoreRun:
+    """Score a predictions JSONL against a release's targets and write the results JSON to `out`.
+
+    With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
+    same settings and predictions keeps those trajectories; `out` appears whole when everything is scored.
+    """
+    import hashlib
+
+    started = time.perf_counter()
+    out = Path(out)
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if execute:
+        gate_permit(execute=True)  # refuse before reading anything
+    ids, texts = read_predictions(predictions)
+    loaded = load_release(release, settings.task)
+    unknown = [i for i in ids if i not in loaded.task_rows]
+    if unknown:
+        raise ScoreError(f"{predictions}: example {unknown[0]}: no such id in {release}"
+                         + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+    references = [loaded.task_rows[i]["target"] for i in ids]
+    partial = _partial_path(out)
+    digest = hashlib.sha256(json.dumps([ids, texts], ensure_ascii=False).encode("utf-8")).hexdigest()
+    header = {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
+              "release": str(release)}
+    done = _load_partial(partial, header, say) if resume and execute else {}
+    if execute:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        kept = [json.dumps(header, sort_keys=True)] + [json.dumps(t.to_dict(), ensure_ascii=False) for t in done.values()]
+        partial.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    fh = partial.open("a", encoding="utf-8") if execute else None
+
+    def write(item: TrajectoryScore) -> None:
+        fh.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
+        fh.flush()
+
+    try:
+        result = score(texts, references, ids=ids, settings=settings, execute=execute, release=loaded,
+                       workspace=workspace, done=done, on_trajectory=write if fh else None, progress=say)
+    finally:
+        if fh is not None:
+            fh.close()
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    partial.unlink(missing_ok=True)
+    return ScoreRun(result, out, sorted(done), time.perf_counter() - started)
+
