@@ -44,6 +44,12 @@ def test_docstring_examples(monkeypatch, no_code_eval):
     assert result.attempted >= 8 and result.failed == 0
 
 
+def test_metric_card_examples(monkeypatch):
+    monkeypatch.chdir(METRIC_DIR.parents[1])
+    result = doctest.testfile(str(METRIC_DIR / "README.md"), module_relative=False)
+    assert result.attempted >= 3 and result.failed == 0
+
+
 def test_metric_gives_the_scorers_text_scores_without_network(no_network):
     metric = evaluate.load(str(METRIC_DIR))
     predictions = ["df.groupby('a').sum()", "x = a + b", "print(df.shape)"]

@@ -134,6 +134,7 @@ class ExampleRecord:
     state_verified: bool | None = None  # rebuilt state hash == the release's; None where not checked
     state_differences: list[str] = field(default_factory=list)  # variables whose rebuilt hash differs (first 20)
     branch_wall_s: float | None = None  # wall time of the step's branch call (references + predictions)
+    reference_durations_s: list[float] = field(default_factory=list)  # the reference's own time in each run
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ExampleRecord:
@@ -510,6 +511,7 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
     for example in examples:
         summary = example_records[example.id]
         summary.reference_status, summary.branch_wall_s = first.status, round(wall, 6)
+        summary.reference_durations_s = [round(float(r.duration_s), 6) for r in results[:REFERENCE_RUNS]]
         if problem is not None:
             summary.status, summary.reason = problem
             for record in records[example.id]:

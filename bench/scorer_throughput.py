@@ -1,0 +1,90 @@
+"""Scorer throughput with execution on the shipped sample: predictions per second, and what each branch costs
+beyond the cell's own execution time. Prints figures, then one JSON line; never asserts on time.
+
+Runs the reference cell and the previous cell as the predictions of each next_cell test example (the first
+--limit of them), so it needs the same opt-in as any execution: HF_ALLOW_CODE_EVAL=1.
+
+    HF_ALLOW_CODE_EVAL=1 python bench/scorer_throughput.py [--release DIR] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _release(given: Path | None, tmp: str) -> Path:
+    if given is not None:
+        return given
+    from themisto.release import BuildInputs, build_release, release_rows
+
+    out = Path(tmp) / "release"
+    print("building the sample release (replays the shipped sample, a few minutes)...", file=sys.stderr)
+    rows, source, extra = release_rows(BuildInputs(), Path(tmp) / "steps.jsonl")
+    build_release(rows, out, source=source, extra_settings=extra)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--release", type=Path, help="a release folder (default: build the sample into a temp dir)")
+    parser.add_argument("--limit", type=int, default=40, help="next_cell test examples to score (0: all)")
+    args = parser.parse_args(argv)
+
+    from themisto.gate import ExecutionRefused
+    from themisto.scorer import load_release, score
+
+    with tempfile.TemporaryDirectory(prefix="themisto-bench-score-") as tmp:
+        folder = _release(args.release, tmp)
+        release = load_release(folder, "next_cell")
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(folder / "next_cell" / "test-00000-of-00001.parquet").to_pylist()
+        rows = rows[: args.limit] if args.limit else rows
+        ids = [r["id"] for r in rows]
+        references = [r["target"] for r in rows]
+        predictions = [[r["target"], r["history"][-1]["code"]] for r in rows]
+        started = time.perf_counter()
+        try:
+            result = score(predictions, references, ids=ids, execute=True, release=release)
+        except ExecutionRefused as refused:
+            print(refused, file=sys.stderr)
+            return 2
+        total_s = time.perf_counter() - started
+
+    executed = [e for e in result.examples if e.branch_wall_s is not None]
+    by_id = {}
+    for record in result.predictions:
+        by_id.setdefault(record.id, []).append(record)
+    candidates = sum(len(by_id[e.id]) for e in executed)
+    branches = candidates + sum(len(e.reference_durations_s) for e in executed)
+    wall = sum(e.branch_wall_s for e in executed)
+    own = sum(r.duration_s or 0.0 for e in executed for r in by_id[e.id]) + sum(
+        sum(e.reference_durations_s) for e in executed)
+    figures = {
+        "examples": len(executed),
+        "candidates": candidates,
+        "branches": branches,  # candidates + two reference runs per example
+        "candidates_per_s_branching": round(candidates / wall, 2) if wall else None,
+        "candidates_per_s_end_to_end": round(candidates / total_s, 2),  # replay, kernel starts and state checks included
+        "overhead_ms_per_branch": round(1000 * (wall - own) / branches, 1) if branches else None,
+        "own_execution_ms_per_branch": round(1000 * own / branches, 1) if branches else None,
+        "branch_wall_s": round(wall, 2),
+        "total_s": round(total_s, 2),
+        "functional_match": result.scores.get("functional_match"),
+    }
+    print(f"{figures['examples']} examples, {candidates} candidates ({branches} branches with the reference runs)")
+    print(f"branching: {figures['candidates_per_s_branching']} candidates/s; end to end (replay included): "
+          f"{figures['candidates_per_s_end_to_end']} candidates/s")
+    print(f"per branch: {figures['overhead_ms_per_branch']} ms overhead beyond the cell's own "
+          f"{figures['own_execution_ms_per_branch']} ms")
+    print(json.dumps(figures, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
