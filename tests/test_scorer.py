@@ -116,6 +116,42 @@ def test_pass_at_k_is_the_unbiased_estimator():
         sc.pass_at_k(2, 1, 3)
 
 
+def _branch(status="ok", text="", added=None, changed=None, deleted=None, ename=None):
+    from themisto.branch import BranchResult
+
+    outputs = [{"output_type": "stream", "name": "stdout", "text": text}] if text else []
+    return BranchResult(index=0, status=status, outputs=outputs, ename=ename, added=added or {},
+                        changed=changed or {}, deleted=deleted or {})
+
+
+def test_state_match_rules():
+    reference = _branch(added={"model": "h1"}, changed={"df": "h2"}, deleted={"tmp": "h0"})
+    same_plus_extra = _branch(added={"model": "h1", "i": "h9"}, changed={"df": "h2"}, deleted={"tmp": "h0"})
+    assert sc._state_difference(reference, same_plus_extra) is None  # a new name of its own is allowed
+    assert "`model` holds a different value" in sc._state_difference(
+        reference, _branch(added={"model": "hX"}, changed={"df": "h2"}, deleted={"tmp": "h0"}))
+    assert "`tmp` was deleted by the reference" in sc._state_difference(
+        reference, _branch(added={"model": "h1"}, changed={"df": "h2"}))
+    assert "`labels` was changed by the prediction only" in sc._state_difference(
+        reference, _branch(added={"model": "h1"}, changed={"df": "h2", "labels": "h7"}, deleted={"tmp": "h0"}))
+
+
+def test_reference_problems():
+    settings = sc.ScoreSettings()
+    ok = {"status": "ok", "ename": None}
+    assert sc._reference_problem(_branch(text="1"), _branch(text="1"), ok, settings) is None
+    status, reason = sc._reference_problem(_branch(added={"x": "a"}), _branch(added={"x": "b"}), ok, settings)
+    assert status == "nondeterministic" and "x" in reason
+    assert sc._reference_problem(_branch(text="1"), _branch(text="2"), ok, settings)[0] == "nondeterministic"
+    assert sc._reference_problem(_branch("timeout"), _branch("timeout"), ok, settings)[0] == "reference_unfinished"
+    # A reference that needs more memory than a branch gets ends otherwise than in the release's replay.
+    status, reason = sc._reference_problem(_branch("error", ename="MemoryError"),
+                                           _branch("error", ename="MemoryError"), ok, settings)
+    assert status == "reference_diverged" and "MemoryError" in reason and "recorded ok" in reason
+    assert sc._reference_problem(_branch("error", ename="KeyError"), _branch("error", ename="KeyError"),
+                                 {"status": "error", "ename": "KeyError"}, settings) is None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the gate
 

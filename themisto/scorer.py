@@ -37,8 +37,10 @@ TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
 Outcome = Literal["ok", "error", "timeout", "kernel_died", "refused"]
 OUTCOMES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died", "refused")
 # How an example fared as a whole: `scored` counts in the functional scores; the others are reported, not guessed.
-ExampleStatus = Literal["text_only", "scored", "nondeterministic", "reference_unfinished", "refused"]
-EXAMPLE_STATUSES: tuple[str, ...] = ("text_only", "scored", "nondeterministic", "reference_unfinished", "refused")
+ExampleStatus = Literal["text_only", "scored", "nondeterministic", "reference_unfinished", "reference_diverged",
+                        "refused"]
+EXAMPLE_STATUSES: tuple[str, ...] = ("text_only", "scored", "nondeterministic", "reference_unfinished",
+                                     "reference_diverged", "refused")
 EXECUTION_SCORES: tuple[str, ...] = ("exec_ok", "output_match", "state_match", "functional_match")
 REFERENCE_RUNS = 2
 # A slow reference cell (model training) keeps its full time: the branch timeout grows to this many times the time
@@ -76,7 +78,7 @@ class ScoreSettings:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ScoreError(f"unknown task {self.task!r} (expected one of {', '.join(TASKS)})")
-        ks = tuple(self.k)
+        ks = (self.k,) if isinstance(self.k, int) else tuple(self.k)
         if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
             raise ScoreError(f"k must be positive integers, got {self.k!r}")
         object.__setattr__(self, "k", tuple(sorted(set(ks))))
@@ -301,9 +303,9 @@ def check_against_release(examples: Sequence[Example], release: Release) -> None
         if example.reference != row["target"]:
             raise ScoreError(f"example {example.id}: the reference is not the release's target for this id")
         steps = release.trajectories.get(row["kernel_id"], [])
-        if [r["step"] for r in steps[: row["step"]]] != list(range(row["step"])):
+        if [r["step"] for r in steps[: row["step"] + 1]] != list(range(row["step"] + 1)):
             raise ScoreError(f"example {example.id}: the release's `trajectories` rows of {row['kernel_id']} do not "
-                             f"hold steps 0..{row['step'] - 1}, so the state before step {row['step']} cannot be rebuilt")
+                             f"hold steps 0..{row['step']}, so the state before step {row['step']} cannot be rebuilt")
 
 
 def prepare_workspace(release: Release, workspace: str | Path | None, tmp: Path) -> Path:
@@ -366,14 +368,22 @@ def _delta(result) -> dict[str, dict[str, str]]:
     return {"added": dict(result.added), "changed": dict(result.changed), "deleted": dict(result.deleted)}
 
 
-def _reference_problem(first, second, settings: ScoreSettings) -> tuple[str, str] | None:
-    """(example status, reason) when the two reference runs cannot define a functional answer, else None."""
+def _reference_problem(first, second, recorded: dict, settings: ScoreSettings) -> tuple[str, str] | None:
+    """(example status, reason) when the two reference runs cannot define a functional answer, else None.
+
+    `recorded` is the release's row of the step: a reference that ends otherwise in its branch than in the release's
+    replay (it needs more memory or time than a branch gets) defines no answer either.
+    """
     from themisto.equivalence import outputs_equivalent
 
     if first.status != second.status:
         return "nondeterministic", f"the reference ended {first.status} in one run and {second.status} in the other"
     if first.status in ("timeout", "kernel_died"):
         return "reference_unfinished", f"the reference cell ended {first.status} in its branch ({_clip(first.evalue or '')})"
+    if first.status != recorded.get("status") or (first.status == "error" and first.ename != recorded.get("ename")):
+        got = first.status if first.status == "ok" else f"{first.status} ({first.ename}: {_clip(first.evalue or '')})"
+        return "reference_diverged", (f"the reference ended {got} in its branch where the release's replay recorded "
+                                      f"{recorded.get('status')} {recorded.get('ename') or ''}".rstrip())
     verdict = outputs_equivalent(compared_output(second.outputs), compared_output(first.outputs),
                                  rel_tol=settings.rel_tol, abs_tol=settings.abs_tol)
     if not verdict.equal:
@@ -505,7 +515,7 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
                            output_bytes=settings.output_bytes, prefix=prefix, use_fork=settings.use_fork)
     wall = time.perf_counter() - began
     first, second = results[0], results[1]
-    problem = _reference_problem(first, second, settings)
+    problem = _reference_problem(first, second, row, settings)
     for record, result in zip(ready, results[REFERENCE_RUNS:]):
         _judge(record, first, result, settings)
     for example in examples:
@@ -615,7 +625,7 @@ def aggregate(examples: Sequence[ExampleRecord], predictions: Sequence[Predictio
             if scored:
                 notes.append(f"pass@{k} needs at least {k} predictions for every scored example")
     scores["scored_examples"] = len(scored)
-    for status in ("nondeterministic", "reference_unfinished", "refused"):
+    for status in ("nondeterministic", "reference_unfinished", "reference_diverged", "refused"):
         ids = [e.id for e in examples if e.status == status]
         scores[f"{status}_examples"] = len(ids)
         if ids:

@@ -48,8 +48,8 @@ Returns:
     examples, predictions: how many were scored.
     With execution: exec_ok, output_match, state_match, functional_match (means over the scored examples),
     pass@k for each k, scored_examples, nondeterministic_examples, reference_unfinished_examples,
-    refused_examples, state_mismatch_examples, outcomes (predictions per outcome: ok, error, timeout, kernel_died,
-    refused); notes; with return_records also `records` and `example_records`.
+    reference_diverged_examples, refused_examples, state_mismatch_examples, outcomes (predictions per outcome: ok,
+    error, timeout, kernel_died, refused); notes; with return_records also `records` and `example_records`.
 Examples:
     >>> import evaluate
     >>> themisto_metric = evaluate.load("metrics/themisto")  # the folder, from the repository root
