@@ -124,7 +124,7 @@ def test_killing_the_parent_does_not_reach_the_kernel(session):
 @pytest.mark.parametrize("code", ["print('x' * 200_000_000)", "import os\nos.write(1, b'y' * 200_000_000)"],
                          ids=["python", "fd"])
 def test_two_hundred_megabytes_are_cut_at_the_output_cap(session, code):
-    result = _run_hostile(session, code, output_bytes=2**20)
+    result = _run_hostile(session, code, timeout_s=20, output_bytes=2**20)  # 200 MB take a while to write
     assert result.status == "ok" and result.truncated
     kept = sum(len(o["text"]) for o in result.outputs if o["output_type"] == "stream" and o["name"] == "stdout")
     assert 0 < kept <= 2**20

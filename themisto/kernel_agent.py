@@ -151,8 +151,12 @@ _CONTAINERS = (list, tuple, dict, set, frozenset)
 def _holds_set_or_object(value: Any) -> bool:
     """True when a builtin structure holds a set or a non-builtin object; visits containers only, not leaves."""
     stack = [value]
+    seen: set[int] = set()
     while stack:
         item = stack.pop()
+        if id(item) in seen:
+            continue  # shared or cyclic: one visit is enough
+        seen.add(id(item))
         kind = type(item)
         if kind is set or kind is frozenset:
             return True
