@@ -79,6 +79,7 @@ class Step:
     @classmethod
     def from_dict(cls, data: dict) -> "Step":
         data = dict(data)
+        data.setdefault("rebuilt_steps", 0)  # steps files written before the field existed
         data["logged"] = LoggedOutcome(**data["logged"])
         return cls(**data)
 
