@@ -207,7 +207,7 @@ def test_unknown_id_and_wrong_reference_name_the_example(allow_execution, releas
 def test_missing_trajectory_rows_and_workspace_name_the_problem(allow_execution, release):
     broken = sc.Release(release.name, release.task_rows,
                         {KERNEL: [r for r in release.trajectories[KERNEL] if r["step"] != 3]}, {}, release.replay)
-    with pytest.raises(sc.ScoreError, match=f"example {_id(6)}: .* do not hold steps 0..5"):
+    with pytest.raises(sc.ScoreError, match=f"example {_id(6)}: .* do not hold steps 0..6"):
         sc.score(_targets(release, [_id(6)]), _targets(release, [_id(6)]), ids=[_id(6)], execute=True,
                  release=broken)
     with pytest.raises(sc.ScoreError, match="given workspace .*scorer-ws"):
@@ -227,7 +227,7 @@ def executed(release, workspace):
     env_settings.cache_clear()
     hostile = ["while True:\n    pass", "import os\nos._exit(1)", "import os, signal\nos.kill(os.getppid(), 9)",
                "import os\nos.remove('input.csv')\naverage = total / len(data)\nprint(average)",
-               "block = bytearray(50 * 2**30)"]
+               "block = bytearray(50 * 2**30)", "import os\nos.kill(-1, 9)"]
     predictions, references, trajectories = [], [], []
     for example_id in ids:
         step = release.task_rows[example_id]["step"]
@@ -311,12 +311,15 @@ def test_restart_gives_a_fresh_state(executed):
 def test_hostile_predictions_cost_one_outcome_each(executed):
     result = executed[0]
     records = _records(result, _id(6))
-    reference, previous, loop, exit_, kill, remove, alloc = records
+    reference, previous, loop, exit_, kill, remove, alloc, kill_all = records
     assert loop.outcome == "timeout" and not loop.exec_ok
     assert exit_.outcome == "kernel_died" and "exited with status 1" in exit_.reason
     # The prediction's parent is the branch's monitor, not the kernel: the kill ends that branch only.
     assert kill.outcome in ("kernel_died", "ok") and not kill.functional_match
     assert alloc.outcome == "error" and "MemoryError" in alloc.reason
+    # Killing every process of the kernel's user takes the kernel down with the branch: the step's branches are
+    # rerun one by one on a rebuilt state, so that costs this prediction alone.
+    assert kill_all.outcome == "kernel_died" and "took the kernel down" in kill_all.reason
     # Deleting a workspace file is an ordinary side effect in a branch: the arithmetic still matches.
     assert remove.outcome == "ok" and remove.functional_match
     assert reference.functional_match
@@ -324,7 +327,7 @@ def test_hostile_predictions_cost_one_outcome_each(executed):
     assert _example(result, _id(10)).status == "scored"
     assert result.scores["outcomes"]["timeout"] == 1
     example = _example(result, _id(6))
-    assert example.correct == 2 and example.pass_at_k["pass@1"] == pytest.approx(2 / 7)
+    assert example.correct == 2 and example.pass_at_k["pass@1"] == pytest.approx(2 / 8)
 
 
 @pytest.mark.slow

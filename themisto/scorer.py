@@ -476,11 +476,53 @@ def _finish_example(example: ExampleRecord, records: list[PredictionRecord], set
                          for k in settings.k if k <= len(records)}
 
 
+def _life_start(rows: Sequence[dict], step: int) -> int:
+    """The first step of the kernel life `step` belongs to (after the last logged restart at or before it)."""
+    return max([0] + [r["step"] for r in rows[:step + 1] if r["restarted_before"]])
+
+
+def _rebuild_state(session, rows: Sequence[dict], step: int, timeout_s: float) -> None:
+    """Restart the kernel and re-run this kernel life's cells before `step` as replay ran them (skipping the steps
+    that lost the state in the release's replay, as replay's own rebuild does)."""
+    from themisto.branch import BranchError
+    from themisto.cleaning import clean_for_replay
+
+    session.restart()
+    for row in rows[_life_start(rows, step):step]:
+        if row.get("kernel_restarted"):
+            continue
+        cell = session.execute(clean_for_replay(row["code"]).code, timeout=timeout_s)
+        if cell.kernel_restarted:
+            raise BranchError(f"rebuilding the state before step {step}: step {row['step']} ended {cell.status}")
+
+
+def _run_isolated(session, codes: list[str], rebuild: Callable[[], None], **options):
+    """Run the codes as branches in one call; when that call takes the kernel down (a prediction killed every
+    process of its user, say), rebuild the state and run them one by one, so only the culprit ends `kernel_died`."""
+    from themisto.branch import BranchError, BranchResult, run_branches
+    from themisto.snapshot import AgentError
+
+    try:
+        return run_branches(session, codes, **options)
+    except (BranchError, AgentError):
+        rebuild()
+    results = []
+    for index, code in enumerate(codes):
+        try:
+            [result] = run_branches(session, [code], **options)
+            result.index = index
+        except (BranchError, AgentError) as error:
+            result = BranchResult(index=index, status="kernel_died", outputs=[], ename="KernelDied",
+                                  evalue=f"it took the kernel down (the state was rebuilt): {_clip(str(error))}")
+            rebuild()
+        results.append(result)
+    return results
+
+
 def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Example],
                  records: dict[str, list[PredictionRecord]], example_records: dict[str, ExampleRecord],
-                 settings: ScoreSettings) -> None:
+                 settings: ScoreSettings, rebuild: Callable[[], None]) -> None:
     """Run the reference twice and every prediction for `step` as branches of the live pre-step state; judge them."""
-    from themisto.branch import run_branches
     from themisto.cleaning import clean_for_replay
     from themisto.snapshot import take_snapshot
 
@@ -508,11 +550,10 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
     codes = [reference] * REFERENCE_RUNS + [clean_for_replay(r.prediction).code for r in ready]
     timeout = max(settings.timeout_s, _SLOW_REFERENCE_FACTOR * float(row.get("execution_time") or 0.0))
     # The replay fallback (no fork) rebuilds the state from the cells since the last restart.
-    start = max([0] + [r["step"] for r in rows[:step + 1] if r["restarted_before"]])
-    prefix = [clean_for_replay(r["code"]).code for r in rows[start:step]]
+    prefix = [clean_for_replay(r["code"]).code for r in rows[_life_start(rows, step):step] if not r["kernel_restarted"]]
     began = time.perf_counter()
-    results = run_branches(session, codes, timeout_s=timeout, memory_bytes=settings.memory_bytes,
-                           output_bytes=settings.output_bytes, prefix=prefix, use_fork=settings.use_fork)
+    results = _run_isolated(session, codes, rebuild, timeout_s=timeout, memory_bytes=settings.memory_bytes,
+                            output_bytes=settings.output_bytes, prefix=prefix, use_fork=settings.use_fork)
     wall = time.perf_counter() - began
     first, second = results[0], results[1]
     problem = _reference_problem(first, second, row, settings)
@@ -561,14 +602,18 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
 
     def before_step(_trajectory, step: int, session) -> None:
         if step in by_step:
+            def rebuild() -> None:
+                _rebuild_state(session, rows, step, replay_settings.cell_timeout_s)
+
             try:
                 if not session.alive:
                     raise BranchError("the replay kernel is not running")
-                _branch_step(session, step, rows, by_step[step], own, summaries, settings)
+                _branch_step(session, step, rows, by_step[step], own, summaries, settings, rebuild)
             except (BranchError, AgentError) as error:
                 step_examples = by_step[step]
                 _refuse([summaries[e.id] for e in step_examples], [r for e in step_examples for r in own[e.id]],
                         f"the state before step {step} could not be branched: {error}")
+                rebuild()  # later steps need this step's state; a failure here ends the trajectory (refused)
         if step == last:
             raise _ReplayDone
 

@@ -101,7 +101,7 @@ class Themisto(evaluate.Metric):
 
         from themisto.scorer import ScoreSettings, score
 
-        settings = ScoreSettings(task=self.config_name, k=tuple(k), timeout_s=float(timeout_s),
+        settings = ScoreSettings(task=self.config_name, k=k, timeout_s=float(timeout_s),
                                  memory_bytes=int(memory_bytes))
         result = score(predictions, references, ids=ids, settings=settings, execute=execute, release=release,
                        workspace=workspace)
