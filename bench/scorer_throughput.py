@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         "candidates": candidates,
         "branches": branches,  # candidates + two reference runs per example
         "candidates_per_s_branching": round(candidates / wall, 2) if wall else None,
-        "candidates_per_s_end_to_end": round(candidates / total_s, 2),  # replay, kernel starts and state checks included
+        # End to end: replay, kernel starts and state checks included.
+        "candidates_per_s_end_to_end": round(candidates / total_s, 2),
         "overhead_ms_per_branch": round(1000 * (wall - own) / branches, 1) if branches else None,
         "own_execution_ms_per_branch": round(1000 * own / branches, 1) if branches else None,
         "branch_wall_s": round(wall, 2),

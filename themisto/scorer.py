@@ -227,7 +227,8 @@ def text_records(examples: Sequence[Example], settings: ScoreSettings) -> list[P
     for example in examples:
         for index, prediction in enumerate(example.predictions):
             record = PredictionRecord(
-                id=example.id, index=index, prediction=prediction, exact_match=exact_match(prediction, example.reference),
+                id=example.id, index=index, prediction=prediction,
+                exact_match=exact_match(prediction, example.reference),
                 rouge_l=rouge_l(prediction, example.reference), chrf=chrf(prediction, example.reference))
             if settings.task == "output_prediction":
                 verdict = outputs_equivalent(prediction, example.reference, rel_tol=settings.rel_tol,
@@ -243,7 +244,7 @@ def text_records(examples: Sequence[Example], settings: ScoreSettings) -> list[P
 
 @dataclass
 class Release:
-    """What execution needs from a release: task rows by id, trajectory rows by kernel, workspace and replay settings."""
+    """What execution needs from a release: task rows by id, trajectory rows by kernel, workspace, replay settings."""
 
     name: str  # the folder, for messages
     task_rows: dict[str, dict]
@@ -379,7 +380,8 @@ def _reference_problem(first, second, recorded: dict, settings: ScoreSettings) -
     if first.status != second.status:
         return "nondeterministic", f"the reference ended {first.status} in one run and {second.status} in the other"
     if first.status in ("timeout", "kernel_died"):
-        return "reference_unfinished", f"the reference cell ended {first.status} in its branch ({_clip(first.evalue or '')})"
+        return "reference_unfinished", (f"the reference cell ended {first.status} in its branch "
+                                        f"({_clip(first.evalue or '')})")
     if first.status != recorded.get("status") or (first.status == "error" and first.ename != recorded.get("ename")):
         got = first.status if first.status == "ok" else f"{first.status} ({first.ename}: {_clip(first.evalue or '')})"
         return "reference_diverged", (f"the reference ended {got} in its branch where the release's replay recorded "
@@ -391,7 +393,8 @@ def _reference_problem(first, second, recorded: dict, settings: ScoreSettings) -
     a, b = _delta(first), _delta(second)
     if a != b:
         names = sorted({n for kind in a for n in set(a[kind].items()) ^ set(b[kind].items())})
-        return "nondeterministic", f"the reference left different values in two runs: {', '.join(n for n, _ in names[:5])}"
+        return "nondeterministic", ("the reference left different values in two runs: "
+                                    + ", ".join(n for n, _ in names[:5]))
     return None
 
 
@@ -404,15 +407,17 @@ def _state_difference(reference, candidate) -> str | None:
     after = {**candidate.changed, **candidate.added}
     for name, digest in {**reference.changed, **reference.added}.items():
         if name not in after:
-            return f"`{name}` was {'added' if name in reference.added else 'changed'} by the reference, not by the prediction"
+            what = "added" if name in reference.added else "changed"
+            return f"`{name}` was {what} by the reference, not by the prediction"
         if after[name] != digest:
             return f"`{name}` holds a different value than after the reference"
     missing = sorted(set(reference.deleted) - set(candidate.deleted))
     if missing:
         return f"`{missing[0]}` was deleted by the reference, not by the prediction"
-    touched = sorted((set(candidate.changed) | set(candidate.deleted)) - set(reference.changed) - set(reference.deleted))
-    if touched:
-        return f"`{touched[0]}` was {'deleted' if touched[0] in candidate.deleted else 'changed'} by the prediction only"
+    left_alone = (set(candidate.changed) | set(candidate.deleted)) - set(reference.changed) - set(reference.deleted)
+    if left_alone:
+        name = min(left_alone)
+        return f"`{name}` was {'deleted' if name in candidate.deleted else 'changed'} by the prediction only"
     return None
 
 
@@ -864,7 +869,8 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
     done = _load_partial(partial, header, say) if resume and execute else {}
     if execute:
         out.parent.mkdir(parents=True, exist_ok=True)
-        kept = [json.dumps(header, sort_keys=True)] + [json.dumps(t.to_dict(), ensure_ascii=False) for t in done.values()]
+        kept = [json.dumps(header, sort_keys=True)]
+        kept += [json.dumps(t.to_dict(), ensure_ascii=False) for t in done.values()]
         partial.write_text("\n".join(kept) + "\n", encoding="utf-8")
     fh = partial.open("a", encoding="utf-8") if execute else None
 

@@ -1,4 +1,4 @@
-"""Themisto metric: the paper's text scores, and execution of next-cell predictions in the exact pre-cell kernel state."""
+"""Themisto metric: the paper's text scores, and next-cell predictions executed in the exact pre-cell state."""
 
 import datasets
 import evaluate
