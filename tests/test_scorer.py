@@ -75,17 +75,6 @@ def _targets(release, example_ids):
 # text only: no kernel, no gate
 
 
-def test_module_examples():
-    # pytest's testpaths hold only tests/, so --doctest-modules does not reach the package: run them here.
-    import doctest
-
-    from themisto import gate
-
-    for module in (sc, gate):
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.attempted and not result.failed, module.__name__
-
-
 def test_text_scores_with_several_predictions_average_per_example():
     result = sc.score([["x = 1", "x = 2"], "y"], ["x = 1", "y"], ids=["a/1", "b/2"])
     assert result.scores["exact_match"] == pytest.approx((0.5 + 1.0) / 2)
