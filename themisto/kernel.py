@@ -551,7 +551,22 @@ class AsyncKernelSession:
         assert argv[1:4] == ["--ro-bind", "/", "/"], argv
         readable = kernel_launcher.readable_paths()
         readable += [path for path in _interpreter_paths(self.kernel_python) if path not in readable]
-        return argv[:4] + kernel_launcher._mask_untraversable(readable) + argv[4:]
+        # The sandbox's /tmp is a fresh tmpfs: an interpreter kept under the host's /tmp is bound in after it.
+        under_tmp = [path for path in readable if Path("/tmp") in path.parents]
+        binds: list[str] = []
+        made: set[Path] = set()
+        for path in sorted(under_tmp, key=lambda p: len(p.parts)):
+            if any(bound in path.parents for bound in under_tmp):
+                continue
+            # bwrap would make the missing folders 0700, closed to the kernel's uid.
+            for folder in reversed(path.parents):
+                if Path("/tmp") in folder.parents and folder not in made:
+                    binds += ["--perms", "0755", "--dir", str(folder)]
+                    made.add(folder)
+            binds += ["--ro-bind", str(path), str(path)]
+        masks = kernel_launcher._mask_untraversable([path for path in readable if path not in under_tmp])
+        flags = argv.index("--unshare-pid")
+        return argv[:4] + masks + argv[4:flags] + binds + argv[flags:]
 
     async def _start_kernel(self) -> None:
         from jupyter_client.kernelspec import KernelSpecManager
