@@ -8,15 +8,20 @@ copy-on-write, captures its own output, and reports on a pipe; the kernel itself
 
 from __future__ import annotations
 
+import array
 import builtins
 import ctypes
+import datetime
 import gc
 import hashlib
 import io
+import itertools
 import json
+import operator
 import os
 import pickle
 import random
+import re
 import reprlib
 import select
 import shutil
@@ -39,6 +44,8 @@ IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 _CANON_NODES = 100_000
 # Deep sizes walk at most this many objects, then extrapolate from what they saw.
 _SIZE_NODES = 20_000
+# Flat containers of leaves up to this length are sized exactly at C speed (the walk above is Python-level).
+_FLAT_SIZE_MAX = 1_000_000
 # DataFrames longer than this get their object columns' deep size estimated from a sample.
 _EXACT_DEEP_ROWS = 200_000
 # Above this estimated size an object kept by identity in a branch is trusted, not rehashed (delta="identity").
@@ -143,13 +150,41 @@ def _canonical(h: Any, value: Any, budget: list[int], path: set[int]) -> None:
 
 _CANONICAL_TYPES = frozenset({type(None), type(Ellipsis), bool, int, float, complex, str, bytes, bytearray, list, tuple,
                               dict, set, frozenset, range})
+_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+# Leaves whose memo-free pickle is canonical (equal content, equal bytes) and the same in every kernel of one stack.
+_BUILTIN_LEAVES = frozenset({type(None), bool, int, float, complex, str, bytes, datetime.date, datetime.datetime,
+                             datetime.time, datetime.timedelta})
+# Lists of this many Timestamps or more are hashed as one int64 vector (pickling each one costs ~2 µs).
+_TIMESTAMP_VECTOR = 64
 
 
-_CONTAINERS = (list, tuple, dict, set, frozenset)
+def _pickle_leaves() -> frozenset:
+    """_BUILTIN_LEAVES plus pandas' Timestamp and Timedelta once pandas is loaded (it is never imported for this)."""
+    pd = sys.modules.get("pandas")
+    timestamp, timedelta = getattr(pd, "Timestamp", None), getattr(pd, "Timedelta", None)
+    if timestamp is None or timedelta is None:
+        return _BUILTIN_LEAVES
+    key = (timestamp, timedelta)
+    found = _LEAVES_MEMO.get(key)
+    if found is None:
+        found = _LEAVES_MEMO[key] = _BUILTIN_LEAVES | {timestamp, timedelta}
+    return found
+
+
+_LEAVES_MEMO: dict[tuple, frozenset] = {}
+_TZ_ATTRIBUTE = operator.attrgetter("tzinfo")
+
+
+def _member_groups(value: Any) -> tuple:
+    return (value.keys(), value.values()) if type(value) is dict else (value,)
 
 
 def _holds_set_or_object(value: Any) -> bool:
-    """True when a builtin structure holds a set or a non-builtin object; visits containers only, not leaves."""
+    """True when a builtin structure holds a set or an object whose pickle is not known to be canonical.
+
+    Visits containers only; the leaves of each container are checked at C speed through the set of their types.
+    """
+    leaves = _pickle_leaves()
     stack = [value]
     seen: set[int] = set()
     while stack:
@@ -160,24 +195,56 @@ def _holds_set_or_object(value: Any) -> bool:
         kind = type(item)
         if kind is set or kind is frozenset:
             return True
-        if kind is dict:
-            members: Any = list(item.keys()) + list(item.values())
-        elif kind is list or kind is tuple:
-            members = item
-        else:
+        if kind not in _CONTAINERS:
             continue
-        for member in members:
-            member_kind = type(member)
-            if member_kind in _CONTAINERS:
-                stack.append(member)
-            elif member_kind not in _CANONICAL_TYPES:
+        for members in _member_groups(item):
+            kinds = set(map(type, members))
+            if kinds <= leaves:
+                continue
+            if not kinds <= leaves | _CONTAINERS:
                 return True
+            stack.extend(member for member in members if type(member) in _CONTAINERS)
     return False
 
 
+def _hash_timestamps(h: Any, value: Any) -> bool:
+    """Hash a list or tuple of leaves holding many naive Timestamps without pickling each (~2 µs apiece): which
+    items are Timestamps, their units and nanoseconds as vectors, and the memo-free pickle of the other items.
+    False where it does not apply (few Timestamps, a timezone, other members, an older pandas)."""
+    pd = sys.modules.get("pandas")
+    timestamp = getattr(pd, "Timestamp", None)
+    if len(value) < _TIMESTAMP_VECTOR or timestamp is None:
+        return False
+    kinds = set(map(type, value))
+    if timestamp not in kinds or not kinds <= _pickle_leaves():
+        return False
+    flags = bytes(map(operator.is_, map(type, value), itertools.repeat(timestamp)))
+    stamps = list(itertools.compress(value, flags)) if len(kinds) > 1 else value
+    if len(stamps) < _TIMESTAMP_VECTOR:
+        return False
+    try:
+        if set(map(_TZ_ATTRIBUTE, stamps)) != {None}:
+            return False
+        units = list(map(operator.attrgetter("unit"), stamps))
+        nanoseconds = array.array("q", map(operator.attrgetter("value"), stamps))
+    except (AttributeError, OverflowError):  # no `unit` before pandas 2; a date past int64 nanoseconds
+        return False
+    if sys.byteorder != "little":
+        nanoseconds.byteswap()
+    others = list(itertools.compress(value, map(operator.not_, flags))) if len(kinds) > 1 else []
+    h.update(b"@ts%s%d[" % (type(value).__name__[:2].encode(), len(value)))
+    h.update(flags)  # an item is a Timestamp (1) or not (0): this fixes how the parts below interleave
+    h.update(_fast_pickle(units))
+    h.update(nanoseconds.tobytes())
+    h.update(_fast_pickle(others))
+    return True
+
+
 def _hash_builtin(h: Any, value: Any) -> None:
-    """Without sets or objects inside, the memo-free pickle of a builtin structure is canonical (and C-fast);
+    """Without sets or unknown objects inside, the memo-free pickle of a builtin structure is canonical (and C-fast);
     otherwise the type-tagged encoder sorts set members, falling back to the pickle past its budget."""
+    if type(value) in (list, tuple) and _hash_timestamps(h, value):
+        return
     try:
         canonical_needed = _holds_set_or_object(value)
     except RecursionError:
@@ -211,56 +278,128 @@ def _code_digest(h: Any, code: types.CodeType) -> None:
             h.update(repr(const).encode())
 
 
-def _hash_frame(value: Any, h: Any) -> None:
+def _hash_frame(value: Any, h: Any) -> bool:
+    """Exact content of a DataFrame, Series or Index: labels, dtypes, index and every column's values. True when
+    all of it is plain (numbers, strings, naive values): then the repr and the size follow from the hash."""
     import pandas as pd
 
     h.update(_qualname(value).encode())
-    if isinstance(value, pd.DataFrame):
-        h.update(repr([repr(c) for c in value.columns]).encode())
-        h.update(repr([repr(d) for d in value.dtypes]).encode())
-    elif isinstance(value, pd.Series):
-        h.update(repr((value.name, repr(value.dtype))).encode())
-    index = value if isinstance(value, pd.Index) else value.index
-    h.update(repr((list(index.names), repr(index.dtype), len(index))).encode())
     if isinstance(value, pd.Index):
-        _hash_column(value, h)
-        return
-    h.update(memoryview(pd.util.hash_pandas_object(index).to_numpy()))
-    columns = [value] if isinstance(value, pd.Series) else [value.iloc[:, i] for i in range(value.shape[1])]
-    for column in columns:
-        _hash_column(column, h)
+        return _hash_index(value, h)
+    if isinstance(value, pd.DataFrame):
+        # the columns' names and freq-like facts show in the repr, so they are content too
+        h.update(repr(([repr(c) for c in value.columns], list(value.columns.names), type(value.columns).__name__,
+                       [repr(d) for d in value.dtypes])).encode())
+    else:
+        h.update(repr((value.name, repr(value.dtype))).encode())
+    plain = _hash_index(value.index, h)
+    if isinstance(value, pd.Series):
+        return _hash_values(value._values, h) and plain
+    column = getattr(value, "_get_column_array", None)
+    for i in range(value.shape[1]):
+        plain = _hash_values(column(i) if column is not None else value.iloc[:, i]._values, h) and plain
+    return plain
 
 
-def _hash_column(column: Any, h: Any) -> None:
-    """pandas' own value hashes; a column holding lists or dicts (which it refuses) is encoded canonically."""
+def _hash_index(index: Any, h: Any) -> bool:
+    import pandas as pd
+
+    h.update(repr((type(index).__name__, list(index.names), repr(index.dtype), len(index),
+                   repr(getattr(index, "freq", None)))).encode())
+    if isinstance(index, pd.RangeIndex):
+        h.update(b"range" + repr((index.start, index.stop, index.step)).encode())  # never materialised
+        return True
+    if isinstance(index, pd.MultiIndex):
+        plain = True
+        for level, codes in zip(index.levels, index.codes):
+            plain = _hash_index(level, h) and plain
+            plain = _hash_values(codes, h) and plain
+        return plain
+    return _hash_values(index._values, h)
+
+
+def _raw_bytes(values: Any) -> memoryview:
+    """The array's bytes without a copy where it is contiguous; as uint8, since datetimes refuse the buffer protocol."""
+    import numpy as np
+
+    return memoryview(np.ascontiguousarray(values).reshape(-1).view(np.uint8))
+
+
+def _hash_values(values: Any, h: Any) -> bool:
+    """Exact bytes for one column's (or index's) values: raw buffers, pickled Python objects, or pandas' hashes
+    only for extension arrays it alone knows. True when the values are plain (see _hash_frame)."""
+    import numpy as np
+
+    if isinstance(values, np.ndarray):
+        h.update(repr((values.dtype.str, values.shape)).encode())
+        if values.dtype.hasobject:
+            items = values.tolist()
+            _hash_builtin(h, items)  # tells None from NaN and 1 from "1", unlike pandas' hashes
+            return values.ndim == 1 and set(map(type, items)) <= _pickle_leaves()
+        h.update(_raw_bytes(values))
+        return True
+    h.update(_qualname(values).encode() + repr(values.dtype).encode())
+    parts = None
+    if hasattr(values, "codes") and hasattr(values, "categories"):  # Categorical: codes and categories
+        parts = (np.asarray(values.codes), values.categories)
+    elif isinstance(getattr(values, "_data", None), np.ndarray) and isinstance(getattr(values, "_mask", None),
+                                                                                np.ndarray):
+        parts = (values._data, values._mask)  # nullable integers, floats, booleans
+    elif isinstance(getattr(values, "_ndarray", None), np.ndarray):
+        parts = (values._ndarray,)  # datetimes with a timezone, periods, numpy-backed strings
+    if parts is not None:
+        plain = True
+        for part in parts:
+            plain = (_hash_values(part, h) if isinstance(part, np.ndarray) else _hash_index(part, h)) and plain
+        return plain
     import pandas as pd
 
     try:
-        h.update(memoryview(pd.util.hash_pandas_object(column, index=False).to_numpy()))
+        h.update(memoryview(pd.util.hash_pandas_object(pd.Series(values, copy=False), index=False).to_numpy()))
     except TypeError:
-        _hash_builtin(h, list(column))
+        _hash_builtin(h, list(values))
+    return False  # pandas' 64-bit hashes, or objects: the record is described anew each time
 
 
-def _hash_array(value: Any, h: Any) -> None:
+def _hash_array(value: Any, h: Any) -> bool:
     import numpy as np
 
     h.update(repr((value.dtype.str, value.shape)).encode())
     if value.dtype.hasobject:
-        _canonical(h, value.tolist(), [_CANON_NODES], set())
-    else:
-        h.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+        items = value.tolist()
+        _canonical(h, items, [_CANON_NODES], set())
+        return value.ndim == 1 and set(map(type, items)) <= _pickle_leaves()
+    h.update(_raw_bytes(value))
+    return True
+
+
+def _hash_match(value: Any, h: Any) -> None:
+    # A match's repr shows only its span and matched text; its content is the pattern, the subject and every group.
+    pattern = value.re
+    h.update(b"re.Match")
+    _canonical(h, (pattern.pattern, pattern.flags, value.string, value.pos, value.endpos, value.regs),
+               [_CANON_NODES], set())
+
+
+_FRAME_TYPES = frozenset({"DataFrame", "Series", "Index", "RangeIndex", "MultiIndex", "DatetimeIndex",
+                          "CategoricalIndex"})
 
 
 def content_hash(value: Any) -> str:
     """A hash of the value's content that is stable across processes, or "unhashable:<reason>"."""
+    return _content_hash(value)[0]
+
+
+def _content_hash(value: Any) -> tuple[str, bool]:
+    """The content hash, and whether the value is a frame or array of plain values (whose record the hash fixes)."""
     h = hashlib.sha256()
     module = type(value).__module__ or ""
+    plain = False
     try:
-        if module.startswith("pandas") and type(value).__name__ in ("DataFrame", "Series", "Index", "RangeIndex",
-                                                                    "MultiIndex", "DatetimeIndex", "CategoricalIndex"):
-            _hash_frame(value, h)
+        if module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES:
+            plain = _hash_frame(value, h)
         elif module == "numpy" and type(value).__name__ == "ndarray":
-            _hash_array(value, h)
+            plain = _hash_array(value, h)
         elif module == "numpy" and hasattr(value, "dtype") and hasattr(value, "tobytes") and not value.dtype.hasobject:
             h.update(value.dtype.str.encode() + value.tobytes())  # numpy scalar
         elif isinstance(value, types.FunctionType):
@@ -275,19 +414,21 @@ def content_hash(value: Any) -> str:
                     _code_digest(h, member.__code__)
         elif type(value) in _CANONICAL_TYPES:
             _hash_builtin(h, value)
+        elif type(value) is re.Match:
+            _hash_match(value, h)
         else:
             h.update(_qualname(value).encode())
             h.update(_fast_pickle(value))
     except RecursionError:
-        return f"{UNHASHABLE}:RecursionError"
+        return f"{UNHASHABLE}:RecursionError", False
     except Exception as error:  # noqa: BLE001 - any failure of user code in pickle/repr is recorded, not raised
         text = _safe_repr(value)[0]
         # A repr stands for the content only where it is complete: never for arrays and frames (display-truncated).
         if " at 0x" in text or text.startswith("<repr failed") or module.startswith(("pandas", "numpy")):
-            return f"{UNHASHABLE}:{type(error).__name__}"
+            return f"{UNHASHABLE}:{type(error).__name__}", False
         h = hashlib.sha256(b"repr:" + _qualname(value).encode() + text.encode("utf-8", "replace"))
-        return "repr:" + h.hexdigest()[:HASH_CHARS]
-    return h.hexdigest()[:HASH_CHARS]
+        return "repr:" + h.hexdigest()[:HASH_CHARS], False
+    return h.hexdigest()[:HASH_CHARS], plain
 
 
 def state_hash(hashes: dict[str, str]) -> str:
@@ -301,8 +442,27 @@ def state_hash(hashes: dict[str, str]) -> str:
 # ----- sizes, reprs, shapes -------------------------------------------------------------------------------------
 
 
+def _flat_size(value: Any) -> int | None:
+    """The deep size of a list, tuple or dict whose members are all leaves, at C speed (None where it does not
+    apply): the container plus each distinct member once, as the walk below counts them."""
+    kind = type(value)
+    if kind is dict:
+        members: Any = list(value) + list(value.values())
+    elif kind is list or kind is tuple:
+        members = value
+    else:
+        return None
+    if len(members) > _FLAT_SIZE_MAX or not set(map(type, members)) <= _pickle_leaves():
+        return None
+    distinct = dict(zip(map(id, members), members))
+    return sys.getsizeof(value) + sum(map(sys.getsizeof, distinct.values()))
+
+
 def _deep_getsizeof(value: Any) -> int:
     """sys.getsizeof over builtin containers and instance dicts, walking at most _SIZE_NODES objects."""
+    flat = _flat_size(value)
+    if flat is not None:
+        return flat
     seen: set[int] = set()
     stack = [value]
     total = 0
@@ -386,6 +546,10 @@ def _safe_repr(value: Any) -> tuple[str, str | None]:
 
 def describe(name: str, value: Any) -> tuple[dict, str | None]:
     """One variable's record (name, type, size, repr, hash, shape/dtype/len/columns) and the failure if any."""
+    return _describe(name, value, None)
+
+
+def _describe(name: str, value: Any, digest: str | None) -> tuple[dict, str | None]:
     record: dict[str, Any] = {"name": name, "type": _qualname(value)}
     failure = None
     try:
@@ -396,7 +560,7 @@ def describe(name: str, value: Any) -> tuple[dict, str | None]:
     record["repr"], repr_error = _safe_repr(value)
     if repr_error is not None:
         record["repr_error"] = repr_error
-    record["hash"] = content_hash(value)
+    record["hash"] = content_hash(value) if digest is None else digest
     if isinstance(value, (type, types.FunctionType)):
         return record, failure  # a class's `shape` attribute is not the variable's shape
     try:
@@ -431,19 +595,194 @@ def memory_usage() -> dict[str, int]:
     return {"rss": rss, "uss": uss}
 
 
+# ----- records kept between snapshots ---------------------------------------------------------------------------
+#
+# Most variables do not change from one step to the next. Two kinds of record are kept and reused, both exactly:
+# - by identity, for values that cannot change while they live (str, numbers, naive Timestamps, tuples of them…)
+#   and for lists and dicts of such leaves, whose members are kept and compared by identity. The kept reference
+#   stops the id from being reused; values too large are not kept, so that a deleted variable is not held long.
+# - by content hash, for frames and arrays of plain values: their size, repr and shape follow from the exact hash
+#   (and the display options), so only the hash is recomputed. No reference to them is held.
+
+_KEEP_ENTRY_BYTES = 8 << 20  # a larger value is described anew at every snapshot rather than held
+_KEEP_BYTES = 32 << 20  # at most this much held between snapshots in all
+
+
+def _tz_is_immutable(tz: Any) -> bool:
+    module = type(tz).__module__.split(".")[0]
+    return tz is None or type(tz) is datetime.timezone or module in ("zoneinfo", "pytz")
+
+
+def _immutable_leaves() -> frozenset:
+    leaves = _pickle_leaves()
+    found = _IMMUTABLE_MEMO.get(leaves)
+    if found is None:
+        found = _IMMUTABLE_MEMO[leaves] = leaves | {range, re.Pattern}
+    return found
+
+
+_IMMUTABLE_MEMO: dict[frozenset, frozenset] = {}
+
+
+def _members_are_immutable(members: Any) -> bool:
+    kinds = set(map(type, members))
+    if not kinds <= _immutable_leaves():
+        return False
+    with_tz = [kind for kind in kinds if issubclass(kind, (datetime.datetime, datetime.time))]
+    if with_tz:
+        timed = [m for m in members if type(m) in with_tz] if len(kinds) > 1 else members
+        return all(map(_tz_is_immutable, set(map(_TZ_ATTRIBUTE, timed))))
+    return True
+
+
+def _identity_proof(value: Any) -> tuple | None:
+    """What shows later that `value` is unchanged when it is the same object: () for an immutable value, its
+    members for a list or dict of immutable leaves; None when identity proves nothing."""
+    kind = type(value)
+    if kind is re.Match:
+        return () if type(value.string) in (str, bytes) else None  # a bytearray subject can change under it
+    if kind in _immutable_leaves():
+        return () if _tz_is_immutable(getattr(value, "tzinfo", None)) else None
+    if kind is tuple or kind is frozenset:
+        return () if _members_are_immutable(value) else None
+    if kind is list:
+        return tuple(value) if _members_are_immutable(value) else None
+    if kind is dict:
+        keys, values = tuple(value), tuple(value.values())
+        return (keys, values) if _members_are_immutable(keys) and _members_are_immutable(values) else None
+    return None
+
+
+def _display_options() -> str | None:
+    """Everything besides content that a frame's or array's repr depends on; None when it cannot be read."""
+    parts = []
+    try:
+        if "pandas" in sys.modules:
+            from pandas._config import config
+
+            parts.append(repr(config._global_config["display"]))
+        if "numpy" in sys.modules:
+            parts.append(repr(sys.modules["numpy"].get_printoptions()))
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None
+    return "\n".join(parts)
+
+
+@dataclass
+class _Kept:
+    """A variable's record (without its name) kept between snapshots, and what proves it still holds."""
+
+    record: dict
+    failure: str | None
+    value: Any = None  # kept by identity: held, so that its id cannot be given to another object
+    members: tuple = ()  # a list's members or a dict's (keys, values), held and compared by identity
+    outer_size: int = 0  # sys.getsizeof of a kept list or dict: its allocation changes with appends and pops
+
+    def still_describes(self, value: Any) -> bool:
+        if self.value is not value:
+            return False
+        kind = type(value)
+        if kind is list:
+            return (len(value) == len(self.members) and sys.getsizeof(value) == self.outer_size
+                    and all(map(operator.is_, value, self.members)))
+        if kind is dict:
+            keys, values = self.members
+            return (len(value) == len(keys) and sys.getsizeof(value) == self.outer_size
+                    and all(map(operator.is_, value, keys)) and all(map(operator.is_, value.values(), values)))
+        return True
+
+
+def _named(name: str, kept: _Kept) -> tuple[dict, str | None]:
+    return {"name": name, **kept.record}, kept.failure
+
+
+def _unnamed(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "name"}
+
+
+@dataclass
+class _SnapshotCache:
+    """The records of the previous snapshot and those being kept for the next one; see the section comment."""
+
+    by_id: dict[int, _Kept] = field(default_factory=dict)
+    by_content: dict[tuple, _Kept] = field(default_factory=dict)
+    next_by_id: dict[int, _Kept] = field(default_factory=dict)
+    next_by_content: dict[tuple, _Kept] = field(default_factory=dict)
+    kept_bytes: int = 0
+    display: str | None = None
+
+    def begin(self) -> None:
+        self.next_by_id, self.next_by_content, self.kept_bytes = {}, {}, 0
+        self.display = _display_options()
+
+    def end(self) -> None:
+        self.by_id, self.by_content = self.next_by_id, self.next_by_content
+        self.next_by_id, self.next_by_content = {}, {}
+
+    def kept_hash(self, value: Any) -> str | None:
+        """The hash the last snapshot recorded for `value` where identity proves it unchanged, else None."""
+        kept = self.by_id.get(id(value))
+        return kept.record["hash"] if kept is not None and kept.still_describes(value) else None
+
+    def describe(self, name: str, value: Any) -> tuple[dict, str | None]:
+        kept = self.by_id.get(id(value))
+        if kept is not None and kept.still_describes(value):
+            self._keep(kept)
+            return _named(name, kept)
+        if _by_content(value):
+            digest, plain = _content_hash(value)
+            key = (_qualname(value), digest, self.display)
+            kept = self.by_content.get(key) or self.next_by_content.get(key)
+            if kept is None:
+                record, failure = _describe(name, value, digest)
+                kept = _Kept(_unnamed(record), failure)
+            if plain and self.display is not None and not digest.startswith(UNHASHABLE):
+                self.next_by_content[key] = kept
+            return _named(name, kept)
+        record, failure = _describe(name, value, None)
+        proof = _identity_proof(value) if record.get("size", 0) <= _KEEP_ENTRY_BYTES else None
+        if proof is not None:
+            self._keep(_Kept(_unnamed(record), failure, value, proof,
+                             sys.getsizeof(value) if type(value) in (list, dict) else 0))
+        return record, failure
+
+    def _keep(self, kept: _Kept) -> None:
+        size = kept.record.get("size", 0)
+        key = id(kept.value)
+        if key in self.next_by_id or size > _KEEP_ENTRY_BYTES or self.kept_bytes + size > _KEEP_BYTES:
+            return
+        self.next_by_id[key] = kept
+        self.kept_bytes += size
+
+
+def _by_content(value: Any) -> bool:
+    module = type(value).__module__ or ""
+    return ((module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES)
+            or (module == "numpy" and type(value).__name__ == "ndarray"))
+
+
+_CACHE = _SnapshotCache()
+
+
 def _snapshot_dict(shell: Any) -> dict:
     started = time.perf_counter()
     variables, failures, hashes = [], {}, {}
-    for name, value in user_variables(shell).items():
-        try:
-            record, failure = describe(name, value)
-        except Exception as error:  # noqa: BLE001 - one bad variable never loses the others
-            record = {"name": name, "type": _qualname(value), "size": 0, "repr": "", "hash": f"{UNHASHABLE}:error"}
-            failure = f"{type(error).__name__}: {error}"[:300]
-        variables.append(record)
-        hashes[name] = record["hash"]
-        if failure is not None:
-            failures[name] = failure
+    cache = _CACHE
+    cache.begin()
+    try:
+        for name, value in user_variables(shell).items():
+            try:
+                record, failure = cache.describe(name, value)
+            except Exception as error:  # noqa: BLE001 - one bad variable never loses the others
+                record = {"name": name, "type": _qualname(value), "size": 0, "repr": "",
+                          "hash": f"{UNHASHABLE}:error"}
+                failure = f"{type(error).__name__}: {error}"[:300]
+            variables.append(record)
+            hashes[name] = record["hash"]
+            if failure is not None:
+                failures[name] = failure
+    finally:
+        cache.end()  # before reading memory: what the previous snapshot held and no variable holds now is let go
     memory = memory_usage()
     return {"variables": variables, "memory_bytes": memory["rss"], "uss_bytes": memory["uss"],
             "state_hash": state_hash(hashes), "failures": failures,
@@ -873,7 +1212,7 @@ def _delta(shell: Any, plan: _BranchPlan) -> dict:
             post[name] = plan.pre_hashes[name]  # trusted: same object, same structure, too large to rehash
             unverified.append(name)
         else:
-            post[name] = content_hash(value)
+            post[name] = _CACHE.kept_hash(value) or content_hash(value)
     pre = plan.pre_hashes
     return {
         "added": {n: h for n, h in post.items() if n not in pre},
@@ -1165,7 +1504,7 @@ def branch(codes: list[str], timeout_s: float = 30.0, memory_bytes: int = 2**30,
     shell = _shell(shell)
     started = time.perf_counter()
     variables = user_variables(shell)
-    pre_hashes = {name: content_hash(value) for name, value in variables.items()}
+    pre_hashes = {name: _CACHE.kept_hash(value) or content_hash(value) for name, value in variables.items()}
     plan = _BranchPlan(
         timeout_s=float(timeout_s), memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), delta=delta,
         pre_hashes=pre_hashes, pre_ids={name: id(value) for name, value in variables.items()},
