@@ -203,10 +203,14 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
 
 
 def _library_versions() -> dict[str, str]:
+    """The writer's libraries and the replay kernel's environment (its versions shape every output)."""
     import datasets
     import pyarrow
 
-    return {"datasets_version": datasets.__version__, "pyarrow_version": pyarrow.__version__}
+    from themisto.kernel import kernel_environment
+
+    kernel = {f"kernel_{name}": version for name, version in kernel_environment().items() if name != "interpreter"}
+    return {"datasets_version": datasets.__version__, "pyarrow_version": pyarrow.__version__, **kernel}
 
 
 @dataclass(frozen=True)
