@@ -87,7 +87,7 @@ def test_fidelity_shares_and_reasons():
 
 @pytest.mark.slow
 def test_replay_to_file_resumes_after_an_interruption(tmp_path):
-    out = tmp_path / "steps.jsonl"
+    out = tmp_path / "not-yet" / "steps.jsonl"  # a missing folder is made
     trajs = [_traj(["a = 1", "a"], tid="first"), _traj(["b = 2", "b"], tid="second")]
 
     def stop_in_second(msg):
@@ -101,7 +101,7 @@ def test_replay_to_file_resumes_after_an_interruption(tmp_path):
     assert run.resumed == ["first"] and run.replayed == ["second"]
     steps = read_steps(out)
     assert [(s.kernel_id, s.step) for s in steps] == [("first", 0), ("first", 1), ("second", 0), ("second", 1)]
-    assert not (tmp_path / "steps.jsonl.partial").exists()
+    assert not (out.parent / "steps.jsonl.partial").exists()
 
 
 def test_read_steps_names_file_and_line(tmp_path):

@@ -244,6 +244,7 @@ def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspac
     trajectories that finished and replays the rest (a trajectory is replayed whole: its state needs its prefix).
     """
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     done, steps = _load_progress(out) if resume else ([], 0)
     if not resume:
