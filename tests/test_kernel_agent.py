@@ -3,6 +3,7 @@ forked from an in-process IPython shell (the kernel tests exercise the same code
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -175,3 +176,143 @@ def test_workdir_guard_restores_deleted_modified_and_added_files(tmp_path):
         assert guard.check_and_restore()["modified"] == []  # the restored state is the recorded state again
     finally:
         guard.close()
+
+
+# ----- records kept between snapshots: every reuse must give what a fresh description gives --------------------
+
+
+def _records(shell) -> dict:
+    return {v["name"]: v for v in json.loads(ka.snapshot(shell))["variables"]}
+
+
+def _fresh(shell) -> dict:
+    """What an uncached snapshot records: each variable described from scratch."""
+    return {name: ka.describe(name, value)[0] for name, value in ka.user_variables(shell).items()}
+
+
+_KEPT_SETUP = """
+import re
+import pandas as pd
+words = ["w%d" % i for i in range(5000)]
+numbers = list(range(5000))
+stamps = list(pd.Timestamp("2023-05-01 10:00") + pd.to_timedelta(range(4000), unit="s")) + [float("nan")]
+lookup = {"k%d" % i: i for i in range(300)}
+pair = ("a", 1, 2.5)
+text = "some text"
+found = re.search(r"(\\w+) (\\w+)", "hello world")
+frame = pd.DataFrame({"n": range(300), "s": ["x%d" % (i % 7) for i in range(300)],
+                      "t": pd.date_range("2023-01-01", periods=300, freq="h")})
+series = frame["n"] * 2
+"""
+
+
+@pytest.fixture
+def kept_shell(shell):
+    shell.run_cell(_KEPT_SETUP, store_history=False)
+    yield shell
+    shell.run_cell("import gc; gc.collect()", store_history=False)
+
+
+def test_kept_records_equal_fresh_ones_and_unchanged_values_keep_their_hash(kept_shell):
+    first = _records(kept_shell)
+    assert not any(v["hash"].startswith(ka.UNHASHABLE) for v in first.values())
+    assert ka._CACHE.by_id and ka._CACHE.by_content  # both kinds of record were kept
+    second = _records(kept_shell)
+    assert second == first == _fresh(kept_shell)
+
+
+@pytest.mark.parametrize("mutation, name", [
+    ("words[2500] = 'changed'", "words"),
+    ("words[0] = ''.join(['w', '1'])", "words"),  # another object, another content (w1 instead of w0)
+    ("numbers.append(1); numbers.pop(0)", "numbers"),  # same length
+    ("numbers.sort(reverse=True)", "numbers"),
+    ("stamps[10] = stamps[10] + pd.Timedelta(1, 'ns')", "stamps"),
+    ("stamps[-1] = None", "stamps"),  # NaN and None are different content
+    ("lookup['k5'] = 6", "lookup"),
+    ("lookup['extra'] = 1", "lookup"),
+    ("del lookup['k0']; lookup['k0'] = 0", "lookup"),  # same items, another order
+    ("frame.loc[17, 'n'] = -1", "frame"),
+    ("frame.iloc[3, 1] = 'y'", "frame"),
+    ("frame.loc[5, 's'] = None", "frame"),
+    ("frame.columns.name = 'cols'", "frame"),  # shown in the repr
+    ("series.iat[0] = 99", "series"),
+    ("series.index = series.index + 1", "series"),
+    ("pair = ('a', 1, 2.5, 'b')", "pair"),
+    ("found = re.search(r'(\\w+) (\\w+)', 'hello world!')", "found"),  # same span and text, another subject
+])
+def test_a_change_between_snapshots_changes_the_record(kept_shell, mutation, name):
+    before = _records(kept_shell)
+    result = kept_shell.run_cell(mutation, store_history=False)
+    assert result.success, result.error_in_exec
+    after = _records(kept_shell)
+    assert after[name]["hash"] != before[name]["hash"]
+    assert {n: r for n, r in after.items() if n != name} == {n: r for n, r in before.items() if n != name}
+    assert after == _fresh(kept_shell)
+
+
+def test_an_equal_rebuild_keeps_the_hash_and_a_reverted_change_restores_it(kept_shell):
+    before = _records(kept_shell)
+    kept_shell.run_cell("words = ['w%d' % i for i in range(5000)]\nframe = frame.copy()\n"
+                        "stamps = list(stamps)", store_history=False)
+    rebuilt = _records(kept_shell)
+    for name in ("words", "frame", "stamps"):
+        assert rebuilt[name]["hash"] == before[name]["hash"]
+    kept_shell.run_cell("frame.loc[0, 'n'] += 1", store_history=False)
+    assert _records(kept_shell)["frame"]["hash"] != before["frame"]["hash"]
+    kept_shell.run_cell("frame.loc[0, 'n'] -= 1", store_history=False)
+    assert _records(kept_shell)["frame"] == before["frame"]
+
+
+def test_display_options_are_part_of_a_kept_frame_repr(kept_shell):
+    import pandas
+
+    before = _records(kept_shell)["frame"]
+    with pandas.option_context("display.show_dimensions", False):
+        narrow = _records(kept_shell)["frame"]
+        assert narrow == ka.describe("frame", kept_shell.user_ns["frame"])[0]
+    assert narrow["hash"] == before["hash"] and narrow["repr"] != before["repr"]
+
+
+def test_the_cache_lets_go_of_deleted_and_large_values(kept_shell):
+    kept_shell.run_cell("big = ['x%d' % i for i in range(400_000)]", store_history=False)  # ~25 MB deep
+    _records(kept_shell)
+    ids = {name: id(value) for name, value in ka.user_variables(kept_shell).items()}
+    assert ids["words"] in ka._CACHE.by_id and ids["big"] not in ka._CACHE.by_id
+    assert _records(kept_shell)["big"] == ka.describe("big", kept_shell.user_ns["big"])[0]
+    kept_shell.run_cell("del words", store_history=False)
+    _records(kept_shell)
+    assert ids["words"] not in ka._CACHE.by_id
+
+
+def test_frame_hashes_are_exact_where_pandas_hashes_are_not():
+    with_none = pd.DataFrame({"s": ["a", None]})
+    with_nan = pd.DataFrame({"s": ["a", float("nan")]})
+    assert ka.content_hash(with_none) != ka.content_hash(with_nan)
+    assert ka.content_hash(pd.Series([1, "b"], dtype=object)) != ka.content_hash(pd.Series(["1", "b"]))
+    stamps = pd.DataFrame({"t": pd.to_datetime(["2023-01-01", None])})
+    assert not ka.content_hash(stamps).startswith(ka.UNHASHABLE)  # datetime64 columns refuse the buffer protocol
+    assert not ka.content_hash(stamps["t"].to_numpy()).startswith(ka.UNHASHABLE)
+    aware = stamps.assign(t=stamps["t"].dt.tz_localize("UTC"))
+    assert ka.content_hash(aware) != ka.content_hash(stamps)
+    cats = pd.Series(["a", "b"], dtype="category")
+    assert ka.content_hash(cats) != ka.content_hash(cats.cat.add_categories(["c"]))  # unused categories show
+    nullable = pd.Series([1, None], dtype="Int64")
+    assert ka.content_hash(nullable) != ka.content_hash(pd.Series([1, 2], dtype="Int64"))
+    multi = pd.DataFrame({"v": [1, 2]}, index=pd.MultiIndex.from_tuples([("a", 1), ("b", 2)]))
+    assert ka.content_hash(multi) != ka.content_hash(multi.swaplevel().sort_index())
+    daily = pd.Series([1, 2], index=pd.date_range("2023-01-01", periods=2, freq="D"))
+    assert ka.content_hash(daily) != ka.content_hash(pd.Series([1, 2], index=pd.DatetimeIndex(list(daily.index))))
+
+
+def test_timestamp_lists_hash_by_value_unit_and_timezone():
+    base = pd.Timestamp("2023-05-01 10:00")
+    stamps = [base + pd.Timedelta(seconds=i) for i in range(200)]
+    copies = pickle.loads(pickle.dumps(stamps))
+    assert copies[0] is not stamps[0] and ka.content_hash(stamps) == ka.content_hash(copies)
+    assert ka.content_hash(stamps) != ka.content_hash(stamps[:-1] + [stamps[-1] + pd.Timedelta(1, "ns")])
+    other_unit = "ms" if stamps[0].unit != "ms" else "s"
+    assert ka.content_hash(stamps) != ka.content_hash([t.as_unit(other_unit) for t in stamps])  # `.unit` is observable
+    assert ka.content_hash(stamps) != ka.content_hash([t.tz_localize("UTC") for t in stamps])
+    assert ka.content_hash(stamps) != ka.content_hash(tuple(stamps))
+    assert ka.content_hash(stamps + [None]) != ka.content_hash(stamps + [float("nan")])
+    assert ka.content_hash(stamps + ["x", 1]) != ka.content_hash(stamps + [1, "x"])

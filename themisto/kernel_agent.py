@@ -207,16 +207,13 @@ def _holds_set_or_object(value: Any) -> bool:
     return False
 
 
-def _hash_timestamps(h: Any, value: Any) -> bool:
+def _hash_timestamps(h: Any, value: Any, kinds: set) -> bool:
     """Hash a list or tuple of leaves holding many naive Timestamps without pickling each (~2 µs apiece): which
     items are Timestamps, their units and nanoseconds as vectors, and the memo-free pickle of the other items.
     False where it does not apply (few Timestamps, a timezone, other members, an older pandas)."""
     pd = sys.modules.get("pandas")
     timestamp = getattr(pd, "Timestamp", None)
-    if len(value) < _TIMESTAMP_VECTOR or timestamp is None:
-        return False
-    kinds = set(map(type, value))
-    if timestamp not in kinds or not kinds <= _pickle_leaves():
+    if len(value) < _TIMESTAMP_VECTOR or timestamp not in kinds or not kinds <= _pickle_leaves():
         return False
     flags = bytes(map(operator.is_, map(type, value), itertools.repeat(timestamp)))
     stamps = list(itertools.compress(value, flags)) if len(kinds) > 1 else value
@@ -240,11 +237,17 @@ def _hash_timestamps(h: Any, value: Any) -> bool:
     return True
 
 
-def _hash_builtin(h: Any, value: Any) -> None:
+def _hash_builtin(h: Any, value: Any, kinds: set | None = None) -> None:
     """Without sets or unknown objects inside, the memo-free pickle of a builtin structure is canonical (and C-fast);
-    otherwise the type-tagged encoder sorts set members, falling back to the pickle past its budget."""
-    if type(value) in (list, tuple) and _hash_timestamps(h, value):
-        return
+    otherwise the type-tagged encoder sorts set members, falling back to the pickle past its budget. `kinds`: the
+    types of a list's or tuple's items where the caller has them already."""
+    if type(value) in (list, tuple):
+        kinds = set(map(type, value)) if kinds is None else kinds
+        if _hash_timestamps(h, value, kinds):
+            return
+        if kinds <= _pickle_leaves():
+            h.update(b"p" + _fast_pickle(value))
+            return
     try:
         canonical_needed = _holds_set_or_object(value)
     except RecursionError:
@@ -334,8 +337,9 @@ def _hash_values(values: Any, h: Any) -> bool:
         h.update(repr((values.dtype.str, values.shape)).encode())
         if values.dtype.hasobject:
             items = values.tolist()
-            _hash_builtin(h, items)  # tells None from NaN and 1 from "1", unlike pandas' hashes
-            return values.ndim == 1 and set(map(type, items)) <= _pickle_leaves()
+            kinds = set(map(type, items))
+            _hash_builtin(h, items, kinds)  # tells None from NaN and 1 from "1", unlike pandas' hashes
+            return values.ndim == 1 and kinds <= _pickle_leaves()
         h.update(_raw_bytes(values))
         return True
     h.update(_qualname(values).encode() + repr(values.dtype).encode())
@@ -473,6 +477,10 @@ def _deep_getsizeof(value: Any) -> int:
             continue
         seen.add(id(item))
         walked += 1
+        if (type(item).__module__ or "").startswith("pandas") and hasattr(item, "memory_usage"):
+            # already deep (and bounded for long frames); walking its attributes would count its data twice
+            total += _frame_size(item)
+            continue
         total += sys.getsizeof(item)
         if isinstance(item, dict):
             stack.extend(item.keys())
@@ -544,6 +552,9 @@ def _safe_repr(value: Any) -> tuple[str, str | None]:
     return text, None
 
 
+_LAZY_PANDAS_MODULES = ("pandas.core.groupby", "pandas.core.window", "pandas.core.resample")
+
+
 def describe(name: str, value: Any) -> tuple[dict, str | None]:
     """One variable's record (name, type, size, repr, hash, shape/dtype/len/columns) and the failure if any."""
     return _describe(name, value, None)
@@ -567,8 +578,10 @@ def _describe(name: str, value: Any, digest: str | None) -> tuple[dict, str | No
         shape = getattr(value, "shape", None)
         if isinstance(shape, tuple) and all(isinstance(n, int) for n in shape):
             record["shape"] = list(shape)
-        dtype = getattr(value, "dtype", None)
-        if dtype is not None and not callable(dtype):
+        # A groupby's (or rolling window's) `dtype` runs the grouping and answers with a Series: not a dtype.
+        lazy = (type(value).__module__ or "").startswith(_LAZY_PANDAS_MODULES)
+        dtype = None if lazy else getattr(value, "dtype", None)
+        if dtype is not None and not callable(dtype) and "dtype" in type(dtype).__name__.lower():
             record["dtype"] = str(dtype)
         if hasattr(type(value), "__len__"):
             record["len"] = len(value)
