@@ -291,10 +291,11 @@ def _hash_frame(value: Any, h: Any) -> bool:
         return _hash_index(value, h)
     if isinstance(value, pd.DataFrame):
         # the columns' names and freq-like facts show in the repr, so they are content too
-        h.update(repr(([repr(c) for c in value.columns], list(value.columns.names), type(value.columns).__name__,
-                       [repr(d) for d in value.dtypes])).encode())
+        # (each column's dtype is hashed with its values)
+        h.update(repr(([repr(c) for c in value.columns], list(value.columns.names),
+                       type(value.columns).__name__)).encode())
     else:
-        h.update(repr((value.name, repr(value.dtype))).encode())
+        h.update(repr((value.name, _dtype_text(value.dtype))).encode())
     plain = _hash_index(value.index, h)
     if isinstance(value, pd.Series):
         return _hash_values(value._values, h) and plain
@@ -304,10 +305,19 @@ def _hash_frame(value: Any, h: Any) -> bool:
     return plain
 
 
+def _dtype_text(dtype: Any) -> str:
+    """A dtype's exact text: numpy's `str` ('<i8', '<M8[ns]') where it says everything, else the repr (which numpy
+    builds slowly, in Python)."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(dtype, np.dtype) and dtype.fields is None and dtype.subdtype is None:
+        return dtype.str
+    return repr(dtype)
+
+
 def _hash_index(index: Any, h: Any) -> bool:
     import pandas as pd
 
-    h.update(repr((type(index).__name__, list(index.names), repr(index.dtype), len(index),
+    h.update(repr((type(index).__name__, list(index.names), _dtype_text(index.dtype), len(index),
                    repr(getattr(index, "freq", None)))).encode())
     if isinstance(index, pd.RangeIndex):
         h.update(b"range" + repr((index.start, index.stop, index.step)).encode())  # never materialised
@@ -342,7 +352,7 @@ def _hash_values(values: Any, h: Any) -> bool:
             return values.ndim == 1 and kinds <= _pickle_leaves()
         h.update(_raw_bytes(values))
         return True
-    h.update(_qualname(values).encode() + repr(values.dtype).encode())
+    h.update(_qualname(values).encode() + _dtype_text(values.dtype).encode())
     parts = None
     if hasattr(values, "codes") and hasattr(values, "categories"):  # Categorical: codes and categories
         parts = (np.asarray(values.codes), values.categories)
