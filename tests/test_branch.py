@@ -151,3 +151,13 @@ def test_fork_and_replay_agree(workspace):
         assert (fork.added, fork.changed, fork.deleted) == (replay.added, replay.changed, replay.deleted), fork.index
         assert fork.state_hash_after == replay.state_hash_after, fork.index
     assert forked[4].ename == "SystemExit"
+
+
+def test_a_previous_syntax_error_does_not_spoil_candidates_and_semicolons_are_the_candidates():
+    # IPython tokenizes the newest history entry to decide whether to display the last expression; a branch
+    # must look at the candidate, not at the kernel's last cell (which here does not even tokenize).
+    with KernelSession() as session:
+        assert session.execute("x = len([1]\ny = 2").ename == "SyntaxError"
+        shown, hidden = run_branches(session, ["z = 3\nz", "z = 3\nz;"])
+        assert shown.status == "ok" and _texts(shown) == [("execute_result", "3")]
+        assert hidden.status == "ok" and _texts(hidden) == []

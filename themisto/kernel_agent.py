@@ -1280,6 +1280,13 @@ def _unsafe_run_candidate(shell: Any, code: str, plan: _BranchPlan, wfd: int) ->
         signal.signal(signal.SIGALRM, on_alarm)
         started = time.perf_counter()
         signal.setitimer(signal.ITIMER_REAL, plan.timeout_s)
+        # IPython decides whether to show the last expression by tokenizing the newest history entry; without
+        # history that is the previous cell, and one with a SyntaxError makes every candidate fail (TokenError).
+        # This is the child's own copy of the history, so the kernel's stays as it was.
+        history = getattr(shell, "history_manager", None)
+        if history is not None:
+            history.input_hist_raw.append(code)
+            history.input_hist_parsed.append(code)
         try:
             run = shell.run_cell(code, store_history=False, silent=False)
         finally:
