@@ -30,6 +30,7 @@ import stat
 import struct
 import sys
 import tempfile
+import threading
 import time
 import types
 from dataclasses import dataclass, field
@@ -790,6 +791,21 @@ _CACHE = _SnapshotCache()
 def _snapshot_dict(shell: Any) -> dict:
     started = time.perf_counter()
     variables, failures, hashes = [], {}, {}
+    # Reading smaps_rollup walks the page tables (milliseconds) without the GIL: it runs beside the descriptions,
+    # and so measures the state the step left rather than the snapshot's own allocations.
+    memory: dict[str, int] = {}
+
+    def read_memory() -> None:
+        try:
+            memory.update(memory_usage())
+        except Exception:  # noqa: BLE001 - a thread's traceback would reach the user's output; read it again below
+            pass
+
+    reader = threading.Thread(target=read_memory, name="themisto-memory", daemon=True)
+    try:
+        reader.start()
+    except RuntimeError:  # no thread to spare (a process-count limit): read it here, after the descriptions
+        reader = None
     cache = _CACHE
     cache.begin()
     try:
@@ -805,8 +821,11 @@ def _snapshot_dict(shell: Any) -> dict:
             if failure is not None:
                 failures[name] = failure
     finally:
-        cache.end()  # before reading memory: what the previous snapshot held and no variable holds now is let go
-    memory = memory_usage()
+        cache.end()  # what the previous snapshot held and no variable holds now is let go
+        if reader is not None:
+            reader.join()
+    if reader is None or not memory:
+        memory = memory_usage()
     return {"variables": variables, "memory_bytes": memory["rss"], "uss_bytes": memory["uss"],
             "state_hash": state_hash(hashes), "failures": failures,
             "elapsed_s": round(time.perf_counter() - started, 6)}
