@@ -316,3 +316,24 @@ def test_timestamp_lists_hash_by_value_unit_and_timezone():
     assert ka.content_hash(stamps) != ka.content_hash(tuple(stamps))
     assert ka.content_hash(stamps + [None]) != ka.content_hash(stamps + [float("nan")])
     assert ka.content_hash(stamps + ["x", 1]) != ka.content_hash(stamps + [1, "x"])
+
+
+def test_a_kept_frame_size_follows_its_index_lookup_table(shell):
+    shell.run_cell("import pandas as pd\nkeyed = pd.DataFrame({'a': range(500)}, index=['k%d' % i for i in range(500)])",
+                   store_history=False)
+    before = _records(shell)["keyed"]
+    shell.run_cell("keyed.loc['k5']", store_history=False)  # builds the index's hash table, which memory_usage counts
+    after = _records(shell)["keyed"]
+    assert after["hash"] == before["hash"] and after["size"] > before["size"]
+    assert after == ka.describe("keyed", shell.user_ns["keyed"])[0]
+
+
+def test_frames_of_objects_are_described_anew_not_kept_by_hash(shell):
+    # The hash pickles the object, which leaves `shown` out; the repr shows it. Only plain frames are kept by hash.
+    shell.run_cell("import pandas as pd\nclass Shown:\n    def __init__(self):\n        self.shown = 'before'\n"
+                   "    def __getstate__(self):\n        return {}\n    def __repr__(self):\n        return self.shown\n"
+                   "boxes = pd.DataFrame({'o': [Shown(), Shown()]})", store_history=False)
+    before = _records(shell)["boxes"]
+    shell.run_cell("boxes.iloc[0, 0].shown = 'after'", store_history=False)
+    after = _records(shell)["boxes"]
+    assert after["hash"] == before["hash"] and "after" in after["repr"] and "after" not in before["repr"]

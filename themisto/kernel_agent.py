@@ -755,7 +755,7 @@ class _SnapshotCache:
             return _named(name, kept)
         if _by_content(value):
             digest, plain = _content_hash(value)
-            key = (_qualname(value), digest, self.display)
+            key = (_qualname(value), digest, self.display, _engines_built(value))
             kept = self.by_content.get(key) or self.next_by_content.get(key)
             if kept is None:
                 record, failure = _describe(name, value, digest)
@@ -777,6 +777,15 @@ class _SnapshotCache:
             return
         self.next_by_id[key] = kept
         self.kept_bytes += size
+
+
+def _engines_built(value: Any) -> tuple:
+    """Which of the value's indexes built their lookup table: pandas counts it in memory_usage, the hash does not."""
+    index = value if hasattr(value, "levels") or type(value).__name__.endswith("Index") else getattr(value, "index",
+                                                                                                     None)
+    if index is None:
+        return ()
+    return tuple("_engine" in getattr(part, "_cache", {}) for part in [index, *getattr(index, "levels", [])])
 
 
 def _by_content(value: Any) -> bool:
