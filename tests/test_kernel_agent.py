@@ -337,3 +337,11 @@ def test_frames_of_objects_are_described_anew_not_kept_by_hash(shell):
     shell.run_cell("boxes.iloc[0, 0].shown = 'after'", store_history=False)
     after = _records(shell)["boxes"]
     assert after["hash"] == before["hash"] and "after" in after["repr"] and "after" not in before["repr"]
+
+
+def test_a_snapshot_does_not_change_a_groupby_it_describes(shell):
+    shell.run_cell("import pandas as pd\ngrouped = pd.DataFrame({'u': [1, 2, 1, 3] * 50, 'v': range(200)})"
+                   ".groupby('u')['v']", store_history=False)
+    first = _records(shell)["grouped"]
+    assert _records(shell)["grouped"] == first  # len() or .dtype would have computed (and cached) the groups
+    assert "dtype" not in first and not first["hash"].startswith(ka.UNHASHABLE)

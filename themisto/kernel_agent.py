@@ -589,12 +589,13 @@ def _describe(name: str, value: Any, digest: str | None) -> tuple[dict, str | No
         shape = getattr(value, "shape", None)
         if isinstance(shape, tuple) and all(isinstance(n, int) for n in shape):
             record["shape"] = list(shape)
-        # A groupby's (or rolling window's) `dtype` runs the grouping and answers with a Series: not a dtype.
+        # A groupby's (or rolling window's) `dtype` runs the grouping and answers with a Series, not a dtype; its
+        # results are cached in the object, so the next snapshot's hash would see a change the user never made.
         lazy = (type(value).__module__ or "").startswith(_LAZY_PANDAS_MODULES)
         dtype = None if lazy else getattr(value, "dtype", None)
         if dtype is not None and not callable(dtype) and "dtype" in type(dtype).__name__.lower():
             record["dtype"] = str(dtype)
-        if hasattr(type(value), "__len__"):
+        if hasattr(type(value), "__len__") and not lazy:  # a groupby's len computes and caches its groups
             record["len"] = len(value)
         columns = getattr(value, "columns", None)
         if columns is not None and type(value).__name__ == "DataFrame":
