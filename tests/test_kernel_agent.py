@@ -15,7 +15,7 @@ from themisto import kernel_agent as ka
 
 # Values whose hashes must agree across processes (set order of str depends on the hash seed).
 _VALUES_CODE = r"""
-import json, sys
+import json, re, sys
 import numpy as np, pandas as pd
 from themisto.kernel_agent import content_hash
 def f(a, b=2):
@@ -29,6 +29,10 @@ values = {
     "big_int": 7 ** 5000,
     "function": f,
     "nested": {"frame": pd.Series([1.5, float("nan")]), "tokens": frozenset({"p", "q"})},
+    "stamps": list(pd.date_range("2023-01-01", periods=100, freq="min")) + [None],
+    "dated": pd.DataFrame({"t": pd.date_range("2023-01-01", periods=3), "s": ["a", None, "c"],
+                           "c": pd.Categorical(["x", "y", "x"])}),
+    "match": re.search("b+", "abbbc"),
 }
 json.dump({k: content_hash(v) for k, v in values.items()}, sys.stdout)
 """
