@@ -109,3 +109,20 @@ def test_read_steps_names_file_and_line(tmp_path):
     bad.write_text(json.dumps(_fake_step(0, "ok").to_dict()) + "\n{not json\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"steps.jsonl:2"):
         read_steps(bad)
+
+
+@pytest.mark.slow
+def test_snapshot_on_the_cells_request_equals_a_separate_snapshot(tmp_path):
+    from themisto.kernel import KernelSession
+    from themisto.snapshot import SNAPSHOT_EXPRESSIONS, snapshot_from_expressions, take_snapshot
+
+    with KernelSession(tmp_path) as session:
+        ok = session.execute("import pandas as pd\nframe = pd.DataFrame({'a': [1, 2]})",
+                             user_expressions=SNAPSHOT_EXPRESSIONS)
+        carried = snapshot_from_expressions(ok.user_expressions)
+        separate = take_snapshot(session)
+        assert carried is not None and carried.state_hash == separate.state_hash
+        assert set(carried.variables) == {"frame"}
+        failed = session.execute("frame['b'] = 1 / 0", user_expressions=SNAPSHOT_EXPRESSIONS)
+        # IPython evaluates user expressions only after a cell that succeeded: replay then asks separately
+        assert failed.status == "error" and snapshot_from_expressions(failed.user_expressions) is None

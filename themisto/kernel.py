@@ -81,6 +81,7 @@ class CellResult:
     duration_s: float = 0.0
     truncated: bool = False
     kernel_restarted: bool = False  # the namespace was lost (timeout escalated to restart, or the kernel died)
+    user_expressions: dict = field(default_factory=dict)  # evaluated after the cell (IPython: only when it succeeded)
 
 
 def _data_size(data: dict) -> int:
@@ -711,12 +712,18 @@ class AsyncKernelSession:
 
     # ----- execution -------------------------------------------------------------------------------------------
 
-    async def execute(self, code: str, *, timeout: float | None = None) -> CellResult:
-        """Run one cell as a notebook would (stored in history, counted) and return its outcome."""
+    async def execute(self, code: str, *, timeout: float | None = None,
+                      user_expressions: dict[str, str] | None = None) -> CellResult:
+        """Run one cell as a notebook would (stored in history, counted) and return its outcome.
+
+        `user_expressions` are evaluated in the same request once the cell succeeded (IPython skips them after an
+        error); their results land in `CellResult.user_expressions`.
+        """
         async with self._lock:
             replaced = await self._ensure_started()
             collector = _OutputCollector(self.limits.output_bytes)
-            outcome = await self._request(code, collector, timeout, silent=False, user_expressions=None)
+            outcome = await self._request(code, collector, timeout, silent=False,
+                                          user_expressions=dict(user_expressions or {}))
         result = self._cell_result(outcome, collector)
         result.kernel_restarted = result.kernel_restarted or replaced
         return result
@@ -750,6 +757,7 @@ class AsyncKernelSession:
                             duration_s=outcome.duration_s, truncated=collector.truncated,
                             kernel_restarted=outcome.restarted)
         if outcome.kind == "done":
+            result.user_expressions = dict(reply.get("user_expressions") or {})
             if reply.get("status") != "ok":
                 result.status = "error"
                 result.ename = reply.get("ename", "Aborted" if reply.get("status") == "aborted" else None)
@@ -978,9 +986,10 @@ class KernelSession:
         """The interpreter the kernel runs (see `kernel_environment()` for its versions)."""
         return self._session.kernel_python
 
-    def execute(self, code: str, *, timeout: float | None = None) -> CellResult:
-        """Run one cell as a notebook would and return its outcome."""
-        return self._call(self._session.execute, code, timeout=timeout)
+    def execute(self, code: str, *, timeout: float | None = None,
+                user_expressions: dict[str, str] | None = None) -> CellResult:
+        """Run one cell as a notebook would and return its outcome (and `user_expressions`, evaluated after it)."""
+        return self._call(self._session.execute, code, timeout=timeout, user_expressions=user_expressions)
 
     def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
                        timeout: float | None = None) -> dict:

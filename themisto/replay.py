@@ -102,7 +102,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
            before_step: BeforeStep | None = None) -> Iterator[Step]:
     """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes."""
     from themisto.outputs import output_text, output_types, rich_outputs
-    from themisto.snapshot import AgentError, take_snapshot
+    from themisto.snapshot import SNAPSHOT_EXPRESSIONS, AgentError, snapshot_from_expressions, take_snapshot
 
     restarts = _restart_points(trajectory)
     session_start = 0  # first step of the current kernel life, as the log recorded it
@@ -115,7 +115,11 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         if before_step is not None:
             before_step(trajectory, i, session)
         cleaned = clean_for_replay(execution.code)
-        result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings))
+        # The snapshot rides on the cell's own request (no second round trip); IPython evaluates it only after a
+        # cell that succeeded, so failed cells are read with a separate silent request below.
+        result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings),
+                                 user_expressions=SNAPSHOT_EXPRESSIONS if settings.snapshots else None)
+        execution_time = result.duration_s
         rebuilt = 0
         if result.kernel_restarted:
             # The developer's kernel kept its state here; ours lost it. Re-run this kernel life's earlier steps
@@ -125,7 +129,12 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         snap, snap_error = None, {}
         if settings.snapshots:
             try:
-                snap = take_snapshot(session)
+                snap = None if rebuilt else snapshot_from_expressions(result.user_expressions)
+                if snap is not None:
+                    # the request's time includes the snapshot the kernel took after the cell
+                    execution_time = max(0.0, execution_time - snap.elapsed_s)
+                else:
+                    snap = take_snapshot(session)
             except AgentError as exc:  # recorded on the step; one unreadable state does not end the replay
                 snap_error = {"<snapshot>": str(exc)[:500]}
         yield Step(
@@ -142,7 +151,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             output=output_text(result.outputs),
             outputs=rich_outputs(result.outputs),
             output_types=output_types(result.outputs),
-            execution_time=round(result.duration_s, 6),
+            execution_time=round(execution_time, 6),
             memory_bytes=snap.memory_bytes if snap else None,
             state_hash=snap.state_hash if snap else None,
             variables=[v.to_dict() for v in snap.variables.values()] if snap else [],

@@ -20,20 +20,28 @@ class AgentError(RuntimeError):
     """The kernel agent could not answer: the kernel replied with an error, timed out or died."""
 
 
-def agent_call(session: Any, call: str, *, timeout: float) -> Any:
-    """Evaluate `kernel_agent.<call>` silently in the session's kernel and return its decoded JSON answer."""
-    expression = f"{AGENT}.reply({AGENT}.{call})"
-    content = session.execute_silent("", user_expressions={"themisto": expression}, timeout=timeout)
-    if content.get("status") != "ok":
-        raise AgentError(f"kernel agent call {call[:60]!r}: {content.get('status')}: "
-                         f"{content.get('ename')}: {content.get('evalue')}")
-    answer = content.get("user_expressions", {}).get("themisto")
+def agent_expression(call: str) -> str:
+    """The user expression that evaluates `kernel_agent.<call>` and returns its JSON answer."""
+    return f"{AGENT}.reply({AGENT}.{call})"
+
+
+def agent_answer(answer: dict | None, call: str) -> Any:
+    """Decode one user expression's result (from `agent_expression`) into the agent's JSON answer."""
     if answer is None:
         raise AgentError(f"kernel agent call {call[:60]!r}: no user expression came back")
     if answer.get("status") != "ok":
         raise AgentError(f"kernel agent call {call[:60]!r} failed in the kernel: "
                          f"{answer.get('ename')}: {answer.get('evalue')}")
     return json.loads(answer["data"]["text/plain"])
+
+
+def agent_call(session: Any, call: str, *, timeout: float) -> Any:
+    """Evaluate `kernel_agent.<call>` silently in the session's kernel and return its decoded JSON answer."""
+    content = session.execute_silent("", user_expressions={"themisto": agent_expression(call)}, timeout=timeout)
+    if content.get("status") != "ok":
+        raise AgentError(f"kernel agent call {call[:60]!r}: {content.get('status')}: "
+                         f"{content.get('ename')}: {content.get('evalue')}")
+    return agent_answer(content.get("user_expressions", {}).get("themisto"), call)
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,17 @@ class Snapshot:
                        uss_bytes=int(data.get("uss_bytes", 0)), elapsed_s=float(data.get("elapsed_s", 0.0)))
         except (KeyError, TypeError) as error:
             raise ValueError(f"snapshot record: missing or malformed {error}") from error
+
+
+# Asked for on a step's own execute request, a snapshot costs no extra round trip (see themisto.replay).
+SNAPSHOT_EXPRESSIONS = {"themisto_snapshot": agent_expression("snapshot()")}
+
+
+def snapshot_from_expressions(user_expressions: dict) -> Snapshot | None:
+    """The snapshot a cell's reply carried (SNAPSHOT_EXPRESSIONS), or None when there is none (the cell failed)."""
+    if "themisto_snapshot" not in user_expressions:
+        return None
+    return Snapshot.from_dict(agent_answer(user_expressions["themisto_snapshot"], "snapshot()"))
 
 
 def take_snapshot(session: Any, *, timeout: float = SNAPSHOT_TIMEOUT_S) -> Snapshot:
