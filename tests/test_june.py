@@ -182,7 +182,7 @@ def test_repeated_errored_finish_with_its_error_event_is_a_run(tmp_path):
 
 def test_malformed_line_names_file_line_and_expectation(tmp_path):
     path = _write_log(tmp_path / "k1.log", [_ev("execute", t=1)], raw_lines=["not an event"])
-    with pytest.raises(JuneFormatError, match=rf"k1\.log:2: expected the line to start with"):
+    with pytest.raises(JuneFormatError, match=r"k1\.log:2: expected the line to start with"):
         read_june_log(path)
     traj = read_june_log(path, skip_bad_lines=True)
     assert traj.ignored["bad_line"] == 1 and len(traj.executions) == 1

@@ -375,8 +375,6 @@ def _hash_values(values: Any, h: Any) -> bool:
 
 
 def _hash_array(value: Any, h: Any) -> bool:
-    import numpy as np
-
     h.update(repr((value.dtype.str, value.shape)).encode())
     if value.dtype.hasobject:
         items = value.tolist()

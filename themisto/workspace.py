@@ -240,7 +240,6 @@ def jetnet_log_lines(spec: SizeSpec, seed: int, chunk_sessions: int = 4096) -> I
     names = rng.choice(len(ACTION_SHARES), size=total, p=np.array(list(ACTION_SHARES.values())))
     # Gaps before each action and before END; the first action of a session has gap 0.
     gaps = rng.exponential(MEAN_ACTION_GAP_S, size=total).astype(np.int64) + 5
-    session_of = np.repeat(np.arange(n), n_actions)
     first = np.concatenate([[0], np.cumsum(n_actions)[:-1]])
     gaps[first] = 0
     elapsed = np.cumsum(gaps)
