@@ -31,6 +31,7 @@ from typing import Any, Literal
 import psutil
 
 from themisto import kernel_launcher
+from themisto.kernel_agent import OUTPUT_CAP_MARKER
 from themisto.outputs import strip_ansi
 from themisto.settings import settings
 
@@ -43,7 +44,6 @@ INTERRUPT_GRACE_S = 1.5
 _LIVENESS_PERIOD_S = 0.2
 _KERNEL_NAME = "themisto-sandbox"
 _STDERR_TAIL_BYTES = 8192
-_TRUNCATION_MARKER = "\n[themisto: output truncated at the cell's {cap:,}-byte limit]\n"
 
 
 class SandboxWarning(UserWarning):
@@ -196,7 +196,7 @@ class _OutputCollector:
 
     def finish(self) -> list[dict]:
         if self.truncated:
-            marker = _TRUNCATION_MARKER.format(cap=self.cap)
+            marker = OUTPUT_CAP_MARKER.format(total=self.total, cap=self.cap)
             self.outputs.append({"output_type": "stream", "name": "stderr", "text": marker})
         return self.outputs
 

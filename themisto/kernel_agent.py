@@ -56,7 +56,8 @@ _MONITOR_REAP_S = 2.0
 _MSG_HEADER = struct.Struct(">cQ")
 _MAX_MESSAGE = 512 * 2**20
 _PR_SET_CHILD_SUBREAPER = 36
-_TRUNCATION_MARKER = "\n[themisto: output truncated: the cell wrote {total:,} bytes, over its {cap:,}-byte limit]\n"
+# One marker for a cut cell, whether it ran in the kernel (themisto.kernel) or in a branch child.
+OUTPUT_CAP_MARKER = "\n[themisto: output truncated: the cell wrote {total:,} bytes, over its {cap:,}-byte limit]\n"
 
 
 def _shell(shell: Any = None) -> Any:
@@ -1084,7 +1085,7 @@ class _Recorder:
             if "_parts" in output:
                 output["text"] = "".join(output.pop("_parts"))
         if self.truncated:
-            marker = _TRUNCATION_MARKER.format(total=self.total, cap=self.cap)
+            marker = OUTPUT_CAP_MARKER.format(total=self.total, cap=self.cap)
             self.outputs.append({"output_type": "stream", "name": "stderr", "text": marker})
         return self.outputs
 
