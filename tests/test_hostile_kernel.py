@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _processes import live_children
 
 from themisto.kernel import STATUSES, KernelSession, Limits, sandbox_available
 
@@ -25,20 +26,10 @@ needs_sandbox = pytest.mark.skipif(
     not SANDBOX, reason="bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
 
 
-def _live_children() -> set[int]:
-    found = set()
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                found.add(proc.pid)
-        except psutil.Error:
-            continue
-    return found
-
 
 def _assert_no_strays(before: set[int], uid: int | None = None) -> None:
     procs = []
-    for pid in _live_children() - before:
+    for pid in live_children() - before:
         try:
             procs.append(psutil.Process(pid))
         except psutil.Error:
@@ -58,7 +49,7 @@ def _value(session: KernelSession, expression: str) -> str:
 
 @pytest.fixture(scope="module")
 def shared():
-    before = _live_children()
+    before = live_children()
     with KernelSession(limits=Limits(cell_timeout_s=20)) as kernel:
         kernel.execute("survivor = 'still here'")
         yield kernel
@@ -68,7 +59,7 @@ def shared():
 
 @pytest.fixture
 def fresh():
-    before = _live_children()
+    before = live_children()
     kernel = KernelSession(limits=Limits(cell_timeout_s=20, max_processes=64))
     kernel.start()
     uid = kernel.kernel_uid
@@ -179,7 +170,7 @@ def test_deleting_the_workspace_changes_only_the_copy(tmp_path):
     source = tmp_path / "ws"
     source.mkdir()
     (source / "input.csv").write_text("a\n1\n")
-    before = _live_children()
+    before = live_children()
     with KernelSession(source) as kernel:
         result = kernel.execute("import os, shutil\nopen('input.csv', 'w').write('overwritten')\n"
                                 "shutil.rmtree(os.getcwd(), ignore_errors=True)\nprint(os.path.exists('input.csv'))")

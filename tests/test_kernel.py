@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _processes import live_children
 
 from themisto import settings as settings_module
 from themisto.kernel import KernelSession, Limits, SandboxWarning, sandbox_available
@@ -22,17 +23,6 @@ pytestmark = pytest.mark.slow
 
 SANDBOX = sandbox_available()
 
-
-def _live_children() -> set[int]:
-    """Descendants of this test process that are running (zombies are the host init's to reap)."""
-    found = set()
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                found.add(proc.pid)
-        except psutil.Error:
-            continue
-    return found
 
 
 def _wait_gone(pids: set[int], timeout: float = 5.0) -> set[int]:
@@ -191,34 +181,34 @@ def test_not_started_is_a_clear_error():
 
 
 def test_close_leaves_no_process_or_folder(tmp_path):
-    before = _live_children()
+    before = live_children()
     kernel = KernelSession()
     kernel.start()
     root = kernel.workdir.parent
-    started = _live_children() - before
+    started = live_children() - before
     assert started, "the kernel should be a child of this process"
     kernel.execute("import subprocess\np = subprocess.Popen(['sleep', '60'])")
     connection_files = list((root / "run").glob("kernel-*.json"))
     assert connection_files
     kernel.close()
     assert not root.exists()
-    assert _wait_gone(_live_children() - before) == set()
+    assert _wait_gone(live_children() - before) == set()
     kernel.close()  # closing twice is harmless
 
 
 def test_exception_inside_with_still_cleans_up():
-    before = _live_children()
+    before = live_children()
     with pytest.raises(ZeroDivisionError):
         with KernelSession() as kernel:
             root = kernel.workdir.parent
             kernel.execute("1")
             1 / 0
     assert not root.exists()
-    assert _wait_gone(_live_children() - before) == set()
+    assert _wait_gone(live_children() - before) == set()
 
 
 def test_keyboard_interrupt_during_a_cell_cleans_up():
-    before = _live_children()
+    before = live_children()
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     with pytest.raises(KeyboardInterrupt):
         with KernelSession() as kernel:
@@ -227,11 +217,11 @@ def test_keyboard_interrupt_during_a_cell_cleans_up():
             kernel.execute("import time\ntime.sleep(30)")
     timer.join()
     assert not root.exists()
-    assert _wait_gone(_live_children() - before) == set()
+    assert _wait_gone(live_children() - before) == set()
 
 
 def test_a_dropped_session_is_cleaned_up():
-    before = _live_children()
+    before = live_children()
     kernel = KernelSession()
     kernel.start()
     root = kernel.workdir.parent
@@ -239,7 +229,7 @@ def test_a_dropped_session_is_cleaned_up():
     del kernel
     gc.collect()
     assert not root.exists()
-    assert _wait_gone(_live_children() - before) == set()
+    assert _wait_gone(live_children() - before) == set()
 
 
 @pytest.mark.skipif(not SANDBOX, reason="bubblewrap is missing or cannot create namespaces here")

@@ -110,11 +110,16 @@ def ingest_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_trajectory_inputs(parser: argparse.ArgumentParser, *, output_help: str) -> None:
+    """The arguments of every command that reads trajectories (see `read_trajectories`) and writes one file."""
+    parser.add_argument("paths", nargs="+", metavar="PATH", help=".log, .csv (JuNE table) or .ipynb, or a directory")
+    parser.add_argument("-o", "--output", required=True, type=Path, help=output_help)
+    parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+
+
 def _add_ingest(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ingest", help="read JuNE logs/tables/notebooks into trajectories (JSONL)")
-    parser.add_argument("paths", nargs="+", metavar="PATH", help=".log, .csv (JuNE table) or .ipynb, or a directory")
-    parser.add_argument("-o", "--output", required=True, type=Path, help="trajectories JSONL to write")
-    parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+    _add_trajectory_inputs(parser, output_help="trajectories JSONL to write")
     parser.add_argument("--json", action="store_true", help="print one JSON object {trajectory_id: summary}")
     parser.set_defaults(run=ingest_command)
 
@@ -197,15 +202,13 @@ def replay_command(args: argparse.Namespace) -> int:
 
 def _add_replay(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("replay", help="replay trajectories in sandboxed kernels with runtime snapshots")
-    parser.add_argument("paths", nargs="+", metavar="PATH", help=".log, .csv (JuNE table) or .ipynb, or a directory")
-    parser.add_argument("-o", "--output", required=True, type=Path, help="steps JSONL to write")
+    _add_trajectory_inputs(parser, output_help="steps JSONL to write")
     parser.add_argument("--workspace", type=Path, help="input files (default: look-alike inputs made from --seed)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the look-alike inputs")
     parser.add_argument("--size", choices=SIZE_CHOICES, default="small", help="size of the look-alike inputs")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per cell before the watchdog acts")
     parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
-    parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed log lines")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the fidelity per trajectory")
     parser.set_defaults(run=replay_command)
 
