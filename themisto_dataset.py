@@ -1,6 +1,6 @@
 """The Themisto dataset's schema: one `datasets.Features` per config, declared here once.
 
-The release (Parquet per config and split, written by `themisto.release`) and the card's YAML
+The release (Parquet per config and split, written by `themisto.release.parquet`) and the card's YAML
 (`dataset_card.md`, rendered into the release's README.md) both follow these declarations; tests check that
 they agree. datasets 5.x no longer runs loading scripts, so a release loads as plain Parquet through the
 card's `configs:` section: `datasets.load_dataset(folder_or_hub_id, "next_cell")`.
@@ -21,7 +21,7 @@ _INT64 = datasets.Value("int64")
 _FLOAT64 = datasets.Value("float64")
 _BOOL = datasets.Value("bool")
 
-# One user variable after a step, as `themisto.snapshot.VariableInfo` records it; the paper's release
+# One user variable after a step, as `themisto.runtime.snapshot.VariableInfo` records it; the paper's release
 # calls the same facts "runtime variables (name -> size, repr)" and "hash".
 VARIABLE = {
     "name": _STR,

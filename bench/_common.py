@@ -14,7 +14,7 @@ TASK2_LOG = JUNE_DIR / "388ef554-e3e7-4410-89ac-d6ad4aeaec6c.log"
 
 def workspace(seed: int = 0, size: str = "small") -> tuple[tempfile.TemporaryDirectory, Path]:
     """A temporary look-alike workspace; keep the returned TemporaryDirectory alive while it is used."""
-    from themisto.workspace import write_workspace
+    from themisto.ingest.workspace import write_workspace
 
     tmp = tempfile.TemporaryDirectory(prefix="themisto-bench-")
     return tmp, write_workspace(Path(tmp.name) / "ws", seed=seed, size=size).root

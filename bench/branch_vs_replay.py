@@ -29,11 +29,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="branch runs per step (median taken)")
     args = parser.parse_args()
 
-    from themisto.branch import run_branches
-    from themisto.cleaning import clean_for_replay
-    from themisto.june import read_june_log
-    from themisto.kernel import KernelSession
-    from themisto.replay import ReplaySettings, kernel_limits, replay
+    from themisto.runtime.branch import run_branches
+    from themisto.ingest.cleaning import clean_for_replay
+    from themisto.ingest.june import read_june_log
+    from themisto.runtime.kernel import KernelSession
+    from themisto.replay.replay import ReplaySettings, kernel_limits, replay
 
     traj = read_june_log(args.log)
     n = len(traj.executions)

@@ -20,7 +20,7 @@ from pathlib import Path
 def _release(given: Path | None, tmp: str) -> Path:
     if given is not None:
         return given
-    from themisto.release import BuildInputs, build_release, release_rows
+    from themisto.release.parquet import BuildInputs, build_release, release_rows
 
     out = Path(tmp) / "release"
     print("building the sample release (replays the shipped sample, a few minutes)...", file=sys.stderr)
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=40, help="next_cell test examples to score (0: all)")
     args = parser.parse_args(argv)
 
-    from themisto.gate import ExecutionRefused
-    from themisto.scorer import load_release, score
+    from themisto.scoring.gate import ExecutionRefused
+    from themisto.scoring.scorer import load_release, score
 
     with tempfile.TemporaryDirectory(prefix="themisto-bench-score-") as tmp:
         folder = _release(args.release, tmp)

@@ -2,7 +2,7 @@
 
 The trajectories are written by the Themisto authors (not study data): each is a script of cell runs with the
 edits, typos, re-runs and restarts of real development. `generate` executes every script for real in a fresh
-Jupyter kernel, inside a temporary copy of the look-alike workspace (`themisto.workspace.write_workspace`,
+Jupyter kernel, inside a temporary copy of the look-alike workspace (`themisto.ingest.workspace.write_workspace`,
 seed 0, size "small"), and writes the JuNE events from what actually happened, so every logged outcome is
 true by construction. Timestamps, think-time gaps and ids come from seeded generators: regeneration is
 byte-identical on the same library versions.
@@ -917,7 +917,7 @@ These JuNE-format event logs are **authored samples written for Themisto, not st
 produced them. The Themisto authors wrote the cell sequences (with the edits, typos, tracebacks, re-runs,
 out-of-order runs and kernel restarts of real development) in `data/make_sample.py`, and the script executed
 them for real in a Jupyter kernel, inside a copy of the look-alike workspace made by
-`themisto.workspace.write_workspace(seed=0, size="small")`, logging what actually happened. Outcomes (status,
+`themisto.ingest.workspace.write_workspace(seed=0, size="small")`, logging what actually happened. Outcomes (status,
 `ename`/`evalue`, output types and sizes) are therefore real; timestamps and ids come from seeded generators.
 
 The format is that of the JuNE logging extension's local `<kernel_id>.log` files (one event per line, see
@@ -945,7 +945,7 @@ def render_readme(rows: list[tuple[str, Script, Counts]]) -> str:
 
 
 def _make_workspace(dest: Path) -> Path:
-    from themisto.workspace import write_workspace
+    from themisto.ingest.workspace import write_workspace
 
     return Path(write_workspace(dest, seed=WORKSPACE_SEED, size=WORKSPACE_SIZE).root)
 
@@ -956,7 +956,7 @@ def generate(out_dir: Path = DEFAULT_OUT, *, seed: int = SEED, progress: bool = 
     The files are written to a sibling folder first and swapped in at the end, so a failure leaves `out_dir`
     as it was. Returns the counts per file name.
     """
-    from themisto.june_format import encode_log_line
+    from themisto.ingest.june_format import encode_log_line
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)

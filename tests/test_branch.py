@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from themisto.branch import BranchError, BranchResult, run_branches
-from themisto.kernel import KernelSession
-from themisto.snapshot import take_snapshot
+from themisto.runtime.branch import BranchError, BranchResult, run_branches
+from themisto.runtime.kernel import KernelSession
+from themisto.runtime.snapshot import take_snapshot
 
 pytestmark = pytest.mark.slow
 

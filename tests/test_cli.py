@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from themisto.cli import main
-from themisto.june import read_june_log
-from themisto.june_format import encode_log_line
-from themisto.trajectory import read_jsonl
+from themisto.ingest.june import read_june_log
+from themisto.ingest.june_format import encode_log_line
+from themisto.ingest.trajectory import read_jsonl
 
 LOGS = ["bc147b33-fa74-4bff-9f48-c88809c5bdcd.log", "388ef554-e3e7-4410-89ac-d6ad4aeaec6c.log"]
 
@@ -96,7 +96,7 @@ def test_ingest_refuses_the_same_kernel_twice(june_dir, tmp_path, capsys):
 
 
 def test_import_does_no_work():
-    code = "import sys, themisto.cli; print(sorted(m for m in ('pandas', 'themisto.june', 'numpy') if m in sys.modules))"
+    code = "import sys, themisto.cli; print(sorted(m for m in ('pandas', 'themisto.ingest.june', 'numpy') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
@@ -108,7 +108,7 @@ def test_help_lists_the_commands(capsys):
     assert "ingest" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("themisto.workspace") is None,
+@pytest.mark.skipif(importlib.util.find_spec("themisto.ingest.workspace") is None,
                     reason="themisto/workspace.py (write_workspace) is written by another engineer and is absent")
 def test_workspace_command(tmp_path, capsys):
     dest = tmp_path / "ws"

@@ -15,7 +15,7 @@ from huggingface_hub import DatasetCard
 from test_tasks import make_steps, rows_of
 
 from themisto.cli import main
-from themisto.release import (
+from themisto.release.parquet import (
     BUILD_FILE,
     CARD_TEMPLATE,
     ReleaseError,
@@ -27,7 +27,7 @@ from themisto.release import (
     split_card,
     upload_plan,
 )
-from themisto.tasks import TaskSettings
+from themisto.release.tasks import TaskSettings
 
 # themisto_dataset.py lies at the repository root, which is not on sys.path under every test runner.
 themisto_dataset = schema_module()
@@ -280,7 +280,7 @@ def test_cli_build_replays_a_notebook_in_a_real_kernel_and_the_release_loads(tmp
 
 
 def test_size_category_follows_the_hub_buckets():
-    from themisto.release import size_category
+    from themisto.release.parquet import size_category
 
     assert [size_category(n) for n in (0, 999, 1000, 54_321, 2_000_000)] == [
         "n<1K", "n<1K", "1K<n<10K", "10K<n<100K", "1M<n<10M"]

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from themisto.equivalence import Verdict, _parse_table, image_placeholder, outputs_equivalent
-from themisto.outputs import output_text, rich_outputs
+from themisto.scoring.equivalence import Verdict, _parse_table, image_placeholder, outputs_equivalent
+from themisto.runtime.outputs import output_text, rich_outputs
 
 
 def _same(pred, ref, rule):

@@ -9,9 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from themisto.branch import run_branches
-from themisto.kernel import KernelSession
-from themisto.snapshot import agent_call, take_snapshot
+from themisto.runtime.branch import run_branches
+from themisto.runtime.kernel import KernelSession
+from themisto.runtime.snapshot import agent_call, take_snapshot
 
 pytestmark = pytest.mark.slow
 

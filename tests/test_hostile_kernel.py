@@ -16,7 +16,7 @@ import psutil
 import pytest
 from _processes import live_children
 
-from themisto.kernel import STATUSES, KernelSession, Limits, sandbox_available
+from themisto.runtime.kernel import STATUSES, KernelSession, Limits, sandbox_available
 
 pytestmark = pytest.mark.slow
 

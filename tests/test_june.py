@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from themisto.june import JuneFormatError, read_june_log, read_june_logs, read_june_table
-from themisto.june_format import decode_log_line, encode_log_line
-from themisto.trajectory import anonymize
+from themisto.ingest.june import JuneFormatError, read_june_log, read_june_logs, read_june_table
+from themisto.ingest.june_format import decode_log_line, encode_log_line
+from themisto.ingest.trajectory import anonymize
 
 TASK1 = "bc147b33-fa74-4bff-9f48-c88809c5bdcd.log"
 TASK2 = "388ef554-e3e7-4410-89ac-d6ad4aeaec6c.log"

@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from themisto import kernel_agent as ka
+from themisto.runtime import agent as ka
 
 # Values whose hashes must agree across processes (set order of str depends on the hash seed).
 _VALUES_CODE = r"""
 import json, re, sys
 import numpy as np, pandas as pd
-from themisto.kernel_agent import content_hash
+from themisto.runtime.agent import content_hash
 def f(a, b=2):
     return a + b * 3
 values = {

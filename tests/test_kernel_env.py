@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy
 import pytest
 
-from themisto import kernel as kernel_module
+from themisto.runtime import kernel as kernel_module
 from themisto import settings as settings_module
-from themisto.kernel import KernelSession, Limits, SandboxWarning, kernel_environment, sandbox_available
+from themisto.runtime.kernel import KernelSession, Limits, SandboxWarning, kernel_environment, sandbox_available
 
 pytestmark = pytest.mark.slow
 
@@ -88,9 +88,9 @@ def test_kernel_fails_as_the_participant_did_on_pandas_2_removals(session):
 def test_participant_imports_and_the_kernel_agent_load_inside(session):
     out = _stdout(session.execute(
         "import seaborn, lightgbm, sklearn, scipy.stats, matplotlib.pyplot as plt\n"
-        "import themisto.kernel_agent, themisto.kernel_launcher\n"
-        "print(themisto.kernel_agent.__file__)"))
-    assert Path(out.strip()) == REPO / "themisto" / "kernel_agent.py"
+        "import themisto.runtime.agent, themisto.runtime.launcher\n"
+        "print(themisto.runtime.agent.__file__)"))
+    assert Path(out.strip()).parent == REPO / "themisto" / "runtime" / "agent"
 
 
 def test_kernel_environment_reports_what_the_kernel_imports(session, kernel_venv):

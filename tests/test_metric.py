@@ -1,5 +1,5 @@
 """The `evaluate` metric in metrics/themisto: loads offline by folder, its docstring examples hold, it is a thin door
-to themisto.scorer (same scores, same refusals), and it reaches no network while computing."""
+to themisto.scoring.scorer (same scores, same refusals), and it reaches no network while computing."""
 
 import doctest
 import importlib.util
@@ -9,8 +9,8 @@ from pathlib import Path
 import evaluate
 import pytest
 
-from themisto import scorer as sc
-from themisto.gate import ExecutionRefused
+from themisto.scoring import scorer as sc
+from themisto.scoring.gate import ExecutionRefused
 from themisto.settings import settings as env_settings
 
 METRIC_DIR = Path(__file__).resolve().parents[1] / "metrics" / "themisto"
@@ -104,10 +104,10 @@ def test_execution_needs_both_switches(monkeypatch, no_code_eval):
 
 @pytest.mark.slow
 def test_execution_through_the_metric(tmp_path, monkeypatch):
-    from themisto.release import build_release
-    from themisto.replay import ReplaySettings, replay_trajectory
-    from themisto.tasks import TaskSettings, trajectory_rows
-    from themisto.trajectory import Execution, Trajectory
+    from themisto.release.parquet import build_release
+    from themisto.replay.replay import ReplaySettings, replay_trajectory
+    from themisto.release.tasks import TaskSettings, trajectory_rows
+    from themisto.ingest.trajectory import Execution, Trajectory
 
     cells = ["a = 1", "b = 2", "c = a + b", "print(c)", "items = [a, b, c]", "items.append(4)", "print(sum(items))"]
     trajectory = Trajectory(id="m", notebook="n.ipynb", source="test",

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from themisto.june import read_june_log
-from themisto.notebook import NotebookFormatError, output_size, read_notebook
+from themisto.ingest.june import read_june_log
+from themisto.ingest.notebook import NotebookFormatError, output_size, read_notebook
 
 TASK_LOGS = {"task1": "bc147b33-fa74-4bff-9f48-c88809c5bdcd.log", "task2": "388ef554-e3e7-4410-89ac-d6ad4aeaec6c.log"}
 

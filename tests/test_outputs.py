@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from themisto.june_format import decode_log_line
-from themisto.kernel import KernelSession
-from themisto.outputs import (
+from themisto.ingest.june_format import decode_log_line
+from themisto.runtime.kernel import KernelSession
+from themisto.runtime.outputs import (
     error_text,
     output_size,
     output_text,
@@ -19,7 +19,7 @@ from themisto.outputs import (
     strip_ansi,
     summarize,
 )
-from themisto.trajectory import OutputSummary
+from themisto.ingest.trajectory import OutputSummary
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from themisto.paper_release import PaperReleaseError, paper_rows, read_paper_release
-from themisto.release import build_release, check_release, schema_module
-from themisto.tasks import TaskSettings
+from themisto.release.paper_rows import PaperReleaseError, paper_rows, read_paper_release
+from themisto.release.parquet import build_release, check_release, schema_module
+from themisto.release.tasks import TaskSettings
 
 # themisto_dataset.py lies at the repository root, which is not on sys.path under every test runner.
 themisto_dataset = schema_module()

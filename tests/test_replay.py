@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from themisto.fidelity import fidelity_report
-from themisto.replay import LoggedOutcome, ReplaySettings, Step, read_steps, replay_to_file, replay_trajectory
-from themisto.trajectory import Execution, KernelEvent, Trajectory
+from themisto.replay.fidelity import fidelity_report
+from themisto.replay.replay import LoggedOutcome, ReplaySettings, Step, read_steps, replay_to_file, replay_trajectory
+from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
 
 FAST = ReplaySettings(cell_timeout_s=4.0, interrupted_timeout_s=2.0)
 
@@ -113,8 +113,8 @@ def test_read_steps_names_file_and_line(tmp_path):
 
 @pytest.mark.slow
 def test_snapshot_on_the_cells_request_equals_a_separate_snapshot(tmp_path):
-    from themisto.kernel import KernelSession
-    from themisto.snapshot import SNAPSHOT_EXPRESSIONS, snapshot_from_expressions, take_snapshot
+    from themisto.runtime.kernel import KernelSession
+    from themisto.runtime.snapshot import SNAPSHOT_EXPRESSIONS, snapshot_from_expressions, take_snapshot
 
     with KernelSession(tmp_path) as session:
         ok = session.execute("import pandas as pd\nframe = pd.DataFrame({'a': [1, 2]})",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from themisto.june_format import decode_log_line, encode_log_line
+from themisto.ingest.june_format import decode_log_line, encode_log_line
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -32,7 +32,7 @@ def _events(path: Path) -> list[dict]:
 
 def _runs(events: list[dict]) -> list[dict]:
     """Pair events into runs by the real logs' rule, checking the pairing holds everywhere (independent of
-    themisto.june): `execute` then the same cell's `finished_execute` without error; an errored run has no
+    themisto.ingest.june): `execute` then the same cell's `finished_execute` without error; an errored run has no
     `execute`, only a `finished_execute` ending in an error output, immediately followed by its `error` event."""
     runs, pending = [], None
     for i, ev in enumerate(events):
@@ -161,7 +161,7 @@ def test_both_tasks_are_covered():
 
 
 def test_reader_agrees_with_the_pairing_rule():
-    june = pytest.importorskip("themisto.june")
+    june = pytest.importorskip("themisto.ingest.june")
     for path in LOGS:
         runs = [r for r in _runs(_events(path)) if "restart" not in r]
         trajectory = june.read_june_log(path)

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from themisto import scorer as sc
-from themisto.gate import ExecutionRefused
-from themisto.release import build_release
-from themisto.replay import ReplaySettings, replay_trajectory
+from themisto.scoring import scorer as sc
+from themisto.scoring.gate import ExecutionRefused
+from themisto.release.parquet import build_release
+from themisto.replay.replay import ReplaySettings, replay_trajectory
 from themisto.settings import settings as env_settings
-from themisto.tasks import TaskSettings, trajectory_rows
-from themisto.trajectory import Execution, KernelEvent, Trajectory
+from themisto.release.tasks import TaskSettings, trajectory_rows
+from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
 
 KERNEL = "tiny-kernel"
 # Step -> code. Step 7 reads the clock (nondeterministic), step 8 raises, a restart comes before step 9.
@@ -117,7 +117,7 @@ def test_pass_at_k_is_the_unbiased_estimator():
 
 
 def _branch(status="ok", text="", added=None, changed=None, deleted=None, ename=None):
-    from themisto.branch import BranchResult
+    from themisto.runtime.branch import BranchResult
 
     outputs = [{"output_type": "stream", "name": "stdout", "text": text}] if text else []
     return BranchResult(index=0, status=status, outputs=outputs, ename=ename, added=added or {},
@@ -171,7 +171,7 @@ def test_execution_is_refused_for_output_prediction(allow_execution):
 
 
 def test_forged_permit_is_rejected(tmp_path):
-    from themisto.gate import ExecutionPermit
+    from themisto.scoring.gate import ExecutionPermit
 
     examples = sc.make_examples(["x"], ["y"], [_id(6)])
     records = {e.id: sc.text_records([e], sc.ScoreSettings()) for e in examples}

@@ -6,9 +6,9 @@ import shutil
 import pandas as pd
 import pytest
 
-from themisto import kernel_agent
-from themisto.kernel import KernelSession
-from themisto.snapshot import AgentError, Snapshot, VariableInfo, dump_values, load_value, take_snapshot
+from themisto.runtime import agent as kernel_agent
+from themisto.runtime.kernel import KernelSession
+from themisto.runtime.snapshot import AgentError, Snapshot, VariableInfo, dump_values, load_value, take_snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -145,6 +145,6 @@ def test_dump_values_writes_per_variable_and_fails_by_name(session):
 
 def test_an_agent_failure_names_the_call(session):
     with pytest.raises(AgentError, match="dump_values"):
-        from themisto.snapshot import agent_call
+        from themisto.runtime.snapshot import agent_call
 
         agent_call(session, "dump_values(['features'], '/proc/not-writable')", timeout=30)

@@ -8,10 +8,10 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from themisto.replay import LoggedOutcome, Step
-from themisto.release import schema_module
-from themisto.snapshot import VariableInfo
-from themisto.tasks import (
+from themisto.replay.replay import LoggedOutcome, Step
+from themisto.release.parquet import schema_module
+from themisto.runtime.snapshot import VariableInfo
+from themisto.release.tasks import (
     HISTORY_OUTPUT_CHARS,
     TaskError,
     TaskSettings,

@@ -6,7 +6,7 @@ import pytest
 from rouge_score import rouge_scorer
 from sacrebleu.metrics import CHRF
 
-from themisto.text_scores import (
+from themisto.scoring.text_scores import (
     _lcs_length,
     chrf,
     code_tokens,

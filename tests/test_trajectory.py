@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from themisto.trajectory import (
+from themisto.ingest.trajectory import (
     Execution,
     KernelEvent,
     OutputSummary,

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from themisto import workspace as ws_mod
-from themisto.workspace import (
+from themisto.ingest import workspace as ws_mod
+from themisto.ingest.workspace import (
     JETNET_LOG, LABEL_COLUMNS, SIZE_SPECS, STAND_IN_MODULE, TEST_FEATURES, TRAIN_FEATURES, VALIDATION_FEATURES,
     WorkspaceError, write_workspace,
 )
@@ -42,7 +42,7 @@ def test_same_seed_same_bytes_and_hashes_match_files(small, tmp_path):
 
 def test_same_seed_same_bytes_in_another_process(small, tmp_path):
     # A fresh interpreter with another hash seed: pickles and the log must not depend on process state.
-    code = ("import json, sys; from themisto.workspace import write_workspace; "
+    code = ("import json, sys; from themisto.ingest.workspace import write_workspace; "
             "print(json.dumps(write_workspace(sys.argv[1], seed=0, size='small').files))")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "other")], env=env, check=True,

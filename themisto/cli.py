@@ -65,8 +65,8 @@ def _print_summary(traj_id: str, summary: dict) -> None:
 
 def read_trajectories(paths: Sequence[str], *, skip_bad_lines: bool = False) -> list:
     """Read every input (.log, JuNE table .csv, .ipynb, or directories of them) into trajectories, ids unique."""
-    from themisto.june import read_june_logs, read_june_table
-    from themisto.notebook import read_notebook
+    from themisto.ingest.june import read_june_logs, read_june_table
+    from themisto.ingest.notebook import read_notebook
 
     inputs = _ingest_inputs(paths)
     trajectories = []
@@ -88,7 +88,7 @@ def read_trajectories(paths: Sequence[str], *, skip_bad_lines: bool = False) -> 
 
 def ingest_command(args: argparse.Namespace) -> int:
     """Read JuNE logs, JuNE tables and notebooks into trajectories, print their figures, write JSONL."""
-    from themisto.trajectory import write_jsonl
+    from themisto.ingest.trajectory import write_jsonl
 
     trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
     # Everything is read and checked before the output file is written, so a bad input leaves no file behind.
@@ -130,7 +130,7 @@ def _add_ingest(subparsers: argparse._SubParsersAction) -> None:
 
 def workspace_command(args: argparse.Namespace) -> int:
     """Write a replay workspace (look-alike task inputs generated from a seed) into a directory."""
-    from themisto.workspace import write_workspace
+    from themisto.ingest.workspace import write_workspace
 
     tasks = ["task1", "task2"] if args.task == "all" else [args.task]
     extra = {"overwrite": True} if args.overwrite else {}
@@ -175,9 +175,9 @@ def replay_command(args: argparse.Namespace) -> int:
     """Replay trajectories in sandboxed kernels, write one step record per execution, print the fidelity report."""
     import tempfile
 
-    from themisto.fidelity import fidelity_report
-    from themisto.replay import ReplaySettings, read_steps, replay_to_file
-    from themisto.workspace import write_workspace
+    from themisto.replay.fidelity import fidelity_report
+    from themisto.replay.replay import ReplaySettings, read_steps, replay_to_file
+    from themisto.ingest.workspace import write_workspace
 
     trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
     settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.timeout)
@@ -219,8 +219,8 @@ def _add_replay(subparsers: argparse._SubParsersAction) -> None:
 
 def build_command(args: argparse.Namespace) -> int:
     """Replay the inputs (default: the shipped sample) and write a release folder: Parquet per config, card."""
-    from themisto.release import BuildInputs, build_release, release_rows
-    from themisto.tasks import TaskSettings
+    from themisto.release.parquet import BuildInputs, build_release, release_rows
+    from themisto.release.tasks import TaskSettings
 
     inputs = BuildInputs(
         logs=tuple(args.logs or ()), table=args.table, notebooks=tuple(args.notebooks or ()), steps=args.steps,
@@ -269,7 +269,7 @@ def _add_build(subparsers: argparse._SubParsersAction) -> None:
 
 def check_command(args: argparse.Namespace) -> int:
     """Check a release folder: configs, splits, files, schema vs the declared Features; exit 1 on a problem."""
-    from themisto.release import check_release
+    from themisto.release.parquet import check_release
 
     report = check_release(args.folder)
     if args.json:
@@ -294,7 +294,7 @@ def push_command(args: argparse.Namespace) -> int:
     """Upload a checked release folder to a Hub dataset repository (huggingface_hub; needs network and a token)."""
     from dataclasses import asdict
 
-    from themisto.release import push_release, upload_plan
+    from themisto.release.parquet import push_release, upload_plan
 
     plan = upload_plan(args.folder, args.repo_id, private=args.private, revision=args.revision,
                        commit_message=args.message)
@@ -328,7 +328,7 @@ def _add_push(subparsers: argparse._SubParsersAction) -> None:
 def score_command(args: argparse.Namespace) -> int:
     """Score a predictions JSONL against a release: text scores, and with --execute (and HF_ALLOW_CODE_EVAL=1)
     execution in the exact pre-cell state; results are written per trajectory and a rerun resumes."""
-    from themisto.scorer import ScoreSettings, score_to_file
+    from themisto.scoring.scorer import ScoreSettings, score_to_file
 
     settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.timeout)
     run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,

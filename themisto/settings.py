@@ -16,7 +16,7 @@ KERNEL_VENV = Path(__file__).resolve().parents[1] / ".venv-kernel"
 
 @dataclass(frozen=True)
 class Settings:
-    """Host-side settings of the sandboxed kernel (the per-kernel limits live in `themisto.kernel.Limits`)."""
+    """Host-side settings of the sandboxed kernel (the per-kernel limits live in `themisto.runtime.kernel.Limits`)."""
 
     # Path of the bubblewrap binary; None where it is missing or disabled with THEMISTO_SANDBOX=0.
     bwrap: str | None
@@ -30,7 +30,7 @@ class Settings:
     # process's own interpreter ("host", which lacks the 2023 stack that replay fidelity needs).
     kernel_python: str
     kernel_python_source: Literal["env", "kernel_venv", "host"]
-    # HF_ALLOW_CODE_EVAL=1: the user's half of the opt-in to executing model-written code (see themisto.gate).
+    # HF_ALLOW_CODE_EVAL=1: the user's half of the opt-in to executing model-written code (see themisto.scoring.gate).
     allow_code_eval: bool = False
 
 

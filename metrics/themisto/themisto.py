@@ -68,7 +68,7 @@ Examples:
     ...                         execute=True)  # without HF_ALLOW_CODE_EVAL=1 # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    themisto.gate.ExecutionRefused: Executing model-written code is off: the environment variable HF_ALLOW_CODE_EVAL...
+    themisto.scoring.gate.ExecutionRefused: Executing model-written code is off: the environment variable HF_ALLOW_CODE_EVAL...
 """
 
 _TASKS = ("next_cell", "output_prediction")
@@ -99,7 +99,7 @@ class Themisto(evaluate.Metric):
                  timeout_s=30.0, memory_bytes=2**30, return_records=False):
         from dataclasses import asdict
 
-        from themisto.scorer import ScoreSettings, score
+        from themisto.scoring.scorer import ScoreSettings, score
 
         settings = ScoreSettings(task=self.config_name, k=k, timeout_s=float(timeout_s),
                                  memory_bytes=int(memory_bytes))

@@ -1,6 +1,6 @@
 """Code that runs inside the kernel: runtime snapshots of the user namespace and branch execution of candidate cells.
 
-The host reaches it through silent user expressions (`themisto.snapshot`, `themisto.branch`), so reading it never
+The host reaches it through silent user expressions (`themisto.runtime.snapshot`, `themisto.runtime.branch`), so reading it never
 touches In/Out or the execution count. Module level imports only the standard library; importing it changes no
 user variable. Branches run each candidate in a forked grandchild of the kernel that shares the kernel's memory
 copy-on-write, captures its own output, and reports on a pipe; the kernel itself only waits, kills and reaps.
@@ -56,7 +56,7 @@ _MONITOR_REAP_S = 2.0
 _MSG_HEADER = struct.Struct(">cQ")
 _MAX_MESSAGE = 512 * 2**20
 _PR_SET_CHILD_SUBREAPER = 36
-# One marker for a cut cell, whether it ran in the kernel (themisto.kernel) or in a branch child.
+# One marker for a cut cell, whether it ran in the kernel (themisto.runtime.kernel) or in a branch child.
 OUTPUT_CAP_MARKER = "\n[themisto: output truncated: the cell wrote {total:,} bytes, over its {cap:,}-byte limit]\n"
 
 
@@ -67,7 +67,7 @@ def _shell(shell: Any = None) -> Any:
 
     found = get_ipython()
     if found is None:
-        raise RuntimeError("themisto.kernel_agent runs inside an IPython kernel; no shell is active")
+        raise RuntimeError("themisto.runtime.agent runs inside an IPython kernel; no shell is active")
     return found
 
 

@@ -15,7 +15,7 @@ import binascii
 import json
 import re
 
-from themisto.trajectory import OutputSummary
+from themisto.ingest.trajectory import OutputSummary
 
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
 

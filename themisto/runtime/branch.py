@@ -1,6 +1,6 @@
 """Branch execution: run candidate cells in the exact pre-cell state of a kernel and report what each did.
 
-The fast path forks the kernel once per candidate (`themisto.kernel_agent.branch`): the child shares the kernel's
+The fast path forks the kernel once per candidate (`themisto.runtime.agent.branch`): the child shares the kernel's
 memory copy-on-write, so the state is exact and the kernel's own state stays as it was. Where fork is unavailable,
 or when asked, the replay fallback restarts the kernel and replays a prefix of cells before each candidate. Both
 return the same BranchResult record. Like the kernel sandbox, this is a best-effort guard, not a security boundary.
@@ -13,8 +13,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from themisto.kernel_agent import WorkdirGuard
-from themisto.snapshot import AgentError, agent_call, take_snapshot
+from themisto.runtime.agent import WorkdirGuard
+from themisto.runtime.snapshot import AgentError, agent_call, take_snapshot
 
 BranchStatus = Literal["ok", "error", "timeout", "kernel_died"]
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")

@@ -5,7 +5,7 @@ Text scores (exact match, ROUGE-L, chrF; for output prediction also the equivale
 texts. Execution scores replay each trajectory of a release once in a fresh sandboxed kernel; before every scored
 step the reference cell (twice, to catch nondeterminism) and all predictions for that step run as forked branches
 of the live kernel, so each sees exactly the state the developer's cell saw and none disturbs the others. Executing
-predictions needs both opt-in switches of `themisto.gate`.
+predictions needs both opt-in switches of `themisto.scoring.gate`.
 
 Bad input raises ScoreError naming the example id before anything runs (lengths that differ, an unknown id, a
 prediction that is not a string, a reference that is not the release's target, a release without the rows or the
@@ -30,8 +30,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
-from themisto.gate import ExecutionPermit, permit as gate_permit
-from themisto.text_scores import chrf, exact_match, rouge_l
+from themisto.scoring.gate import ExecutionPermit, permit as gate_permit
+from themisto.scoring.text_scores import chrf, exact_match, rouge_l
 
 TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
 Outcome = Literal["ok", "error", "timeout", "kernel_died", "refused"]
@@ -105,7 +105,7 @@ class PredictionRecord:
     exact_match: float
     rouge_l: float
     chrf: float
-    output_equivalent: bool | None = None  # output_prediction: equivalent per themisto.equivalence
+    output_equivalent: bool | None = None  # output_prediction: equivalent per themisto.scoring.equivalence
     equivalence_rule: str | None = None
     outcome: Outcome | None = None
     reason: str = ""  # why it failed (error, timeout, output or state difference, refusal); "" when it matched
@@ -221,7 +221,7 @@ def make_examples(predictions: Sequence, references: Sequence, ids: Sequence[str
 
 def text_records(examples: Sequence[Example], settings: ScoreSettings) -> list[PredictionRecord]:
     """One record per prediction with its exact match, ROUGE-L, chrF (and output equivalence for output_prediction)."""
-    from themisto.equivalence import outputs_equivalent
+    from themisto.scoring.equivalence import outputs_equivalent
 
     records = []
     for example in examples:
@@ -256,7 +256,7 @@ class Release:
 def _parquet_rows(folder: Path, config: str) -> list[dict]:
     import pyarrow.parquet as pq
 
-    from themisto.release import README, split_card
+    from themisto.release.parquet import README, split_card
 
     card = folder / README
     if not card.is_file():
@@ -274,7 +274,7 @@ def _parquet_rows(folder: Path, config: str) -> list[dict]:
 
 def load_release(folder: str | Path, task: str = "next_cell") -> Release:
     """Read a release folder written by `themisto build`: the task's rows (all splits) and its trajectories."""
-    from themisto.release import BUILD_FILE
+    from themisto.release.parquet import BUILD_FILE
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -317,7 +317,7 @@ def prepare_workspace(release: Release, workspace: str | Path | None, tmp: Path)
         return Path(workspace)
     spec = release.workspace
     if "look_alike_seed" in spec:
-        from themisto.workspace import write_workspace
+        from themisto.ingest.workspace import write_workspace
 
         return write_workspace(tmp / "ws", spec.get("tasks") or ("task1", "task2"), seed=int(spec["look_alike_seed"]),
                                size=spec.get("size", "small")).root
@@ -330,7 +330,7 @@ def prepare_workspace(release: Release, workspace: str | Path | None, tmp: Path)
 
 def trajectory_from_rows(rows: Sequence[dict]):
     """A Trajectory that replays a release's `trajectories` rows: the developer's code, logged outcomes, restarts."""
-    from themisto.trajectory import Execution, KernelEvent, Trajectory
+    from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
 
     executions = [Execution(cell_id=r["cell_id"], code=r["code"], status=r.get("logged_status") or "unknown",
                             ename=r.get("logged_ename"), evalue=r.get("logged_evalue")) for r in rows]
@@ -352,8 +352,8 @@ def compared_output(outputs: list[dict]) -> str:
     ...                   "data": {"text/plain": "<Colorbar at 0x7f18c81afad0>", "image/png": "iVBORw0KGgo="}}])
     '<Colorbar at 0x…>\\n<image/png 8 bytes>'
     """
-    from themisto.equivalence import image_placeholder
-    from themisto.outputs import output_text, rich_outputs
+    from themisto.scoring.equivalence import image_placeholder
+    from themisto.runtime.outputs import output_text, rich_outputs
 
     text = _ADDRESS_RE.sub(r"\g<1>0x…", output_text(outputs))
     images = [image_placeholder(r["mime"], r["bytes"]) for r in rich_outputs(outputs) if "bytes" in r]
@@ -375,7 +375,7 @@ def _reference_problem(first, second, recorded: dict, settings: ScoreSettings) -
     `recorded` is the release's row of the step: a reference that ends otherwise in its branch than in the release's
     replay (it needs more memory or time than a branch gets) defines no answer either.
     """
-    from themisto.equivalence import outputs_equivalent
+    from themisto.scoring.equivalence import outputs_equivalent
 
     if first.status != second.status:
         return "nondeterministic", f"the reference ended {first.status} in one run and {second.status} in the other"
@@ -423,7 +423,7 @@ def _state_difference(reference, candidate) -> str | None:
 
 def _judge(record: PredictionRecord, reference, candidate, settings: ScoreSettings) -> None:
     """Fill the record's outcome and execution scores from its branch result against the reference's."""
-    from themisto.equivalence import outputs_equivalent
+    from themisto.scoring.equivalence import outputs_equivalent
 
     record.outcome = candidate.status
     record.duration_s = round(float(candidate.duration_s), 6)
@@ -489,8 +489,8 @@ def _life_start(rows: Sequence[dict], step: int) -> int:
 def _rebuild_state(session, rows: Sequence[dict], step: int, timeout_s: float) -> None:
     """Restart the kernel and re-run this kernel life's cells before `step` as replay ran them (skipping the steps
     that lost the state in the release's replay, as replay's own rebuild does)."""
-    from themisto.branch import BranchError
-    from themisto.cleaning import clean_for_replay
+    from themisto.runtime.branch import BranchError
+    from themisto.ingest.cleaning import clean_for_replay
 
     session.restart()
     for row in rows[_life_start(rows, step):step]:
@@ -504,8 +504,8 @@ def _rebuild_state(session, rows: Sequence[dict], step: int, timeout_s: float) -
 def _run_isolated(session, codes: list[str], rebuild: Callable[[], None], **options):
     """Run the codes as branches in one call; when that call takes the kernel down (a prediction killed every
     process of its user, say), rebuild the state and run them one by one, so only the culprit ends `kernel_died`."""
-    from themisto.branch import BranchError, BranchResult, run_branches
-    from themisto.snapshot import AgentError
+    from themisto.runtime.branch import BranchError, BranchResult, run_branches
+    from themisto.runtime.snapshot import AgentError
 
     try:
         return run_branches(session, codes, **options)
@@ -528,8 +528,8 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
                  records: dict[str, list[PredictionRecord]], example_records: dict[str, ExampleRecord],
                  settings: ScoreSettings, rebuild: Callable[[], None]) -> None:
     """Run the reference twice and every prediction for `step` as branches of the live pre-step state; judge them."""
-    from themisto.cleaning import clean_for_replay
-    from themisto.snapshot import take_snapshot
+    from themisto.ingest.cleaning import clean_for_replay
+    from themisto.runtime.snapshot import take_snapshot
 
     row = rows[step]
     ready = []
@@ -583,13 +583,13 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
                               settings: ScoreSettings) -> TrajectoryScore:
     """Replay one trajectory once and run every example's predictions in branches of its pre-step states.
 
-    The only function that runs model-written code; it needs a permit from `themisto.gate.permit`. An example
+    The only function that runs model-written code; it needs a permit from `themisto.scoring.gate.permit`. An example
     whose state cannot be rebuilt ends `refused` with the reason; nothing here raises for one prediction's sake.
     """
-    from themisto.branch import BranchError
-    from themisto.kernel import KernelSession, KernelStartError, Limits
-    from themisto.replay import ReplaySettings, replay
-    from themisto.snapshot import AgentError
+    from themisto.runtime.branch import BranchError
+    from themisto.runtime.kernel import KernelSession, KernelStartError, Limits
+    from themisto.replay.replay import ReplaySettings, replay
+    from themisto.runtime.snapshot import AgentError
 
     permit.check()
     began = time.perf_counter()

@@ -1,6 +1,6 @@
 """Start an ipykernel under resource limits: the command line of the sandbox (host side) and the launcher (kernel side).
 
-The kernel spec's argv is `[bwrap … --] python -m themisto.kernel_launcher <limits> -f {connection_file}`. The launcher
+The kernel spec's argv is `[bwrap … --] python -m themisto.runtime.launcher <limits> -f {connection_file}`. The launcher
 starts its own session, sets the rlimits, drops to an unprivileged uid when asked, and execs ipykernel, so the limits
 and the uid hold for the kernel and everything it forks.
 """
@@ -58,7 +58,7 @@ def _needs_mask(path: Path) -> bool:
 
 def readable_paths() -> list[Path]:
     """Folders the kernel must read: the interpreter, its prefixes, and the folder holding the `themisto` package."""
-    package_parent = Path(__file__).resolve().parents[1]
+    package_parent = Path(__file__).resolve().parents[2]
     candidates = [
         Path(sys.executable).resolve().parent,
         Path(sys.prefix),
@@ -137,7 +137,7 @@ def launcher_argv(
     output_bytes: int | None = None,
 ) -> list[str]:
     """The command that runs this module with the given limits; `{connection_file}` is filled in by jupyter_client."""
-    argv = [sys.executable, "-m", "themisto.kernel_launcher", "--memory-bytes", str(memory_bytes),
+    argv = [sys.executable, "-m", "themisto.runtime.launcher", "--memory-bytes", str(memory_bytes),
             "--max-processes", str(max_processes), "--file-size-bytes", str(file_size_bytes)]
     if cpu_seconds is not None:
         argv += ["--cpu-seconds", str(cpu_seconds)]
@@ -171,7 +171,7 @@ def _tasks_of_uid(uid: int) -> int:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m themisto.kernel_launcher", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m themisto.runtime.launcher", description=__doc__)
     parser.add_argument("--memory-bytes", type=int, required=True)
     parser.add_argument("--max-processes", type=int, required=True)
     parser.add_argument("--file-size-bytes", type=int, required=True)
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
               "--HistoryManager.hist_file=:memory:"]
     if args.output_bytes is not None:
         os.environ[OUTPUT_CAP_ENV] = str(args.output_bytes)
-        kernel.append("--IPKernelApp.extensions=themisto.kernel_launcher")
+        kernel.append("--IPKernelApp.extensions=themisto.runtime.launcher")
     os.execv(sys.executable, kernel)
 
 

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from themisto.tasks import variable_row
+from themisto.release.tasks import variable_row
 
 # Our field -> the names it may have in the published data (compared after lower-casing and turning spaces
 # and hyphens into underscores).

@@ -20,9 +20,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Sequence
 
-from themisto.tasks import RULES, TaskSettings, build_tasks
+from themisto.release.tasks import RULES, TaskSettings, build_tasks
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CARD_TEMPLATE = REPO_ROOT / "dataset_card.md"
 SAMPLE_DIR = REPO_ROOT / "data" / "sample"
 BUILD_FILE = "themisto_build.json"
@@ -207,7 +207,7 @@ def _library_versions() -> dict[str, str]:
     import datasets
     import pyarrow
 
-    from themisto.kernel import kernel_environment
+    from themisto.runtime.kernel import kernel_environment
 
     kernel = {f"kernel_{name}": version for name, version in kernel_environment().items() if name != "interpreter"}
     return {"datasets_version": datasets.__version__, "pyarrow_version": pyarrow.__version__, **kernel}
@@ -236,10 +236,10 @@ def _described(paths: Iterable[Path]) -> list[dict]:
 def release_rows(inputs: BuildInputs, steps_default: Path,
                  progress=None) -> tuple[list[dict], dict, dict]:
     """Read, and replay where needed, the inputs into `trajectories` rows; returns (rows, source, settings)."""
-    from themisto.tasks import trajectory_rows
+    from themisto.release.tasks import trajectory_rows
 
     if inputs.paper is not None:
-        from themisto.paper_release import read_paper_release
+        from themisto.release.paper_rows import read_paper_release
 
         return read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])}, {}
     trajectories = []
@@ -250,15 +250,15 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
         if not logs:
             raise ReleaseError(f"{SAMPLE_DIR}: no .log file (generate the sample with `python data/make_sample.py`)")
     if logs:
-        from themisto.june import read_june_logs
+        from themisto.ingest.june import read_june_logs
 
         trajectories += read_june_logs(logs)
     if inputs.table is not None:
-        from themisto.june import read_june_table
+        from themisto.ingest.june import read_june_table
 
         trajectories += read_june_table(inputs.table)
     if inputs.notebooks:
-        from themisto.notebook import read_notebook
+        from themisto.ingest.notebook import read_notebook
 
         trajectories += [read_notebook(p) for p in inputs.notebooks]
     seen: set[str] = set()
@@ -274,7 +274,7 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
                                              else "notebooks" if inputs.notebooks else "replayed-steps")
     source: dict[str, Any] = {"kind": kind, "inputs": _described(read)}
     settings: dict[str, Any] = {}
-    from themisto.replay import ReplaySettings, read_steps, replay_to_file
+    from themisto.replay.replay import ReplaySettings, read_steps, replay_to_file
 
     if inputs.steps is not None:
         steps = read_steps(inputs.steps)
@@ -289,7 +289,7 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
         with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
             workspace = inputs.workspace
             if workspace is None:
-                from themisto.workspace import write_workspace
+                from themisto.ingest.workspace import write_workspace
 
                 tasks = sorted({t.task for t in trajectories if t.task in ("task1", "task2")}) or ["task1", "task2"]
                 workspace = write_workspace(Path(tmp) / "ws", tasks, seed=inputs.workspace_seed,

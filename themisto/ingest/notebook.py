@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from themisto.trajectory import Execution, OutputSummary, Trajectory, task_of
+from themisto.ingest.trajectory import Execution, OutputSummary, Trajectory, task_of
 
 
 class NotebookFormatError(ValueError):

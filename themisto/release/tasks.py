@@ -111,7 +111,7 @@ def variable_row(info: Mapping) -> dict:
 
 
 def trajectory_row(step, participant: str | None = None) -> dict:
-    """The `trajectories` row of one replayed `themisto.replay.Step`."""
+    """The `trajectories` row of one replayed `themisto.replay.replay.Step`."""
     return {
         "kernel_id": step.kernel_id,
         "step": int(step.step),

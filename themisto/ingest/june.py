@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from themisto.june_format import LogLineError, decode_log_line
-from themisto.trajectory import Execution, KernelEvent, OutputSummary, Trajectory, anonymize, task_of
+from themisto.ingest.june_format import LogLineError, decode_log_line
+from themisto.ingest.trajectory import Execution, KernelEvent, OutputSummary, Trajectory, anonymize, task_of
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "action_id", "time", "session_id", "kernel_id", "notebook_name", "event", "cell_index", "cell_num",

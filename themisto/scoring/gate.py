@@ -8,7 +8,7 @@ reach them without passing here.
 >>> permit(execute=False)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-themisto.gate.ExecutionRefused: Executing model-written code is off: ...the explicit option was not passed...
+themisto.scoring.gate.ExecutionRefused: Executing model-written code is off: ...the explicit option was not passed...
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ it. Run it on a machine (or container) you can afford to lose, without credentia
 To opt in, both switches are needed:
   1. set the environment variable {env}=1 before the process starts (the environment is read once), e.g.
        {env}=1 themisto score ... --execute
-  2. pass the explicit option: execute=True to the metric's compute() or to themisto.scorer, or --execute to
+  2. pass the explicit option: execute=True to the metric's compute() or to themisto.scoring.scorer, or --execute to
      `themisto score`.
 Text scores (exact match, ROUGE-L, chrF, output equivalence) need neither switch."""
 
@@ -47,7 +47,7 @@ class ExecutionPermit:
     def check(self) -> None:
         """Raise ExecutionRefused unless this permit came from `permit()`."""
         if self._token is not _TOKEN:
-            raise ExecutionRefused("this ExecutionPermit was not issued by themisto.gate.permit()")
+            raise ExecutionRefused("this ExecutionPermit was not issued by themisto.scoring.gate.permit()")
 
 
 _TOKEN = object()

@@ -18,7 +18,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from themisto.text_scores import normalize_whitespace
+from themisto.scoring.text_scores import normalize_whitespace
 
 __all__ = ["Verdict", "outputs_equivalent", "image_placeholder"]
 
@@ -39,7 +39,7 @@ class _Tolerance:
 
 
 def image_placeholder(mime: str, size: int) -> str:
-    """The text that stands for an image output, from a `themisto.outputs.rich_outputs` entry's mime and bytes.
+    """The text that stands for an image output, from a `themisto.runtime.outputs.rich_outputs` entry's mime and bytes.
 
     >>> image_placeholder("image/png", 12345)
     '<image/png 12345 bytes>'
@@ -288,7 +288,7 @@ def _table_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
 _ERROR_LINE_RE = re.compile(
     r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Iteration|Warning))(?::[ \t]*(.*))?$", re.MULTILINE)
 _PY_TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
-# What follows an error's first line in themisto.outputs' layout: IPython's rule of dashes, a cell or file location.
+# What follows an error's first line in themisto.runtime.outputs' layout: IPython's rule of dashes, a cell or file location.
 _TRACEBACK_START_RE = re.compile(r"-{20,}|\s*(?:Cell In\s?\[|Input In \[|File \"|Traceback \()")
 _MESSAGE_NOISE = [
     (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
@@ -304,7 +304,7 @@ _MESSAGE_NOISE = [
 def _parse_error(text: str) -> tuple[str, str, str] | None:
     """(text printed before the error, exception name without module, normalised message), or None.
 
-    Two layouts: Python's (`Traceback (most recent call last):` ... `KeyError: 'a'` last) and themisto.outputs'
+    Two layouts: Python's (`Traceback (most recent call last):` ... `KeyError: 'a'` last) and themisto.runtime.outputs'
     (`KeyError: 'a'` first, then the traceback)."""
     python = _PY_TRACEBACK_RE.search(text)
     if python:

@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import psutil
 
-from themisto import kernel_launcher
-from themisto.kernel_agent import OUTPUT_CAP_MARKER
-from themisto.outputs import strip_ansi
+from themisto.runtime import launcher as kernel_launcher
+from themisto.runtime.agent import OUTPUT_CAP_MARKER
+from themisto.runtime.outputs import strip_ansi
 from themisto.settings import settings
 
 Status = Literal["ok", "error", "timeout", "kernel_died"]
@@ -498,7 +498,7 @@ class AsyncKernelSession:
 
     def _kernel_env(self) -> dict[str, str]:
         assert self._paths is not None
-        package_parent = str(Path(kernel_launcher.__file__).resolve().parents[1])
+        package_parent = str(Path(kernel_launcher.__file__).resolve().parents[2])
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
             "LANG": os.environ.get("LANG", "C.UTF-8"),

@@ -2,7 +2,7 @@
 
 Replay honours what the log recorded about the kernel: a logged restart restarts the kernel before the next
 execution; a logged interrupt needs no action (the interrupted cell already carries its KeyboardInterrupt). Code
-runs after the explicit, reversible cleaning of `themisto.cleaning`; the step keeps the code as the developer ran
+runs after the explicit, reversible cleaning of `themisto.ingest.cleaning`; the step keeps the code as the developer ran
 it beside what replay ran. A hook called before each step gets the live session, so callers can run candidate
 cells in the exact pre-step state (branch execution) without a second replay.
 """
@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from themisto.cleaning import clean_for_replay
-from themisto.trajectory import Execution, Trajectory
+from themisto.ingest.cleaning import clean_for_replay
+from themisto.ingest.trajectory import Execution, Trajectory
 
 # Called before step `i` runs, with the trajectory, `i` and the live session (the exact pre-step state).
 BeforeStep = Callable[[Trajectory, int, "KernelSession"], None]  # noqa: F821 (imported lazily)
@@ -101,8 +101,8 @@ def _timeout_for(execution: Execution, settings: ReplaySettings) -> float:
 def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySettings(), *,
            before_step: BeforeStep | None = None) -> Iterator[Step]:
     """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes."""
-    from themisto.outputs import output_text, output_types, rich_outputs
-    from themisto.snapshot import SNAPSHOT_EXPRESSIONS, AgentError, snapshot_from_expressions, take_snapshot
+    from themisto.runtime.outputs import output_text, output_types, rich_outputs
+    from themisto.runtime.snapshot import SNAPSHOT_EXPRESSIONS, AgentError, snapshot_from_expressions, take_snapshot
 
     restarts = _restart_points(trajectory)
     session_start = 0  # first step of the current kernel life, as the log recorded it
@@ -185,7 +185,7 @@ def _rebuild(session, trajectory: Trajectory, start: int, end: int, lost: set[in
 
 def kernel_limits(settings: ReplaySettings):
     """The kernel limits a replay with these settings runs under."""
-    from themisto.kernel import Limits
+    from themisto.runtime.kernel import Limits
 
     return Limits(memory_bytes=settings.memory_bytes, cell_timeout_s=settings.cell_timeout_s,
                   output_bytes=settings.output_bytes)
@@ -195,7 +195,7 @@ def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
                       settings: ReplaySettings = ReplaySettings(), *,
                       before_step: BeforeStep | None = None) -> Iterator[Step]:
     """Replay `trajectory` in its own fresh sandboxed kernel over a copy of `workspace`."""
-    from themisto.kernel import KernelSession
+    from themisto.runtime.kernel import KernelSession
 
     with KernelSession(workspace, kernel_limits(settings)) as session:
         yield from replay(trajectory, session, settings, before_step=before_step)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from themisto.replay import Step
+from themisto.replay.replay import Step
 
 COMPARABLE = ("ok", "error")
 

@@ -1,6 +1,6 @@
 """Runtime snapshots of a kernel's user namespace, read through a silent channel that leaves In/Out untouched.
 
-The kernel side is `themisto.kernel_agent`; this module sends it silent user expressions and turns the replies into
+The kernel side is `themisto.runtime.agent`; this module sends it silent user expressions and turns the replies into
 records. The names the paper's release uses stay recognisable: `size`, `repr`, `memory_bytes`, `state_hash`.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 # A user expression that reaches the agent without binding any name in the user's namespace.
-AGENT = "__import__('themisto.kernel_agent').kernel_agent"
+AGENT = "__import__('themisto.runtime.agent').runtime.agent"
 SNAPSHOT_TIMEOUT_S = 60.0
 
 
@@ -112,7 +112,7 @@ class Snapshot:
             raise ValueError(f"snapshot record: missing or malformed {error}") from error
 
 
-# Asked for on a step's own execute request, a snapshot costs no extra round trip (see themisto.replay).
+# Asked for on a step's own execute request, a snapshot costs no extra round trip (see themisto.replay.replay).
 SNAPSHOT_EXPRESSIONS = {"themisto_snapshot": agent_expression("snapshot()")}
 
 

@@ -143,7 +143,7 @@ def write_workspace(dest, tasks=TASKS, *, seed: int = 0, size: str = "small",
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         files: dict[str, str] = {}
-        stand_in = resources.files("themisto._stand_ins").joinpath("mining_extension.py").read_bytes()
+        stand_in = resources.files("themisto.ingest._stand_ins").joinpath("mining_extension.py").read_bytes()
         files[STAND_IN_MODULE] = _write_bytes(tmp / STAND_IN_MODULE, stand_in)
         if "task1" in tasks:
             files[JETNET_LOG] = _write_chunks(tmp / JETNET_LOG, jetnet_log_lines(spec, seed))
