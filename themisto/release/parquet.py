@@ -193,6 +193,9 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         (tmp / README).write_text(card, encoding="utf-8")
         (tmp / BUILD_FILE).write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n",
                                       encoding="utf-8")
+        from themisto.release.eval_yaml import write_eval_yaml
+
+        write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")])
         if out.exists():
             shutil.rmtree(out)
         tmp.replace(out)
@@ -511,7 +514,22 @@ def check_release(folder: str | Path) -> CheckReport:
                 problems.append(f"{config}/{split}: {rows} rows, the card says {expected_rows[split]}")
             kernels.setdefault(config, {})[split] = _kernel_ids(matches)
     problems += _split_problems(kernels)
+    problems += _eval_yaml_problems(folder, report.sizes)
     return report
+
+
+def _eval_yaml_problems(folder: Path, sizes: dict[str, dict[str, int]]) -> list[str]:
+    """eval.yaml (when present) follows the Hub's schema and declares only configs with a `test` split."""
+    from themisto.release.eval_yaml import EVAL_FILE, EvalYamlError, read_eval_yaml
+
+    if not (folder / EVAL_FILE).is_file():
+        return []  # releases built before eval.yaml existed
+    try:
+        tasks = read_eval_yaml(folder)["tasks"]
+    except EvalYamlError as exc:
+        return [str(exc)]
+    return [f"{EVAL_FILE}: task {t['id']!r} names {t['config']}/{t['split']}, which the release does not have"
+            for t in tasks if not sizes.get(t["config"], {}).get(t["split"])]
 
 
 def _kernel_ids(paths: list[Path]) -> set[str]:
@@ -571,6 +589,10 @@ def upload_plan(folder: str | Path, repo_id: str, *, private: bool = False, revi
     files = {README: (folder / README).stat().st_size}
     if (folder / BUILD_FILE).is_file():
         files[BUILD_FILE] = (folder / BUILD_FILE).stat().st_size
+    from themisto.release.eval_yaml import EVAL_FILE
+
+    if (folder / EVAL_FILE).is_file():
+        files[EVAL_FILE] = (folder / EVAL_FILE).stat().st_size
     for path in sorted(folder.rglob("*.parquet")):
         files[path.relative_to(folder).as_posix()] = path.stat().st_size
     report = json.loads((folder / BUILD_FILE).read_text(encoding="utf-8")) if BUILD_FILE in files else {}
