@@ -20,3 +20,17 @@ def june_dir() -> Path:
     if not TASK1_LOG.exists():
         pytest.fail(f"the real JuNE logs are expected in {JUNE_DIR} (../shared/data/june beside the repo)")
     return JUNE_DIR
+
+
+@pytest.fixture(scope="session")
+def small_release(tmp_path_factory) -> Path:
+    """A release built once per session from replayed-step records (tests/test_tasks.py), every step in `test`."""
+    from test_tasks import make_steps, rows_of
+
+    from themisto.release.parquet import build_release
+    from themisto.release.tasks import TaskSettings
+
+    trajectories = [make_steps(f"kernel-{i}", 24 + 5 * i, task=f"task{1 + i % 2}", restarts=(10,)) for i in range(3)]
+    out = tmp_path_factory.mktemp("small-release") / "release"
+    build_release(rows_of(*trajectories), out, TaskSettings(seed=3, test_fraction=1.0), source={"kind": "test-rows"})
+    return out

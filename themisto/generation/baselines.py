@@ -1,0 +1,89 @@
+"""Model-free baselines: what "better than trivial" means on each task.
+
+next_cell: the previous cell again (developers re-run edited cells), or the most common cell so far.
+output_prediction: the previous cell's output, or the repr of the variable the cell names last.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections import Counter
+
+BASELINES: tuple[str, ...] = ("previous-cell", "common-cell", "previous-output", "last-repr")
+_FOR_TASK: dict[str, tuple[str, ...]] = {
+    "next_cell": ("previous-cell", "common-cell"),
+    "output_prediction": ("previous-output", "last-repr"),
+}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def baselines_for(task: str) -> tuple[str, ...]:
+    """The baselines that make sense for one task."""
+    try:
+        return _FOR_TASK[task]
+    except KeyError:
+        raise ValueError(f"unknown task {task!r} (expected one of {', '.join(_FOR_TASK)})") from None
+
+
+def _cells(row: dict) -> list[dict]:
+    # Cells whose code the log did not record tell nothing about what comes next.
+    return [c for c in row.get("history") or [] if (c.get("code") or "").strip()]
+
+
+def previous_cell(row: dict) -> str:
+    cells = _cells(row)
+    return cells[-1]["code"] if cells else ""
+
+
+def common_cell(row: dict) -> str:
+    """The most frequent cell of the history; ties go to the most recent one."""
+    cells = [c["code"] for c in _cells(row)]
+    if not cells:
+        return ""
+    counts = Counter(cells)
+    best = max(counts.values())
+    return next(code for code in reversed(cells) if counts[code] == best)
+
+
+def previous_output(row: dict) -> str:
+    history = row.get("history") or []
+    return (history[-1].get("output") or "") if history else ""
+
+
+def _names_in_order(code: str) -> list[str]:
+    """Identifiers as they appear in the source: from the AST where it parses, else from its tokens or text."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        try:
+            return [t.string for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.NAME]
+        except (tokenize.TokenError, IndentationError, SyntaxError):
+            return _IDENTIFIER.findall(code)
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    nodes.sort(key=lambda n: (n.lineno, n.col_offset))
+    return [n.id for n in nodes]
+
+
+def last_repr(row: dict) -> str:
+    """The repr of the last variable (known before the cell) that the cell's code names."""
+    reprs = {v.get("name"): v.get("repr") or "" for v in row.get("variables_before") or []}
+    for name in reversed(_names_in_order(row.get("code") or "")):
+        if name in reprs:
+            return reprs[name]
+    return ""
+
+
+_FUNCTIONS = {"previous-cell": previous_cell, "common-cell": common_cell, "previous-output": previous_output,
+              "last-repr": last_repr}
+
+
+def baseline_prediction(name: str, row: dict, task: str) -> str:
+    """One baseline's prediction for one row; a baseline that does not fit the task raises ValueError."""
+    if name not in BASELINES:
+        raise ValueError(f"unknown baseline {name!r} (expected one of {', '.join(BASELINES)})")
+    if name not in baselines_for(task):
+        raise ValueError(f"baseline {name!r} does not apply to {task} (use one of {', '.join(baselines_for(task))})")
+    return _FUNCTIONS[name](row)

@@ -1,0 +1,252 @@
+"""Chat prompts for the two tasks, with named runtime-context modes, a token budget, and answer extraction.
+
+`none` shows the cells and their outputs (the paper's baseline), `variables` adds the snapshot before the target
+(names, types, shapes, bounded reprs), `full` adds memory, execution times, errors and restarts. Every template
+lives in `PROMPT_TEMPLATES`; a run records each template's text and sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
+CONTEXT_MODES: tuple[str, ...] = ("none", "variables", "full")
+# Reprs as the prompt shows them before any budget trimming; then these shorter limits in turn (0: no repr).
+REPR_CHARS = 400
+REPR_TRIM_STEPS: tuple[int, ...] = (120, 40, 0)
+
+SYSTEM = "You are an expert Python data scientist working in a Jupyter notebook."
+
+_HISTORY_INTRO = "The cells a developer executed in a Jupyter notebook, oldest first, with their outputs:"
+_NO_HISTORY = "(no earlier cells are shown)"
+_RUNTIME_INTRO = {
+    "none": "",
+    "variables": "Runtime state before the next cell: the user's variables (name, type, shape, repr).",
+    "full": ("Runtime state before the next cell: memory in use, and the user's variables "
+             "(name, type, shape, size, repr). Cell headers show status, execution time and kernel restarts."),
+}
+_INSTRUCTION = {
+    "next_cell": ("Write the code of the next cell the developer executes. "
+                  "Reply with the code only, in one ```python fenced block."),
+    "output_prediction": ("Predict the exact output this cell prints or displays when it runs now. "
+                          "Reply with the output text only, in one ``` fenced block (empty if it shows nothing)."),
+}
+_TARGET_CELL = "The cell to run next:\n```python\n{code}\n```"
+_USER = "{history_intro}\n\n{history}\n\n{runtime}{target}{instruction}"
+
+
+def _template_text(task: str, context: str) -> str:
+    """The full template of one (task, context): system message, user layout and the fixed texts it fills in."""
+    runtime = f"{_RUNTIME_INTRO[context]}\n{{runtime}}\n\n" if context != "none" else ""
+    target = _TARGET_CELL + "\n\n" if task == "output_prediction" else ""
+    user = _USER.format(history_intro=_HISTORY_INTRO, history="{history}", runtime=runtime, target=target,
+                        instruction=_INSTRUCTION[task])
+    return f"[system]\n{SYSTEM}\n[user]\n{user}\n"
+
+
+PROMPT_TEMPLATES: dict[tuple[str, str], str] = {
+    (task, context): _template_text(task, context) for task in TASKS for context in CONTEXT_MODES}
+
+
+class PromptError(ValueError):
+    """An unknown task or context mode, or a row that lacks what the task needs."""
+
+
+def check_task_context(task: str, context: str) -> None:
+    if task not in TASKS:
+        raise PromptError(f"unknown task {task!r} (expected one of {', '.join(TASKS)})")
+    if context not in CONTEXT_MODES:
+        raise PromptError(f"unknown context mode {context!r} (expected one of {', '.join(CONTEXT_MODES)})")
+
+
+def template_sha256(task: str, context: str) -> str:
+    """The sha256 of one (task, context) template's text."""
+    check_task_context(task, context)
+    return hashlib.sha256(PROMPT_TEMPLATES[(task, context)].encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Prompt:
+    """Chat messages for one example and context mode, what the budget dropped, and why it was skipped (if)."""
+
+    messages: list[dict]
+    template_sha256: str
+    trimmed: dict = field(default_factory=dict)
+    skipped_reason: str | None = None
+    id: str | None = None
+    context: str | None = None
+    tokens: int | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rendering pieces
+
+
+def _human_bytes(n: int | None) -> str:
+    if n is None or n < 0:
+        return "unknown"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _cell_header(cell: dict, number: int, full: bool) -> str:
+    header = f"# Cell {number}"
+    if not full:
+        return header
+    facts = [f"status {cell.get('status') or 'unknown'}"]
+    if cell.get("execution_time") is not None:
+        facts.append(f"{cell['execution_time']:.3f} s")
+    if cell.get("restarted_before"):
+        facts.append("the kernel was restarted before it")
+    return f"{header} ({', '.join(facts)})"
+
+
+def _render_cell(cell: dict, number: int, full: bool) -> str:
+    output = cell.get("output") or ""
+    if cell.get("output_truncated"):
+        output += "\n... (output truncated)"
+    shown = f"Output:\n```\n{output}\n```" if output.strip() else "Output: (none)"
+    return f"{_cell_header(cell, number, full)}\n```python\n{cell.get('code') or ''}\n```\n{shown}"
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _render_variable(var: dict, repr_chars: int, full: bool) -> str:
+    facts = [var.get("type") or "unknown type"]
+    if var.get("shape"):
+        facts.append(f"shape ({', '.join(str(s) for s in var['shape'])}{',' if len(var['shape']) == 1 else ''})")
+    elif var.get("len") is not None:
+        facts.append(f"len {var['len']}")
+    if var.get("dtype"):
+        facts.append(f"dtype {var['dtype']}")
+    if var.get("columns"):
+        facts.append("columns [" + ", ".join(var["columns"][:30]) + (", ..." if len(var["columns"]) > 30 else "")
+                     + "]")
+    if full and var.get("size") is not None:
+        facts.append(_human_bytes(var["size"]))
+    line = f"- {var.get('name')}: {'; '.join(facts)}"
+    if repr_chars > 0 and var.get("repr"):
+        line += "\n  " + _bounded(var["repr"], repr_chars).replace("\n", "\n  ")
+    return line
+
+
+def _render_runtime(row: dict, context: str, repr_chars: int) -> str:
+    full = context == "full"
+    lines = []
+    if full:
+        lines.append(f"memory in use: {_human_bytes(row.get('memory_bytes_before'))}")
+        if row.get("restarted_before"):
+            lines.append("the kernel was restarted just before the next cell")
+    variables = row.get("variables_before") or []
+    lines += [_render_variable(v, repr_chars, full) for v in variables] or ["(no user variables)"]
+    return "\n".join(lines)
+
+
+def _render_user(row: dict, task: str, context: str, history: list[dict], first_number: int,
+                 repr_chars: int) -> str:
+    full = context == "full"
+    cells = "\n\n".join(_render_cell(c, first_number + i, full) for i, c in enumerate(history)) or _NO_HISTORY
+    runtime = ""
+    if context != "none":
+        runtime = f"{_RUNTIME_INTRO[context]}\n{_render_runtime(row, context, repr_chars)}\n\n"
+    target = _TARGET_CELL.format(code=row.get("code") or "") + "\n\n" if task == "output_prediction" else ""
+    return _USER.format(history_intro=_HISTORY_INTRO, history=cells, runtime=runtime, target=target,
+                        instruction=_INSTRUCTION[task])
+
+
+def _messages(user: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def messages_text(messages: list[dict]) -> str:
+    """The messages' contents joined, as token counters without a chat template see them."""
+    return "\n".join(m["content"] for m in messages)
+
+
+def approx_tokens(text: str) -> int:
+    """A deliberately high token estimate (UTF-8 bytes / 3) for backends with no local tokenizer."""
+    return len(text.encode("utf-8")) // 3 + 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The budget
+
+
+def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[[str], int] | None = None,
+                  max_prompt_tokens: int | None = None) -> Prompt:
+    """Render one row as chat messages; over `max_prompt_tokens`, drop the oldest history, then trim reprs."""
+    check_task_context(task, context)
+    if task == "output_prediction" and "code" not in row:
+        raise PromptError(f"row {row.get('id')}: an output_prediction row needs the cell's `code`")
+    history = list(row.get("history") or [])
+    sha = template_sha256(task, context)
+
+    def render(dropped: int, repr_chars: int) -> list[dict]:
+        return _messages(_render_user(row, task, context, history[dropped:], dropped + 1, repr_chars))
+
+    if max_prompt_tokens is None:
+        return Prompt(render(0, REPR_CHARS), sha, {}, None, row.get("id"), context)
+    count = count_tokens or approx_tokens
+
+    def tokens(dropped: int, repr_chars: int) -> int:
+        return count(messages_text(render(dropped, repr_chars)))
+
+    n = tokens(0, REPR_CHARS)
+    if n <= max_prompt_tokens:
+        return Prompt(render(0, REPR_CHARS), sha, {}, None, row.get("id"), context, n)
+    # Fewest dropped cells that fit: the count only falls as cells go, so a binary search needs log2(10) counts.
+    low, high = min(1, len(history)), len(history)
+    while low < high:
+        mid = (low + high) // 2
+        if tokens(mid, REPR_CHARS) <= max_prompt_tokens:
+            high = mid
+        else:
+            low = mid + 1
+    dropped, repr_chars = low, REPR_CHARS
+    n = tokens(dropped, repr_chars)
+    for limit in REPR_TRIM_STEPS if context != "none" else ():
+        if n <= max_prompt_tokens:
+            break
+        repr_chars = limit
+        n = tokens(dropped, repr_chars)
+    trimmed = {"history_dropped": dropped, "history_kept": len(history) - dropped,
+               "repr_chars": repr_chars if repr_chars != REPR_CHARS else None}
+    reason = None
+    if n > max_prompt_tokens:
+        reprs = " and every repr" if context != "none" else ""
+        reason = (f"prompt over budget: {n} tokens after dropping all {len(history)} history cells{reprs} "
+                  f"(budget {max_prompt_tokens})")
+    return Prompt(render(dropped, repr_chars), sha, trimmed, reason, row.get("id"), context, n)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Answers
+
+_THINK = re.compile(r"<think>.*?(</think>|\Z)", re.S)
+_FENCE = re.compile(r"(?m)^[ \t]*(`{3,}|~{3,})[ \t]*([\w+.-]*)[^\n]*\n")
+
+
+def extract_answer(raw: str, task: str) -> str:
+    """The answer inside the first fenced block (an unclosed one runs to the end), else the bare text."""
+    text = _THINK.sub("", raw or "")
+    match = _FENCE.search(text)
+    if match:
+        fence = match.group(1)
+        rest = text[match.end():]
+        close = re.search(rf"(?m)^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", rest)
+        body = rest[:close.start()] if close else rest
+    else:
+        body = text
+    if task == "output_prediction":
+        # An output's leading spaces matter (a DataFrame's header row starts with them); blank edges do not.
+        return "\n".join(line.rstrip() for line in body.strip("\n").split("\n")).strip("\n")
+    return body.strip()
