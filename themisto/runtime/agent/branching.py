@@ -1,0 +1,444 @@
+"""Branch execution: each candidate runs in a forked grandchild of the kernel, reports on a pipe, and is reaped.
+
+Runs inside the kernel: standard library only.
+"""
+
+from __future__ import annotations
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import random
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+from themisto.runtime.agent.namespace import _GRACE_S, _MAX_MESSAGE, _MONITOR_REAP_S, _MSG_HEADER, _PR_SET_CHILD_SUBREAPER, _REHASH_BYTES, _shell, user_variables
+from themisto.runtime.agent.hashing import content_hash, state_hash
+from themisto.runtime.agent.snapshots import _CACHE
+from themisto.runtime.agent.workdir import WorkdirGuard, _GUARDS
+from themisto.runtime.agent.capture import _BranchTimeout, _Recorder, _install_capture, _read_fd_output
+
+
+def _data_limit(extra_bytes: int) -> tuple[int, int]:
+    """(limit, hard): what the process maps now + extra, within the hard RLIMIT_DATA. The heap a forked child
+    inherits is counted in its VmData already, so the cap is relative to it."""
+    import resource
+
+    used = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                used = int(line.split()[1]) * 1024
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = used + int(extra_bytes)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    return limit, hard
+
+
+@dataclass
+class _BranchPlan:
+    """What every child of one branch call needs, computed once in the kernel before the forks."""
+
+    timeout_s: float
+    memory_bytes: int
+    output_bytes: int
+    delta: str
+    pre_hashes: dict[str, str]
+    pre_ids: dict[str, int]
+    pre_prints: dict[str, Any]
+    random_state: Any
+
+
+def _fingerprint(value: Any) -> Any:
+    """Cheap structure of a value (shape, columns, dtypes, buffers): when it differs, the value surely changed."""
+    try:
+        module = type(value).__module__ or ""
+        if module.startswith("pandas") and type(value).__name__ == "DataFrame":
+            blocks = tuple(id(getattr(b, "values", None)) for b in value._mgr.blocks)
+            return ("df", value.shape, tuple(map(repr, value.columns)), tuple(map(repr, value.dtypes)),
+                    id(value.index), blocks)
+        if module.startswith("pandas") and type(value).__name__ == "Series":
+            return ("s", value.shape, repr(value.dtype), id(value.index), id(value._mgr.array), value.name)
+        if module == "numpy" and hasattr(value, "__array_interface__"):
+            return ("nd", value.shape, value.dtype.str, value.__array_interface__["data"][0], value.strides)
+        if isinstance(value, (list, dict, set, bytearray)):
+            return (type(value).__name__, len(value))
+    except Exception:  # noqa: BLE001 - a fingerprint is an optimisation; None means "rehash"
+        return None
+    return None
+
+
+def _cheap_size(value: Any) -> int:
+    module = type(value).__module__ or ""
+    try:
+        if module == "numpy" and hasattr(value, "nbytes"):
+            return int(value.nbytes)
+        if module.startswith("pandas") and hasattr(value, "memory_usage"):
+            usage = value.memory_usage(deep=False)
+            return int(getattr(usage, "sum", lambda: usage)())
+        if isinstance(value, (list, tuple, dict, set, frozenset, str, bytes)):
+            return len(value) * 8
+    except Exception:  # noqa: BLE001
+        return 0
+    return 0
+
+
+def _delta(shell: Any, plan: _BranchPlan) -> dict:
+    """Added, changed and deleted user variables against the pre-branch hashes, and the post-branch state hash."""
+    post: dict[str, str] = {}
+    unverified: list[str] = []
+    for name, value in user_variables(shell).items():
+        same_object = plan.pre_ids.get(name) == id(value)
+        if (plan.delta == "identity" and same_object and _cheap_size(value) > _REHASH_BYTES
+                and plan.pre_prints.get(name) is not None and _fingerprint(value) == plan.pre_prints[name]):
+            post[name] = plan.pre_hashes[name]  # trusted: same object, same structure, too large to rehash
+            unverified.append(name)
+        else:
+            post[name] = _CACHE.kept_hash(value) or content_hash(value)
+    pre = plan.pre_hashes
+    return {
+        "added": {n: h for n, h in post.items() if n not in pre},
+        "changed": {n: h for n, h in post.items() if n in pre and pre[n] != h},
+        "deleted": {n: h for n, h in pre.items() if n not in post},
+        "state_hash_after": state_hash(post),
+        "unverified": sorted(unverified),
+    }
+
+
+def _send(fd: int, kind: bytes, payload: bytes) -> None:
+    data = _MSG_HEADER.pack(kind, len(payload)) + payload
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _unsafe_run_candidate(shell: Any, code: str, plan: _BranchPlan, wfd: int) -> None:
+    """The one place a candidate runs: in the grandchild, under its own memory cap and timer. Never returns."""
+    result: dict[str, Any] = {"status": "error", "ename": "BranchAgentError", "evalue": "the child failed to start"}
+    timed_out = [False]
+    try:
+        os.setpgid(0, 0)  # its own process group, so the kernel can kill it with everything it forks
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        random.setstate(plan.random_state)  # `random` reseeds itself after fork; the branch must see the parent's
+        recorder = _Recorder(plan.output_bytes)
+        fd_out = {1: os.memfd_create("themisto-stdout"), 2: os.memfd_create("themisto-stderr")}
+        for target, source in fd_out.items():
+            os.dup2(source, target)  # fd-level output must not reach the kernel's capture pipe (it would leak)
+        _install_capture(shell, recorder)
+        import resource
+
+        limit, _ = _data_limit(plan.memory_bytes)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+        def on_alarm(signum: int, frame: Any) -> None:
+            timed_out[0] = True
+            raise _BranchTimeout(f"the cell ran past its {plan.timeout_s:g} s timeout")
+
+        signal.signal(signal.SIGALRM, on_alarm)
+        started = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, plan.timeout_s)
+        # IPython decides whether to show the last expression by tokenizing the newest history entry; without
+        # history that is the previous cell, and one with a SyntaxError makes every candidate fail (TokenError).
+        # This is the child's own copy of the history, so the kernel's stays as it was.
+        history = getattr(shell, "history_manager", None)
+        if history is not None:
+            history.input_hist_raw.append(code)
+            history.input_hist_parsed.append(code)
+        try:
+            run = shell.run_cell(code, store_history=False, silent=False)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        duration = time.perf_counter() - started
+        try:
+            ctypes.CDLL(None).fflush(None)  # C-level stdio buffers would die with os._exit
+        except (OSError, AttributeError):
+            pass
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            recorder.stream(name, _read_fd_output(fd_out[fd], plan.output_bytes))
+        error = run.error_before_exec or run.error_in_exec
+        if timed_out[0] or isinstance(error, _BranchTimeout):
+            recorder.outputs = [o for o in recorder.outputs if o.get("ename") != "_BranchTimeout"]
+            result = {"status": "timeout", "ename": "CellTimeout",
+                      "evalue": f"the cell ran past its {plan.timeout_s:g} s timeout"}
+        elif error is not None:
+            result = {"status": "error", "ename": type(error).__name__, "evalue": str(error)}
+        else:
+            result = {"status": "ok", "ename": None, "evalue": None}
+        result["duration_s"] = duration
+        result["truncated"] = recorder.truncated
+        result["outputs"] = recorder.finish()
+        hashing = time.perf_counter()
+        result.update(_delta(shell, plan))
+        result["delta_s"] = time.perf_counter() - hashing
+    except BaseException as error:  # noqa: BLE001 - the child reports whatever happened, then always exits
+        result.setdefault("outputs", [])
+        result.update({"status": "timeout" if timed_out[0] else "error",
+                       "ename": "CellTimeout" if timed_out[0] else "BranchAgentError",
+                       "evalue": f"{type(error).__name__}: {error}"[:1000]})
+    finally:
+        try:
+            _send(wfd, b"R", json.dumps(result, default=str).encode("utf-8", "replace"))
+        finally:
+            os._exit(0)
+
+
+def _monitor(shell: Any, code: str, plan: _BranchPlan, wfd: int) -> None:
+    """The kernel's child: a new session, the subreaper of the candidate's processes, and their reaper. Never returns.
+
+    The candidate runs one level further down, so `os.kill(os.getppid(), 9)` in it hits this monitor, not the kernel.
+    """
+    code_out = 97
+    try:
+        os.setsid()
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        child = os.fork()
+        if child == 0:
+            _unsafe_run_candidate(shell, code, plan, wfd)
+        try:
+            os.setpgid(child, child)
+        except OSError:
+            pass  # the child already did it, or already exited
+        _send(wfd, b"P", str(child).encode())
+        os.close(wfd)
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == child:
+                exit_code = os.waitstatus_to_exitcode(status)
+                code_out = min(exit_code, 99) if exit_code >= 0 else 100 - exit_code  # 100 + signal number
+                break
+        # Whatever the candidate left behind (sleeping children, a fork storm) dies with its group; orphans that
+        # left the group were reparented to this subreaper and are killed one by one.
+        try:
+            os.killpg(child, signal.SIGKILL)
+        except OSError:
+            pass
+        deadline = time.monotonic() + _MONITOR_REAP_S
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                for orphan in _children_of(os.getpid()):
+                    try:
+                        os.kill(orphan, signal.SIGKILL)
+                    except OSError:
+                        pass
+                time.sleep(0.005)
+    except BaseException:  # noqa: BLE001 - the monitor must exit, never return into the kernel's code
+        code_out = 98
+    finally:
+        os._exit(code_out)
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+# ----- branch execution: the kernel side ------------------------------------------------------------------------
+
+
+def _parse_messages(buffer: bytearray, messages: dict[bytes, bytes]) -> None:
+    while len(buffer) >= _MSG_HEADER.size:
+        kind, length = _MSG_HEADER.unpack_from(buffer)
+        if length > _MAX_MESSAGE:
+            raise ValueError(f"branch child sent a {length}-byte message")
+        if len(buffer) < _MSG_HEADER.size + length:
+            return
+        messages[kind] = bytes(buffer[_MSG_HEADER.size:_MSG_HEADER.size + length])
+        del buffer[:_MSG_HEADER.size + length]
+
+
+def _wait_monitor(pid: int, until: float) -> int | None:
+    """The monitor's wait status once it exits before `until`, else None."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() >= until:
+            return None
+        time.sleep(0.002)
+
+
+def _run_one(shell: Any, code: str, plan: _BranchPlan, index: int) -> dict:
+    """Fork the monitor, collect the candidate's report until its deadline, then kill and reap everything."""
+    rfd, wfd = os.pipe()
+    started = time.monotonic()
+    deadline = started + plan.timeout_s + _GRACE_S
+    gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
+    try:
+        monitor = os.fork()
+        if monitor == 0:
+            os.close(rfd)
+            _monitor(shell, code, plan, wfd)
+    finally:
+        gc.unfreeze()
+    os.close(wfd)
+    messages: dict[bytes, bytes] = {}
+    buffer = bytearray()
+    monitor_status: int | None = None
+    timed_out = False
+    try:
+        pidfd = os.pidfd_open(monitor) if hasattr(os, "pidfd_open") else None
+    except OSError:
+        pidfd = None
+    try:
+        poller = select.poll()
+        poller.register(rfd, select.POLLIN | select.POLLHUP)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        eof = False
+        while b"R" not in messages:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            wait_ms = left * 1000 if pidfd is not None else min(left * 1000, 20)
+            for fd, _ in poller.poll(max(1, int(wait_ms))):
+                if fd == rfd:
+                    chunk = os.read(rfd, 1 << 20)
+                    if chunk:
+                        buffer += chunk
+                        _parse_messages(buffer, messages)
+                    else:
+                        eof = True
+                        poller.unregister(rfd)
+            if monitor_status is None:
+                done, status = os.waitpid(monitor, os.WNOHANG)
+                if done:
+                    monitor_status = status
+                    if pidfd is not None:
+                        poller.unregister(pidfd)
+            if b"R" in messages:
+                break
+            if monitor_status is not None and os.WIFEXITED(monitor_status):
+                # The monitor reaped the candidate: everything it wrote is in the pipe already.
+                os.set_blocking(rfd, False)
+                try:
+                    while chunk := os.read(rfd, 1 << 20):
+                        buffer += chunk
+                except BlockingIOError:
+                    pass
+                _parse_messages(buffer, messages)
+                break
+            if eof and monitor_status is not None:
+                break
+            if eof and pidfd is None:
+                time.sleep(0.002)
+    finally:
+        child = int(messages[b"P"]) if b"P" in messages else None
+        if child is not None and (timed_out or b"R" not in messages or monitor_status is not None):
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(child, signal.SIGKILL)
+                except OSError:
+                    pass
+        if monitor_status is None:
+            monitor_status = _wait_monitor(monitor, time.monotonic() + _MONITOR_REAP_S + 1.0)
+        if monitor_status is None:
+            os.kill(monitor, signal.SIGKILL)
+            _, monitor_status = os.waitpid(monitor, 0)
+        os.close(rfd)
+        if pidfd is not None:
+            os.close(pidfd)
+    elapsed = time.monotonic() - started
+    if b"R" in messages:
+        result = json.loads(messages[b"R"].decode("utf-8"))
+    elif timed_out:
+        result = {"status": "timeout", "ename": "CellTimeout",
+                  "evalue": f"the cell ran past its {plan.timeout_s:g} s timeout; the branch was killed",
+                  "outputs": [], "duration_s": elapsed}
+    else:
+        result = {"status": "kernel_died", "ename": "KernelDied", "evalue": _death_reason(monitor_status),
+                  "outputs": [], "duration_s": elapsed}
+    result["index"] = index
+    result["wall_s"] = elapsed
+    return result
+
+
+def _death_reason(monitor_status: int | None) -> str:
+    if monitor_status is None:
+        return "the branch ended without a result"
+    if os.WIFSIGNALED(monitor_status):
+        return f"the branch's monitor was killed by signal {os.WTERMSIG(monitor_status)} and no result came"
+    code = os.WEXITSTATUS(monitor_status)
+    if code >= 100:
+        return f"the branch process died by signal {code - 100}"
+    return f"the branch process exited with status {code} without a result"
+
+
+def branch(codes: list[str], timeout_s: float = 30.0, memory_bytes: int = 2**30, output_bytes: int = 2**20,
+           workdir: str | None = None, delta: str = "hash", shell: Any = None) -> str:
+    """Run each candidate in a forked child of this kernel, in the exact current state; JSON list of results.
+
+    The kernel's own state is not changed: each candidate gets a fresh copy-on-write fork. Files under `workdir`
+    that a candidate added, changed or deleted are restored after it, and reported.
+    """
+    if not hasattr(os, "fork"):
+        raise OSError("os.fork is not available on this platform; use the replay fallback")
+    if delta not in ("hash", "identity"):
+        raise ValueError(f"delta must be 'hash' or 'identity', not {delta!r}")
+    shell = _shell(shell)
+    started = time.perf_counter()
+    variables = user_variables(shell)
+    pre_hashes = {name: _CACHE.kept_hash(value) or content_hash(value) for name, value in variables.items()}
+    plan = _BranchPlan(
+        timeout_s=float(timeout_s), memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), delta=delta,
+        pre_hashes=pre_hashes, pre_ids={name: id(value) for name, value in variables.items()},
+        pre_prints={name: _fingerprint(value) for name, value in variables.items()} if delta == "identity" else {},
+        random_state=random.getstate())
+    del variables
+    guard = None
+    if workdir is not None:
+        guard = _GUARDS.get(workdir) or WorkdirGuard(workdir)
+        _GUARDS[workdir] = guard
+        guard.refresh()
+    prepared = time.perf_counter() - started
+    results = []
+    for index, code in enumerate(codes):
+        result = _run_one(shell, code, plan, index)
+        if guard is not None:
+            result["workdir"] = guard.check_and_restore()
+        results.append(result)
+    return json.dumps({"state_hash_before": state_hash(pre_hashes), "prepare_s": prepared, "results": results},
+                      default=str)
+
+
+def set_data_limit(extra_bytes: int | None) -> str:
+    """Lower the kernel's soft RLIMIT_DATA to its current use + extra (None: back to the hard limit); JSON of both.
+
+    The replay fallback uses it to give a candidate the same memory cap as a branch child.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = hard if extra_bytes is None else _data_limit(extra_bytes)[0]
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    return json.dumps({"previous_soft": soft, "hard": hard})
+
+
+def process_count() -> str:
+    """JSON count of the processes visible in this kernel's /proc (its pid namespace under bubblewrap) and of
+    this process's threads: what a branch must leave as it found them."""
+
+    return json.dumps({"processes": sum(1 for entry in os.listdir("/proc") if entry.isdigit()),
+                       "threads": threading.active_count()})

@@ -1,0 +1,382 @@
+"""Exact content hashes of user values (builtins, frames, arrays, code) and the state hash over them.
+
+Runs inside the kernel: standard library only.
+"""
+
+from __future__ import annotations
+
+from __future__ import annotations
+
+import array
+import datetime
+import hashlib
+import io
+import itertools
+import operator
+import pickle
+import re
+import struct
+import sys
+import types
+from typing import Any
+from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, _CANON_NODES, _qualname, _safe_repr
+
+
+# ----- content hashes ----------------------------------------------------------------------------------------------
+
+
+class _NotCanonical(Exception):
+    """The value is not a builtin structure the canonical encoder knows, or it is too large for it."""
+
+
+def _canonical(h: Any, value: Any, budget: list[int], path: set[int]) -> None:
+    """Feed a type-tagged encoding of a builtin structure into `h`: equal values, equal bytes, in any process."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _NotCanonical("too large")
+    kind = type(value)
+    if value is None or value is Ellipsis:
+        h.update(b"N" if value is None else b"E")
+    elif kind is bool:
+        h.update(b"T" if value else b"F")
+    elif kind is int:
+        h.update(b"i" + hex(value).encode() + b";")  # hex: no digit limit, unlike str() of a huge int
+    elif kind is float:
+        h.update(b"f" + struct.pack("<d", value))
+    elif kind is complex:
+        h.update(b"c" + struct.pack("<dd", value.real, value.imag))
+    elif kind is str:
+        data = value.encode("utf-8", "surrogatepass")
+        h.update(b"s%d:" % len(data) + data)
+    elif kind in (bytes, bytearray):
+        h.update(b"b%d:" % len(value) + bytes(value))
+    elif kind in (list, tuple, dict, set, frozenset):
+        if id(value) in path:
+            raise _NotCanonical("cycle")
+        path.add(id(value))
+        h.update(b"%s%d[" % (kind.__name__[:2].encode(), len(value)))
+        if kind is dict:
+            for key, item in value.items():
+                _canonical(h, key, budget, path)
+                _canonical(h, item, budget, path)
+        elif kind in (set, frozenset):  # set order depends on the hash seed: sort the members' digests
+            digests = []
+            for item in value:
+                sub = hashlib.sha256()
+                _canonical(sub, item, budget, path)
+                digests.append(sub.digest())
+            for digest in sorted(digests):
+                h.update(digest)
+        else:
+            for item in value:
+                _canonical(h, item, budget, path)
+        path.discard(id(value))
+        h.update(b"]")
+    elif kind is range:
+        h.update(b"r" + repr(value).encode())
+    else:
+        digest = content_hash(value)
+        if digest.startswith(UNHASHABLE):
+            raise _NotCanonical(digest)
+        h.update(b"h" + digest.encode())
+
+
+_CANONICAL_TYPES = frozenset({type(None), type(Ellipsis), bool, int, float, complex, str, bytes, bytearray, list, tuple,
+                              dict, set, frozenset, range})
+_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+# Leaves whose memo-free pickle is canonical (equal content, equal bytes) and the same in every kernel of one stack.
+_BUILTIN_LEAVES = frozenset({type(None), bool, int, float, complex, str, bytes, datetime.date, datetime.datetime,
+                             datetime.time, datetime.timedelta})
+# Lists of this many Timestamps or more are hashed as one int64 vector (pickling each one costs ~2 µs).
+_TIMESTAMP_VECTOR = 64
+
+
+def _pickle_leaves() -> frozenset:
+    """_BUILTIN_LEAVES plus pandas' Timestamp and Timedelta once pandas is loaded (it is never imported for this)."""
+    pd = sys.modules.get("pandas")
+    timestamp, timedelta = getattr(pd, "Timestamp", None), getattr(pd, "Timedelta", None)
+    if timestamp is None or timedelta is None:
+        return _BUILTIN_LEAVES
+    key = (timestamp, timedelta)
+    found = _LEAVES_MEMO.get(key)
+    if found is None:
+        found = _LEAVES_MEMO[key] = _BUILTIN_LEAVES | {timestamp, timedelta}
+    return found
+
+
+_LEAVES_MEMO: dict[tuple, frozenset] = {}
+_TZ_ATTRIBUTE = operator.attrgetter("tzinfo")
+
+
+def _member_groups(value: Any) -> tuple:
+    return (value.keys(), value.values()) if type(value) is dict else (value,)
+
+
+def _holds_set_or_object(value: Any) -> bool:
+    """True when a builtin structure holds a set or an object whose pickle is not known to be canonical.
+
+    Visits containers only; the leaves of each container are checked at C speed through the set of their types.
+    """
+    leaves = _pickle_leaves()
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue  # shared or cyclic: one visit is enough
+        seen.add(id(item))
+        kind = type(item)
+        if kind is set or kind is frozenset:
+            return True
+        if kind not in _CONTAINERS:
+            continue
+        for members in _member_groups(item):
+            kinds = set(map(type, members))
+            if kinds <= leaves:
+                continue
+            if not kinds <= leaves | _CONTAINERS:
+                return True
+            stack.extend(member for member in members if type(member) in _CONTAINERS)
+    return False
+
+
+def _hash_timestamps(h: Any, value: Any, kinds: set) -> bool:
+    """Hash a list or tuple of leaves holding many naive Timestamps without pickling each (~2 µs apiece): which
+    items are Timestamps, their units and nanoseconds as vectors, and the memo-free pickle of the other items.
+    False where it does not apply (few Timestamps, a timezone, other members, an older pandas)."""
+    pd = sys.modules.get("pandas")
+    timestamp = getattr(pd, "Timestamp", None)
+    if len(value) < _TIMESTAMP_VECTOR or timestamp not in kinds or not kinds <= _pickle_leaves():
+        return False
+    flags = bytes(map(operator.is_, map(type, value), itertools.repeat(timestamp)))
+    stamps = list(itertools.compress(value, flags)) if len(kinds) > 1 else value
+    if len(stamps) < _TIMESTAMP_VECTOR:
+        return False
+    try:
+        if set(map(_TZ_ATTRIBUTE, stamps)) != {None}:
+            return False
+        units = list(map(operator.attrgetter("unit"), stamps))
+        nanoseconds = array.array("q", map(operator.attrgetter("value"), stamps))
+    except (AttributeError, OverflowError):  # no `unit` before pandas 2; a date past int64 nanoseconds
+        return False
+    if sys.byteorder != "little":
+        nanoseconds.byteswap()
+    others = list(itertools.compress(value, map(operator.not_, flags))) if len(kinds) > 1 else []
+    h.update(b"@ts%s%d[" % (type(value).__name__[:2].encode(), len(value)))
+    h.update(flags)  # an item is a Timestamp (1) or not (0): this fixes how the parts below interleave
+    h.update(_fast_pickle(units))
+    h.update(nanoseconds.tobytes())
+    h.update(_fast_pickle(others))
+    return True
+
+
+def _hash_builtin(h: Any, value: Any, kinds: set | None = None) -> None:
+    """Without sets or unknown objects inside, the memo-free pickle of a builtin structure is canonical (and C-fast);
+    otherwise the type-tagged encoder sorts set members, falling back to the pickle past its budget. `kinds`: the
+    types of a list's or tuple's items where the caller has them already."""
+    if type(value) in (list, tuple):
+        kinds = set(map(type, value)) if kinds is None else kinds
+        if _hash_timestamps(h, value, kinds):
+            return
+        if kinds <= _pickle_leaves():
+            h.update(b"p" + _fast_pickle(value))
+            return
+    try:
+        canonical_needed = _holds_set_or_object(value)
+    except RecursionError:
+        canonical_needed = True
+    if canonical_needed:
+        try:
+            _canonical(h, value, [_CANON_NODES], set())
+            return
+        except _NotCanonical:
+            pass
+    h.update(b"p" + _fast_pickle(value))
+
+
+def _fast_pickle(value: Any) -> bytes:
+    """Pickle without the memo, so equal content gives equal bytes whatever the objects' identities."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=4)
+    pickler.fast = True  # deprecated but exactly what is wanted: no memo, no identity in the bytes
+    pickler.dump(value)
+    return buffer.getvalue()
+
+
+def _code_digest(h: Any, code: types.CodeType) -> None:
+    # Only what the code does: file names and line numbers differ between processes for the same cell.
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_argcount)).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_digest(h, const)
+        else:
+            h.update(repr(const).encode())
+
+
+def _hash_frame(value: Any, h: Any) -> bool:
+    """Exact content of a DataFrame, Series or Index: labels, dtypes, index and every column's values. True when
+    all of it is plain (numbers, strings, naive values): then the repr and the size follow from the hash."""
+    import pandas as pd
+
+    h.update(_qualname(value).encode())
+    if isinstance(value, pd.Index):
+        return _hash_index(value, h)
+    if isinstance(value, pd.DataFrame):
+        # the columns' names show in the repr, so they are content too (each column's dtype goes with its values)
+        h.update(repr(([repr(c) for c in value.columns], list(value.columns.names))).encode())
+    else:
+        h.update(repr((value.name, _dtype_text(value.dtype))).encode())
+    plain = _hash_index(value.index, h)
+    if isinstance(value, pd.Series):
+        return _hash_values(value._values, h) and plain
+    column = getattr(value, "_get_column_array", None)
+    for i in range(value.shape[1]):
+        plain = _hash_values(column(i) if column is not None else value.iloc[:, i]._values, h) and plain
+    return plain
+
+
+def _dtype_text(dtype: Any) -> str:
+    """A dtype's exact text: numpy's `str` ('<i8', '<M8[ns]') where it says everything, else the repr (which numpy
+    builds slowly, in Python)."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(dtype, np.dtype) and dtype.fields is None and dtype.subdtype is None:
+        return dtype.str
+    return repr(dtype)
+
+
+def _hash_index(index: Any, h: Any) -> bool:
+    import pandas as pd
+
+    h.update(repr((type(index).__name__, list(index.names), _dtype_text(index.dtype), len(index),
+                   repr(getattr(index, "freq", None)))).encode())
+    if isinstance(index, pd.RangeIndex):
+        h.update(b"range" + repr((index.start, index.stop, index.step)).encode())  # never materialised
+        return True
+    if isinstance(index, pd.MultiIndex):
+        plain = True
+        for level, codes in zip(index.levels, index.codes):
+            plain = _hash_index(level, h) and plain
+            plain = _hash_values(codes, h) and plain
+        return plain
+    return _hash_values(index._values, h)
+
+
+def _raw_bytes(values: Any) -> memoryview:
+    """The array's bytes without a copy where it is contiguous; as uint8, since datetimes refuse the buffer protocol."""
+    import numpy as np
+
+    return memoryview(np.ascontiguousarray(values).reshape(-1).view(np.uint8))
+
+
+def _hash_values(values: Any, h: Any) -> bool:
+    """Exact bytes for one column's (or index's) values: raw buffers, pickled Python objects, or pandas' hashes
+    only for extension arrays it alone knows. True when the values are plain (see _hash_frame)."""
+    import numpy as np
+
+    if isinstance(values, np.ndarray):
+        h.update(repr((values.dtype.str, values.shape)).encode())
+        if values.dtype.hasobject:
+            items = values.tolist()
+            kinds = set(map(type, items))
+            _hash_builtin(h, items, kinds)  # tells None from NaN and 1 from "1", unlike pandas' hashes
+            return values.ndim == 1 and kinds <= _pickle_leaves()
+        h.update(_raw_bytes(values))
+        return True
+    h.update(_qualname(values).encode() + _dtype_text(values.dtype).encode())
+    parts = None
+    if hasattr(values, "codes") and hasattr(values, "categories"):  # Categorical: codes and categories
+        parts = (np.asarray(values.codes), values.categories)
+    elif isinstance(getattr(values, "_data", None), np.ndarray) and isinstance(getattr(values, "_mask", None),
+                                                                                np.ndarray):
+        parts = (values._data, values._mask)  # nullable integers, floats, booleans
+    elif isinstance(getattr(values, "_ndarray", None), np.ndarray):
+        parts = (values._ndarray,)  # datetimes with a timezone, periods, numpy-backed strings
+    if parts is not None:
+        plain = True
+        for part in parts:
+            plain = (_hash_values(part, h) if isinstance(part, np.ndarray) else _hash_index(part, h)) and plain
+        return plain
+    import pandas as pd
+
+    try:
+        h.update(memoryview(pd.util.hash_pandas_object(pd.Series(values, copy=False), index=False).to_numpy()))
+    except TypeError:
+        _hash_builtin(h, list(values))
+    return False  # pandas' 64-bit hashes, or objects: the record is described anew each time
+
+
+def _hash_array(value: Any, h: Any) -> bool:
+    h.update(repr((value.dtype.str, value.shape)).encode())
+    if value.dtype.hasobject:
+        items = value.tolist()
+        _canonical(h, items, [_CANON_NODES], set())
+        return value.ndim == 1 and set(map(type, items)) <= _pickle_leaves()
+    h.update(_raw_bytes(value))
+    return True
+
+
+def _hash_match(value: Any, h: Any) -> None:
+    # A match's repr shows only its span and matched text; its content is the pattern, the subject and every group.
+    pattern = value.re
+    h.update(b"re.Match")
+    _canonical(h, (pattern.pattern, pattern.flags, value.string, value.pos, value.endpos, value.regs),
+               [_CANON_NODES], set())
+
+
+_FRAME_TYPES = frozenset({"DataFrame", "Series", "Index", "RangeIndex", "MultiIndex", "DatetimeIndex",
+                          "CategoricalIndex"})
+
+
+def content_hash(value: Any) -> str:
+    """A hash of the value's content that is stable across processes, or "unhashable:<reason>"."""
+    return _content_hash(value)[0]
+
+
+def _content_hash(value: Any) -> tuple[str, bool]:
+    """The content hash, and whether the value is a frame or array of plain values (whose record the hash fixes)."""
+    h = hashlib.sha256()
+    module = type(value).__module__ or ""
+    plain = False
+    try:
+        if module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES:
+            plain = _hash_frame(value, h)
+        elif module == "numpy" and type(value).__name__ == "ndarray":
+            plain = _hash_array(value, h)
+        elif module == "numpy" and hasattr(value, "dtype") and hasattr(value, "tobytes") and not value.dtype.hasobject:
+            h.update(value.dtype.str.encode() + value.tobytes())  # numpy scalar
+        elif isinstance(value, types.FunctionType):
+            h.update(f"function {value.__module__}.{value.__qualname__}".encode())
+            _code_digest(h, value.__code__)
+            h.update(repr(value.__defaults__).encode())
+        elif isinstance(value, type):
+            h.update(f"class {value.__module__}.{value.__qualname__}".encode())
+            for key, member in sorted(vars(value).items()):
+                h.update(key.encode())
+                if isinstance(member, types.FunctionType):
+                    _code_digest(h, member.__code__)
+        elif type(value) in _CANONICAL_TYPES:
+            _hash_builtin(h, value)
+        elif type(value) is re.Match:
+            _hash_match(value, h)
+        else:
+            h.update(_qualname(value).encode())
+            h.update(_fast_pickle(value))
+    except RecursionError:
+        return f"{UNHASHABLE}:RecursionError", False
+    except Exception as error:  # noqa: BLE001 - any failure of user code in pickle/repr is recorded, not raised
+        text = _safe_repr(value)[0]
+        # A repr stands for the content only where it is complete: never for arrays and frames (display-truncated).
+        if " at 0x" in text or text.startswith("<repr failed") or module.startswith(("pandas", "numpy")):
+            return f"{UNHASHABLE}:{type(error).__name__}", False
+        h = hashlib.sha256(b"repr:" + _qualname(value).encode() + text.encode("utf-8", "replace"))
+        return "repr:" + h.hexdigest()[:HASH_CHARS], False
+    return h.hexdigest()[:HASH_CHARS], plain
+
+
+def state_hash(hashes: dict[str, str]) -> str:
+    """The hash of a whole namespace: over its sorted (name, content hash) pairs."""
+    h = hashlib.sha256()
+    for name in sorted(hashes):
+        h.update(f"{name}\0{hashes[name]}\n".encode())
+    return h.hexdigest()[:HASH_CHARS]

@@ -1,0 +1,102 @@
+"""What the agent shares: its limits and markers, the IPython shell, the user's namespace, bounded reprs.
+
+Runs inside the kernel: standard library only.
+"""
+
+from __future__ import annotations
+
+from __future__ import annotations
+
+import builtins
+import reprlib
+import struct
+import types
+from typing import Any
+
+
+REPR_CHARS = 500
+HASH_CHARS = 32  # hex digits of sha256 kept: 128 bits
+UNHASHABLE = "unhashable"
+# Names IPython puts in the namespace even when user_ns_hidden no longer lists them.
+IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+# Builtin containers up to this many nodes are hashed canonically; larger ones by their memo-free pickle.
+_CANON_NODES = 100_000
+# Deep sizes walk at most this many objects, then extrapolate from what they saw.
+_SIZE_NODES = 20_000
+# Flat containers of leaves up to this length are sized exactly at C speed (the walk above is Python-level).
+_FLAT_SIZE_MAX = 1_000_000
+# DataFrames longer than this get their object columns' deep size estimated from a sample.
+_EXACT_DEEP_ROWS = 200_000
+# Above this estimated size an object kept by identity in a branch is trusted, not rehashed (delta="identity").
+_REHASH_BYTES = 1 << 20
+_GRACE_S = 2.0  # after the candidate's own timer: time to hash the delta and report before SIGKILL
+_MONITOR_REAP_S = 2.0
+_MSG_HEADER = struct.Struct(">cQ")
+_MAX_MESSAGE = 512 * 2**20
+_PR_SET_CHILD_SUBREAPER = 36
+# One marker for a cut cell, whether it ran in the kernel (themisto.runtime.kernel) or in a branch child.
+OUTPUT_CAP_MARKER = "\n[themisto: output truncated: the cell wrote {total:,} bytes, over its {cap:,}-byte limit]\n"
+
+
+def _shell(shell: Any = None) -> Any:
+    if shell is not None:
+        return shell
+    from IPython import get_ipython
+
+    found = get_ipython()
+    if found is None:
+        raise RuntimeError("themisto.runtime.agent runs inside an IPython kernel; no shell is active")
+    return found
+
+
+def _qualname(value: Any) -> str:
+    kind = type(value)
+    module = getattr(kind, "__module__", None) or "builtins"
+    return f"{module}.{kind.__qualname__}"
+
+
+def user_variables(shell: Any = None) -> dict[str, Any]:
+    """The user's variables: not modules, not IPython's own names, not names that start with `_`."""
+    shell = _shell(shell)
+    hidden = getattr(shell, "user_ns_hidden", {})
+    found = {}
+    for name, value in list(shell.user_ns.items()):
+        if name.startswith("_") or name in IPYTHON_NAMES or isinstance(value, types.ModuleType):
+            continue
+        if name in hidden and hidden[name] is value:
+            continue
+        found[name] = value
+    return found
+
+
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = REPR_CHARS
+_REPR.maxother = REPR_CHARS
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 50
+_REPR.maxdict = 30
+_REPR.maxlevel = 4
+
+
+def _safe_repr(value: Any) -> tuple[str, str | None]:
+    """A repr of at most REPR_CHARS characters, and the error if __repr__ failed."""
+    try:
+        module = type(value).__module__ or ""
+        if type(value) in (list, tuple, dict, set, frozenset, str, bytes):
+            text = _REPR.repr(value)  # bounded effort on huge builtin containers
+        elif module.startswith("pandas"):
+            import pandas as pd
+
+            # Fewer rows and narrower cells than the notebook shows: the repr is cut at REPR_CHARS anyway.
+            with pd.option_context("display.max_rows", 6, "display.min_rows", 6, "display.max_columns", 8,
+                                   "display.max_colwidth", 30):
+                text = builtins.repr(value)
+        else:
+            text = builtins.repr(value)
+    except Exception as error:  # noqa: BLE001 - a broken __repr__ is data, not a failure of the snapshot
+        reason = f"{type(error).__name__}: {error}"[:200]
+        return f"<repr failed: {reason}>", reason
+    if len(text) > REPR_CHARS:
+        text = text[: REPR_CHARS - 3] + "..."
+    return text, None
