@@ -1,0 +1,346 @@
+"""Read and validate a submission: a run folder (`run.json` + `generations.jsonl`, optional `submission.json`).
+
+A submission is predictions, never scores. Validation checks the run's settings are complete, the release content
+hash is the board's release, and every test id appears exactly once per context mode and sample with a string
+prediction; the first problem is a SubmissionError naming the file and line. Anything that claims a score (a
+results file, a `scores` key, a per-line `score`) is dropped and listed in `Submission.ignored`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+RUN_FILE = "run.json"
+GENERATIONS_FILE = "generations.jsonl"
+SUBMISSION_FILE = "submission.json"
+SUBMITTED_FILES: tuple[str, ...] = (RUN_FILE, GENERATIONS_FILE, SUBMISSION_FILE)
+TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
+STATUSES: tuple[str, ...] = ("ok", "skipped", "failed")
+# One line of generations.jsonl holds one prediction; a longer line is a flood, not a prediction.
+MAX_LINE_BYTES = 1 << 20
+MAX_JSON_BYTES = 1 << 20
+GENERATION_KEYS: tuple[str, ...] = ("id", "task", "context", "sample", "prediction", "raw", "status", "reason",
+                                    "tokens_in", "tokens_out")
+SAMPLING_KEYS: tuple[str, ...] = ("n", "temperature", "top_p", "max_new_tokens", "seed")
+SUBMISSION_KEYS: tuple[str, ...] = ("submitter", "model_id", "model_revision", "link", "submitted")
+# Keys and file names that carry a score someone computed elsewhere: never read, always reported.
+_SCORE_WORDS = ("score", "result", "metric", "exact_match", "rouge", "chrf", "functional", "accuracy", "pass@",
+                "correct", "leaderboard")
+
+
+class SubmissionError(ValueError):
+    """A submission the board refuses; the message names the file (and line, or example id) and the reason."""
+
+
+@dataclass(frozen=True)
+class ReleaseInfo:
+    """What validation needs from the board's release: its content hash, test ids per task, and its date."""
+
+    folder: Path
+    content_hash: str
+    test_ids: dict[str, tuple[str, ...]]
+    built: str  # the release build's date (UTC), from its build report's modification time
+
+
+def release_info(folder: str | Path) -> ReleaseInfo:
+    """Hash the release's Parquet files (the build's own `content_hash`) and read each task's test ids."""
+    import pyarrow.parquet as pq
+
+    from themisto.release.parquet import BUILD_FILE, content_hash, parquet_name, sha256_file
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SubmissionError(f"{folder}: no such release folder")
+    files = {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*.parquet"))}
+    if not files:
+        raise SubmissionError(f"{folder}: no Parquet file, not a release folder (themisto build)")
+    test_ids = {}
+    for task in TASKS:
+        path = folder / parquet_name(task, "test")
+        if path.is_file():
+            test_ids[task] = tuple(pq.read_table(path, columns=["id"]).column("id").to_pylist())
+    build = folder / BUILD_FILE
+    stamp = build.stat().st_mtime if build.is_file() else max(p.stat().st_mtime for p in folder.rglob("*.parquet"))
+    built = datetime.fromtimestamp(stamp, tz=timezone.utc).date().isoformat()
+    return ReleaseInfo(folder, content_hash(files), test_ids, built)
+
+
+@dataclass
+class Submission:
+    """A validated submission: its run settings, cleaned generation records, predictions hash, what was ignored."""
+
+    folder: Path
+    run: dict
+    meta: dict
+    generations: list[dict]
+    predictions_sha256: str
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def task(self) -> str:
+        return self.run["task"]
+
+    @property
+    def contexts(self) -> tuple[str, ...]:
+        return tuple(self.run["contexts"])
+
+    @property
+    def model(self) -> str:
+        """The model's name as the board shows it: the Hub id from submission.json, else run.json's model."""
+        return str(self.meta.get("model_id") or self.run["model"])
+
+    @property
+    def settings_key(self) -> str:
+        """Equal for two submissions of the same model with the same settings (the later one replaces the other)."""
+        run = self.run
+        templates = {c: (run.get("templates") or {}).get(c, {}).get("sha256") for c in self.contexts}
+        key = [run["task"], run["backend"], run["model"], run.get("model_revision"), run.get("weights_sha256"),
+               run["sampling"], sorted(self.contexts), templates]
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def order(self) -> str:
+        """When it was made, for `later replaces earlier`: submission.json `submitted`, else run.json `finished`."""
+        return str(self.meta.get("submitted") or self.run.get("finished") or "")
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise SubmissionError(f"{path}: missing ({what})")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise SubmissionError(f"{path}: larger than {MAX_JSON_BYTES} bytes, not a {what}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SubmissionError(f"{path}: not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise SubmissionError(f"{path}:{exc.lineno}: not JSON ({exc.msg}; truncated?)") from None
+    if not isinstance(data, dict):
+        raise SubmissionError(f"{path}: expected a JSON object")
+    return data
+
+
+def _claims_score(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _SCORE_WORDS)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_run(run: dict, path: Path, release: ReleaseInfo) -> None:
+    """run.json's settings are complete and name the board's release and split; SubmissionError names the field."""
+    from themisto.generation.prompts import CONTEXT_MODES
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise SubmissionError(f"{path}: {what}")
+
+    need(run.get("format") == 1, "`format` must be 1")
+    need(run.get("task") in TASKS, f"`task` must be one of {', '.join(TASKS)}")
+    contexts = run.get("contexts")
+    need(isinstance(contexts, list) and contexts and all(c in CONTEXT_MODES for c in contexts)
+         and len(set(contexts)) == len(contexts), f"`contexts` must be a non-empty list of distinct {CONTEXT_MODES}")
+    for key in ("backend", "model"):
+        need(isinstance(run.get(key), str) and run[key].strip() != "", f"`{key}` must be a non-empty string")
+    need("model_revision" in run or "weights_sha256" in run, "names neither `model_revision` nor `weights_sha256`")
+    sampling = run.get("sampling")
+    need(isinstance(sampling, dict) and all(k in sampling for k in SAMPLING_KEYS),
+         f"`sampling` must give {', '.join(SAMPLING_KEYS)}")
+    need(_is_int(sampling["n"]) and sampling["n"] >= 1, "`sampling.n` must be an integer >= 1")
+    need(_is_number(sampling["temperature"]) and _is_number(sampling["top_p"]) and _is_int(sampling["max_new_tokens"])
+         and (sampling["seed"] is None or _is_int(sampling["seed"])), "`sampling` values have the wrong types")
+    templates = run.get("templates")
+    need(isinstance(templates, dict) and all(isinstance(templates.get(c), dict) and
+                                             isinstance(templates[c].get("sha256"), str) for c in contexts),
+         "`templates` must give {text, sha256} for every context mode")
+    hash_ = (run.get("release") or {}).get("content_hash") if isinstance(run.get("release"), dict) else None
+    need(isinstance(hash_, str), "`release.content_hash` is missing")
+    need(hash_ == release.content_hash, f"made on release {hash_[:12]}…, the board's release is "
+                                        f"{release.content_hash[:12]}… (ids and targets differ between releases)")
+    need(run.get("split") == "test", "`split` must be \"test\"")
+    need(run["task"] in release.test_ids, f"the release has no {run['task']} test split")
+
+
+def _lines(path: Path) -> Iterable[tuple[int, bytes, bool]]:
+    """(line number, bytes, ended with a newline) for each line, each read with a bound."""
+    with path.open("rb") as fh:
+        lineno = 0
+        while True:
+            line = fh.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            lineno += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise SubmissionError(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES} bytes")
+            yield lineno, line, line.endswith(b"\n")
+
+
+def _record(path: Path, lineno: int, raw: bytes, complete: bool, run: dict, ids: set[str]) -> dict:
+    """One checked generation record (contract keys only); SubmissionError names the line."""
+    where = f"{path}:{lineno}"
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        cut = "" if complete else " (the last line has no newline: the file is truncated)"
+        raise SubmissionError(f"{where}: not a JSON line{cut}: {exc}") from None
+    if not isinstance(record, dict):
+        raise SubmissionError(f"{where}: expected a JSON object")
+    example = record.get("id")
+    if not isinstance(example, str):
+        raise SubmissionError(f"{where}: `id` must be a string")
+    if example not in ids:
+        raise SubmissionError(f"{where}: id {example!r} is not a {run['task']} test id of the board's release "
+                              "(ids from another release?)")
+    if record.get("task") != run["task"]:
+        raise SubmissionError(f"{where}: id {example}: task {record.get('task')!r}, run.json says {run['task']!r}")
+    if record.get("context") not in run["contexts"]:
+        raise SubmissionError(f"{where}: id {example}: context {record.get('context')!r} is not one of run.json's "
+                              f"{run['contexts']}")
+    sample = record.get("sample")
+    if not _is_int(sample) or not 0 <= sample < run["sampling"]["n"]:
+        raise SubmissionError(f"{where}: id {example}: `sample` must be an integer in 0..{run['sampling']['n'] - 1}")
+    if not isinstance(record.get("prediction"), str):
+        raise SubmissionError(f"{where}: id {example}: `prediction` must be a string, got "
+                              f"{type(record.get('prediction')).__name__}")
+    if record.get("status") not in STATUSES:
+        raise SubmissionError(f"{where}: id {example}: `status` must be one of {', '.join(STATUSES)}")
+    return record
+
+
+def read_generations(path: Path, run: dict, release: ReleaseInfo) -> tuple[list[dict], dict[str, int]]:
+    """The checked records (every test id once per context and sample) and the count of ignored keys."""
+    ids = set(release.test_ids[run["task"]])
+    if not path.is_file():
+        raise SubmissionError(f"{path}: missing (the predictions)")
+    seen: dict[tuple, int] = {}
+    records: list[dict] = []
+    extra: dict[str, int] = {}
+    for lineno, raw, complete in _lines(path):
+        if not raw.strip():
+            continue
+        record = _record(path, lineno, raw, complete, run, ids)
+        key = (record["context"], record["sample"], record["id"])
+        if key in seen:
+            raise SubmissionError(f"{path}:{lineno}: id {record['id']} (context {key[0]}, sample {key[1]}) is "
+                                  f"already on line {seen[key]}")
+        seen[key] = lineno
+        for name in record:
+            if name not in GENERATION_KEYS:
+                extra[name] = extra.get(name, 0) + 1
+        records.append({k: record.get(k) for k in GENERATION_KEYS})
+    expected = [(c, s, i) for c in run["contexts"] for s in range(run["sampling"]["n"])
+                for i in release.test_ids[run["task"]]]
+    missing = [key for key in expected if key not in seen]
+    if missing:
+        context, sample, example = missing[0]
+        limit = f"; run.json has limit={run['limit']}" if run.get("limit") else ""
+        raise SubmissionError(f"{path}: {len(missing)} of {len(expected)} predictions missing, first: id {example} "
+                              f"(context {context}, sample {sample}){limit}")
+    return records, extra
+
+
+def predictions_sha256(task: str, records: Iterable[dict]) -> str:
+    """sha256 over the task and every (context, sample, id, status, prediction), sorted: the scores' cache key."""
+    digest = hashlib.sha256(task.encode() + b"\n")
+    for r in sorted(records, key=lambda r: (r["context"], r["sample"], r["id"])):
+        digest.update(json.dumps([r["context"], r["sample"], r["id"], r["status"], r["prediction"]]).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def _meta(folder: Path, ignored: list[str]) -> dict:
+    path = folder / SUBMISSION_FILE
+    if not path.exists():
+        return {}
+    data = _read_json(path, "the submitter's details")
+    for key, value in data.items():
+        if key not in SUBMISSION_KEYS:
+            ignored.append(f"{SUBMISSION_FILE}: key `{key}` ignored" + (" (a claimed score)" if _claims_score(key)
+                                                                         else ""))
+        elif value is not None and not isinstance(value, str):
+            raise SubmissionError(f"{path}: `{key}` must be a string")
+    return {k: data.get(k) for k in SUBMISSION_KEYS if data.get(k) is not None}
+
+
+def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
+    """Validate one run folder against the board's release; SubmissionError says why it is refused."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SubmissionError(f"{folder}: no such submission folder")
+    ignored: list[str] = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name not in SUBMITTED_FILES:
+            why = "claimed scores, ignored: the board re-scores the predictions" if _claims_score(entry.name) \
+                else "not part of a submission, ignored"
+            ignored.append(f"{entry.name}{'/' if entry.is_dir() else ''}: {why}")
+    run = _read_json(folder / RUN_FILE, "the run's settings")
+    check_run(run, folder / RUN_FILE, release)
+    for key in run:
+        if _claims_score(key):
+            ignored.append(f"{RUN_FILE}: key `{key}` ignored (a claimed score)")
+    meta = _meta(folder, ignored)
+    records, extra = read_generations(folder / GENERATIONS_FILE, run, release)
+    for key, count in sorted(extra.items()):
+        ignored.append(f"{GENERATIONS_FILE}: key `{key}` on {count} line(s) ignored"
+                       + (" (a claimed score)" if _claims_score(key) else ""))
+    return Submission(folder, run, meta, records, predictions_sha256(run["task"], records), ignored)
+
+
+def write_submission(submission: Submission, dest: str | Path) -> Path:
+    """Write the validated submission (settings, cleaned records, details; nothing ignored) to `dest` whole."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        run = {k: v for k, v in submission.run.items() if not _claims_score(k)}
+        (tmp / RUN_FILE).write_text(json.dumps(run, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        with (tmp / GENERATIONS_FILE).open("w", encoding="utf-8") as fh:
+            for record in submission.generations:
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if submission.meta:
+            (tmp / SUBMISSION_FILE).write_text(json.dumps(submission.meta, indent=2, sort_keys=True) + "\n",
+                                               encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.replace(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def find_submissions(paths: Iterable[str | Path]) -> list[Path]:
+    """Each path that holds a run.json, or the run folders found below a folder of submissions (sorted)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if (path / RUN_FILE).exists():
+            found.append(path)
+        elif path.is_dir():
+            inside = sorted(p.parent for p in path.rglob(RUN_FILE))
+            if not inside:
+                raise SubmissionError(f"{path}: no {RUN_FILE} in this folder or below it")
+            found.extend(inside)
+        else:
+            raise SubmissionError(f"{path}: no such submission folder")
+    return found
+
+
+def submission_slug(submission: Submission) -> str:
+    """A path-safe folder name for a submission: task, model and the start of its predictions hash."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in submission.model)[:80].strip("-.") or "model"
+    return f"{submission.task}/{safe}/{submission.predictions_sha256[:12]}"
