@@ -34,3 +34,11 @@ def small_release(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("small-release") / "release"
     build_release(rows_of(*trajectories), out, TaskSettings(seed=3, test_fraction=1.0), source={"kind": "test-rows"})
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A 2-layer random Llama with a locally trained tokenizer and a chat template (tests/_tiny_model.py)."""
+    from _tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
