@@ -1,47 +1,11 @@
-"""Fixtures shared by the leaderboard tests: a tiny release replayed in a real kernel (built once per session), and
-run folders written per the run-folder contract (the previous cell / previous output as predictions)."""
+"""Helpers shared by the leaderboard tests: run folders written per the run-folder contract over a release (the
+conftest's `small_release`), predicting the previous cell / previous output unless told otherwise."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
-
-from themisto.ingest.trajectory import Execution, Trajectory
-from themisto.release.parquet import build_release
-from themisto.release.tasks import TaskSettings, trajectory_rows
-from themisto.replay.replay import ReplaySettings, replay_trajectory
-
-KERNEL = "lb-kernel"
-CELLS = [
-    "numbers = [4, 2, 9]",
-    "print(len(numbers))",
-    "numbers.append(1)",
-    "print(sorted(numbers))",
-    "total = sum(numbers)",
-    "print(total)",
-    "mean = total / len(numbers)",
-    "print(round(mean, 2))",
-    "numbers = [n * 2 for n in numbers]",
-    "print(numbers)",
-    "print(max(numbers))",
-]
-
-
-def tiny_release(tmp_path_factory) -> Path:
-    """A release of one short trajectory with every eligible row in `test`; built once per test session."""
-    out = tmp_path_factory.getbasetemp() / "leaderboard-release"
-    if (out / "themisto_build.json").is_file():
-        return out
-    workspace = tmp_path_factory.mktemp("leaderboard-ws")
-    trajectory = Trajectory(id=KERNEL, notebook="task1.ipynb", source="test", task="task1",
-                            executions=[Execution(cell_id=f"c{i}", code=code, status="ok")
-                                        for i, code in enumerate(CELLS)])
-    steps = list(replay_trajectory(trajectory, workspace, ReplaySettings(cell_timeout_s=20)))
-    build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0, length_quantile=1.0,
-                                                            output_sample_size=None),
-                  source={"kind": "test", "workspace": {"given": "leaderboard-ws"}})
-    return out
 
 
 def task_rows(release: Path, task: str) -> list[dict]:

@@ -128,7 +128,8 @@ def _read_json(path: Path, what: str) -> dict:
     return data
 
 
-def _claims_score(name: str) -> bool:
+def claims_score(name: str) -> bool:
+    """Whether a file or key name says it holds a score (such things are ignored, never read)."""
     lowered = name.lower()
     return any(word in lowered for word in _SCORE_WORDS)
 
@@ -268,7 +269,7 @@ def _meta(folder: Path, ignored: list[str]) -> dict:
     data = _read_json(path, "the submitter's details")
     for key, value in data.items():
         if key not in SUBMISSION_KEYS:
-            ignored.append(f"{SUBMISSION_FILE}: key `{key}` ignored" + (" (a claimed score)" if _claims_score(key)
+            ignored.append(f"{SUBMISSION_FILE}: key `{key}` ignored" + (" (a claimed score)" if claims_score(key)
                                                                          else ""))
         elif value is not None and not isinstance(value, str):
             raise SubmissionError(f"{path}: `{key}` must be a string")
@@ -283,36 +284,40 @@ def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
     ignored: list[str] = []
     for entry in sorted(folder.iterdir()):
         if entry.name not in SUBMITTED_FILES:
-            why = "claimed scores, ignored: the board re-scores the predictions" if _claims_score(entry.name) \
+            why = "claimed scores, ignored: the board re-scores the predictions" if claims_score(entry.name) \
                 else "not part of a submission, ignored"
             ignored.append(f"{entry.name}{'/' if entry.is_dir() else ''}: {why}")
     run = _read_json(folder / RUN_FILE, "the run's settings")
     check_run(run, folder / RUN_FILE, release)
     for key in run:
-        if _claims_score(key):
+        if claims_score(key):
             ignored.append(f"{RUN_FILE}: key `{key}` ignored (a claimed score)")
     meta = _meta(folder, ignored)
     records, extra = read_generations(folder / GENERATIONS_FILE, run, release)
     for key, count in sorted(extra.items()):
         ignored.append(f"{GENERATIONS_FILE}: key `{key}` on {count} line(s) ignored"
-                       + (" (a claimed score)" if _claims_score(key) else ""))
+                       + (" (a claimed score)" if claims_score(key) else ""))
     return Submission(folder, run, meta, records, predictions_sha256(run["task"], records), ignored)
 
 
+def submission_bytes(submission: Submission) -> dict[str, bytes]:
+    """The files a validated submission is passed on as: settings (no claimed score), cleaned records, details."""
+    run = {k: v for k, v in submission.run.items() if not claims_score(k)}
+    files = {RUN_FILE: (json.dumps(run, indent=2, sort_keys=True) + "\n").encode(),
+             GENERATIONS_FILE: "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in submission.generations).encode()}
+    if submission.meta:
+        files[SUBMISSION_FILE] = (json.dumps(submission.meta, indent=2, sort_keys=True) + "\n").encode()
+    return files
+
+
 def write_submission(submission: Submission, dest: str | Path) -> Path:
-    """Write the validated submission (settings, cleaned records, details; nothing ignored) to `dest` whole."""
+    """Write the validated submission (`submission_bytes`; nothing ignored) to the folder `dest` whole."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
-        run = {k: v for k, v in submission.run.items() if not _claims_score(k)}
-        (tmp / RUN_FILE).write_text(json.dumps(run, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        with (tmp / GENERATIONS_FILE).open("w", encoding="utf-8") as fh:
-            for record in submission.generations:
-                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-        if submission.meta:
-            (tmp / SUBMISSION_FILE).write_text(json.dumps(submission.meta, indent=2, sort_keys=True) + "\n",
-                                               encoding="utf-8")
+        for name, data in submission_bytes(submission).items():
+            (tmp / name).write_bytes(data)
         os.chmod(tmp, 0o755)
         if dest.exists():
             shutil.rmtree(dest)
