@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 
-def _release(given: Path | None, tmp: str) -> Path:
+def release_resources(given: Path | None, tmp: str) -> Path:
     if given is not None:
         return given
     from themisto.release.parquet import BuildInputs, build_release, release_rows
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from themisto.scoring.scorer import load_release, score
 
     with tempfile.TemporaryDirectory(prefix="themisto-bench-score-") as tmp:
-        folder = _release(args.release, tmp)
+        folder = release_resources(args.release, tmp)
         release = load_release(folder, "next_cell")
         import pyarrow.parquet as pq
 

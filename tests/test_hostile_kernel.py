@@ -16,7 +16,8 @@ import psutil
 import pytest
 from _processes import live_children
 
-from themisto.runtime.kernel import STATUSES, KernelSession, Limits, sandbox_available
+from themisto.runtime.kernel import STATUSES, KernelSession, Limits
+from themisto.runtime.sandbox import sandbox_available
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ import pytest
 from _processes import live_children
 
 from themisto import settings as settings_module
-from themisto.runtime.kernel import KernelSession, Limits, SandboxWarning, sandbox_available
+from themisto.runtime.kernel import KernelSession, Limits
+from themisto.runtime.sandbox import SandboxWarning, sandbox_available
 
 pytestmark = pytest.mark.slow
 

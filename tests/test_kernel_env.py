@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy
 import pytest
 
-from themisto.runtime import kernel as kernel_module
+from themisto.runtime import sandbox as kernel_module
 from themisto import settings as settings_module
-from themisto.runtime.kernel import KernelSession, Limits, SandboxWarning, kernel_environment, sandbox_available
+from themisto.runtime.kernel import KernelSession, Limits
+from themisto.runtime.sandbox import SandboxWarning, kernel_environment, sandbox_available
 
 pytestmark = pytest.mark.slow
 

@@ -210,7 +210,7 @@ def _library_versions() -> dict[str, str]:
     import datasets
     import pyarrow
 
-    from themisto.runtime.kernel import kernel_environment
+    from themisto.runtime.sandbox import kernel_environment
 
     kernel = {f"kernel_{name}": version for name, version in kernel_environment().items() if name != "interpreter"}
     return {"datasets_version": datasets.__version__, "pyarrow_version": pyarrow.__version__, **kernel}

@@ -1,5 +1,9 @@
 """The sandboxed kernel session: the one module that owns a Jupyter kernel, its limits, its watchdog and its cleanup.
 
+(Over 400 lines on purpose: `AsyncKernelSession` is one object whose methods share the kernel's life — start, the
+watchdog, restarts, cleanup — and splitting it would spread that state over modules. What does not touch it lives in
+`sandbox` (host probes, uids, process cleanup) and `collector` (IOPub messages into outputs).)
+
 Every cell ends in a closed outcome (ok, error, timeout, kernel_died). A cell past its timeout is interrupted, and
 the kernel is restarted when the interrupt does not end it; a dead kernel is replaced by a fresh one. The kernel runs
 in a temporary copy of the workspace, under bubblewrap where it is available (read-only filesystem, private /tmp and
@@ -10,13 +14,10 @@ best-effort guard for replaying notebooks and scoring model-written code, not a 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
-import random
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -31,9 +32,12 @@ from typing import Any, Literal
 import psutil
 
 from themisto.runtime import launcher as kernel_launcher
-from themisto.runtime.agent import OUTPUT_CAP_MARKER
 from themisto.runtime.outputs import strip_ansi
 from themisto.settings import settings
+from themisto.runtime.collector import OutputCollector, stream_prefix
+from themisto.runtime.sandbox import (KernelResources, KernelStartError, SandboxWarning, bwrap_works, choose_uid,
+                                      interpreter_paths, is_running, kernel_python, kill_all, processes_of_uid,
+                                      release_resources)
 
 Status = Literal["ok", "error", "timeout", "kernel_died"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died")
@@ -44,14 +48,6 @@ INTERRUPT_GRACE_S = 1.5
 _LIVENESS_PERIOD_S = 0.2
 _KERNEL_NAME = "themisto-sandbox"
 _STDERR_TAIL_BYTES = 8192
-
-
-class SandboxWarning(UserWarning):
-    """The sandbox is weaker than asked (no bubblewrap, or the process cap cannot bind)."""
-
-
-class KernelStartError(RuntimeError):
-    """The kernel did not become ready; the message carries the end of its log."""
 
 
 @dataclass(frozen=True)
@@ -84,295 +80,6 @@ class CellResult:
     user_expressions: dict = field(default_factory=dict)  # evaluated after the cell (IPython: only when it succeeded)
 
 
-def _data_size(data: dict) -> int:
-    """Bytes of a mime bundle as it would be serialized (str as UTF-8, anything else as JSON)."""
-    size = 0
-    for value in data.values():
-        if isinstance(value, str):
-            size += len(value.encode("utf-8", "replace"))
-        else:
-            size += len(json.dumps(value))
-    return size
-
-
-def _stream_prefix(raw: bytes, limit: int) -> tuple[str, str]:
-    """Name and the first `limit` bytes of text of a stream message too large to decode whole."""
-    name = "stderr" if b'"stderr"' in raw[:200] else "stdout"
-    start = raw.find(b'"text":')
-    if start < 0:
-        return name, ""
-    start = raw.find(b'"', start + 7) + 1
-    piece = raw[start : start + limit].decode("utf-8", "ignore")
-    # The cut may split an escape sequence; drop characters until the piece decodes as a JSON string.
-    for cut in range(0, 8):
-        candidate = piece[: len(piece) - cut] if cut else piece
-        if candidate.endswith("\\") and not candidate.endswith("\\\\"):
-            continue
-        try:
-            return name, json.loads(f'"{candidate}"')
-        except json.JSONDecodeError:
-            continue
-    return name, ""
-
-
-class _OutputCollector:
-    """Builds the nbformat outputs of one cell, keeping at most `cap` bytes and counting the rest."""
-
-    def __init__(self, cap: int):
-        self.cap = cap
-        self.outputs: list[dict] = []
-        self.kept = 0
-        self.total = 0
-        self.truncated = False
-        self._clear_on_next = False
-        self._displays: dict[str, list[dict]] = {}
-
-    def _room(self) -> int:
-        return self.cap - self.kept
-
-    def add(self, msg_type: str, content: dict, oversized: int = 0) -> None:
-        if self._clear_on_next and msg_type in ("stream", "display_data", "execute_result", "error"):
-            self._clear()
-        if msg_type == "stream":
-            self._add_stream(content.get("name", "stdout"), content.get("text", ""), oversized)
-        elif msg_type in ("display_data", "execute_result"):
-            self._add_display(msg_type, content, oversized)
-        elif msg_type == "update_display_data":
-            display_id = (content.get("transient") or {}).get("display_id")
-            for output in self._displays.get(display_id, []):
-                output["data"] = content.get("data", {})
-                output["metadata"] = content.get("metadata", {})
-        elif msg_type == "error":
-            traceback = list(content.get("traceback", []))
-            size = sum(len(line) for line in traceback)
-            if size > self.cap:  # a recursion traceback can be long; keep its head and tail
-                traceback = traceback[:20] + ["[themisto: traceback truncated]"] + traceback[-20:]
-            self.outputs.append({"output_type": "error", "ename": content.get("ename", ""),
-                                 "evalue": content.get("evalue", ""), "traceback": traceback})
-        elif msg_type == "clear_output":
-            if content.get("wait"):
-                self._clear_on_next = True
-            else:
-                self._clear()
-
-    def _clear(self) -> None:
-        self.outputs.clear()
-        self._displays.clear()
-        self.kept = 0
-        self._clear_on_next = False
-
-    def _add_stream(self, name: str, text: str, oversized: int) -> None:
-        encoded_len = oversized or len(text.encode("utf-8", "replace"))
-        self.total += encoded_len
-        room = self._room()
-        if oversized or encoded_len > room:
-            self.truncated = True
-            if room <= 0:
-                return
-            text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
-            encoded_len = len(text.encode("utf-8"))
-        self.kept += encoded_len
-        last = self.outputs[-1] if self.outputs else None
-        if last is not None and last["output_type"] == "stream" and last["name"] == name:
-            last["text"] += text
-        else:
-            self.outputs.append({"output_type": "stream", "name": name, "text": text})
-
-    def _add_display(self, msg_type: str, content: dict, oversized: int) -> None:
-        data = content.get("data", {})
-        size = oversized or _data_size(data)
-        self.total += size
-        if oversized or size > self._room():
-            self.truncated = True
-            return
-        self.kept += size
-        output = {"output_type": msg_type, "data": data, "metadata": content.get("metadata", {})}
-        if msg_type == "execute_result":
-            output["execution_count"] = content.get("execution_count")
-        self.outputs.append(output)
-        display_id = (content.get("transient") or {}).get("display_id")
-        if display_id:
-            self._displays.setdefault(display_id, []).append(output)
-
-    def finish(self) -> list[dict]:
-        if self.truncated:
-            marker = OUTPUT_CAP_MARKER.format(total=self.total, cap=self.cap)
-            self.outputs.append({"output_type": "stream", "name": "stderr", "text": marker})
-        return self.outputs
-
-
-@functools.lru_cache(maxsize=4)
-def _bwrap_works(bwrap: str) -> bool:
-    """Whether bubblewrap can create the namespaces here (it cannot in some unprivileged containers)."""
-    try:
-        probe = subprocess.run(
-            [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net",
-             "--die-with-parent", "true"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-def sandbox_available() -> bool:
-    """Whether kernels will run under bubblewrap here (installed, not disabled, and able to create namespaces)."""
-    bwrap = settings().bwrap
-    return bwrap is not None and _bwrap_works(bwrap)
-
-
-# Run by the kernel's interpreter with -I: where it lives and which versions of the stack it would import. Versions
-# come from the installed metadata, so nothing heavy is imported.
-_PROBE = """
-import importlib.metadata as m, json, platform, sys
-names = ("numpy", "pandas", "scipy", "matplotlib", "seaborn", "scikit-learn", "lightgbm", "ipykernel", "ipython",
-         "dill", "psutil")
-def version(name):
-    try:
-        return m.version(name)
-    except m.PackageNotFoundError:
-        return None
-print(json.dumps({"python": platform.python_version(), "executable": sys.executable, "prefix": sys.prefix,
-                  "base_prefix": sys.base_prefix, "exec_prefix": sys.exec_prefix,
-                  "path": [p for p in sys.path if p], "packages": {n: version(n) for n in names}}))
-"""
-
-
-@functools.lru_cache(maxsize=8)
-def _probe(python: str) -> dict:
-    try:
-        done = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise KernelStartError(f"the kernel interpreter {python} cannot be run: {exc}") from exc
-    if done.returncode != 0:
-        raise KernelStartError(f"the kernel interpreter {python} failed (exit status {done.returncode}): "
-                               f"{done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout)
-
-
-@functools.lru_cache(maxsize=1)
-def kernel_python() -> str:
-    """The interpreter every kernel runs (THEMISTO_KERNEL_PYTHON, else the repo's .venv-kernel, else this one)."""
-    chosen = settings()
-    if chosen.kernel_python_source == "host":
-        # Once per process: every session would repeat it.
-        warnings.warn(f"no kernel environment ({chosen.kernel_python} runs the kernels): replay fidelity needs the "
-                      "2023 stack of requirements-kernel.txt (scripts/install.sh makes .venv-kernel)",
-                      SandboxWarning, stacklevel=2)
-    return chosen.kernel_python
-
-
-def kernel_environment(python: str | None = None) -> dict[str, str | None]:
-    """Versions the kernel runs with, read once per interpreter: {"interpreter", "python", "numpy", "pandas", ...};
-    a package that is not installed maps to None."""
-    python = kernel_python() if python is None else python
-    probe = _probe(python)
-    return {"interpreter": python, "python": probe["python"], **probe["packages"]}
-
-
-def _interpreter_paths(python: str) -> list[Path]:
-    """Folders `python` reads when it starts: its venv, the base installation it links to, its import path."""
-    probe = _probe(python)
-    paths = [Path(python).parent, Path(python).resolve().parent]
-    paths += [Path(probe[key]) for key in ("prefix", "base_prefix", "exec_prefix")]
-    paths += [Path(p) for p in probe["path"] if Path(p).is_dir()]
-    return paths
-
-
-def _uid_in_use(uid: int) -> bool:
-    for proc in psutil.process_iter(["uids"]):
-        uids = proc.info.get("uids")
-        if uids is not None and uid in (uids.real, uids.effective):
-            return True
-    return False
-
-
-def _choose_uid() -> int:
-    """A uid no process uses, so the process cap counts this kernel's processes only."""
-    configured = settings().kernel_uid
-    if configured is not None:
-        return configured
-    rng = random.SystemRandom()
-    for _ in range(50):
-        uid = rng.randrange(200_000, 2_000_000_000)
-        if not _uid_in_use(uid):
-            return uid
-    raise RuntimeError("no free uid found for the kernel (50 tries)")
-
-
-def _processes_of_uid(uid: int) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["uids"]):
-        uids = proc.info.get("uids")
-        if uids is not None and uid in (uids.real, uids.effective):
-            found.append(proc)
-    return found
-
-
-def _running(proc: psutil.Process) -> bool:
-    """Alive and not a zombie (a dead sandbox's init is reaped by the host's init, on its own schedule)."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _kill_all(processes: list[psutil.Process], timeout: float = 5.0) -> list[psutil.Process]:
-    """SIGKILL the processes and wait for them; returns those still alive."""
-    processes = [proc for proc in processes if _running(proc)]
-    if not processes:
-        return []
-    for proc in processes:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        processes = [proc for proc in processes if _running(proc)]
-        if not processes:
-            break
-        time.sleep(0.01)
-    return processes
-
-
-def _rmtree(path: Path) -> None:
-    def retry_writable(func: Any, target: str, _exc: Any) -> None:
-        # The kernel may have made its files read-only; the owner (or root) can undo that.
-        try:
-            os.chmod(os.path.dirname(target), stat.S_IRWXU)
-            os.chmod(target, stat.S_IRWXU)
-            func(target)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=retry_writable)
-
-
-@dataclass
-class _Resources:
-    """What must be released even when the session object is dropped without close()."""
-
-    root: Path | None = None
-    pgids: set[int] = field(default_factory=set)
-    uid: int | None = None
-
-
-def _release(resources: _Resources) -> None:
-    """Last-resort cleanup (garbage collection or interpreter exit): kill process groups, remove the folders."""
-    for pgid in list(resources.pgids):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
-    resources.pgids.clear()
-    if resources.uid is not None:
-        _kill_all(_processes_of_uid(resources.uid), timeout=2.0)
-    if resources.root is not None and resources.root.exists():
-        _rmtree(resources.root)
-    resources.root = None
-
-
 class AsyncKernelSession:
     """One sandboxed kernel; the coroutine twin of `KernelSession` (use one or the other, from one event loop)."""
 
@@ -384,8 +91,8 @@ class AsyncKernelSession:
         self.limits = limits
         self.extra_env = dict(extra_env or {})
         self._paths: kernel_launcher.SandboxPaths | None = None
-        self._resources = _Resources()
-        self._finalizer = weakref.finalize(self, _release, self._resources)
+        self._resources = KernelResources()
+        self._finalizer = weakref.finalize(self, release_resources, self._resources)
         self._km: Any = None
         self._kc: Any = None
         self._kernel_pid: int | None = None
@@ -445,7 +152,7 @@ class AsyncKernelSession:
         try:
             await self._stop_kernel()
         finally:
-            _release(self._resources)
+            release_resources(self._resources)
             self._paths = None
 
     async def __aenter__(self) -> AsyncKernelSession:
@@ -459,7 +166,7 @@ class AsyncKernelSession:
         self._python = kernel_python()
         is_root = os.geteuid() == 0
         bwrap = settings().bwrap
-        if bwrap is not None and not _bwrap_works(bwrap):
+        if bwrap is not None and not bwrap_works(bwrap):
             warnings.warn(f"bubblewrap at {bwrap} cannot create namespaces here; the kernel runs without filesystem, "
                           "network and pid isolation", SandboxWarning, stacklevel=3)
             bwrap = None
@@ -469,7 +176,7 @@ class AsyncKernelSession:
                           stacklevel=3)
         self._bwrap = bwrap
         if is_root and bwrap is not None and self.limits.isolate_fs:
-            self._uid = _choose_uid()
+            self._uid = choose_uid()
             self._gid = self._uid
             self._resources.uid = self._uid
         elif is_root:
@@ -551,7 +258,7 @@ class AsyncKernelSession:
                                           drop_uid=False)
         assert argv[1:4] == ["--ro-bind", "/", "/"], argv
         readable = kernel_launcher.readable_paths()
-        readable += [path for path in _interpreter_paths(self.kernel_python) if path not in readable]
+        readable += [path for path in interpreter_paths(self.kernel_python) if path not in readable]
         # The sandbox's /tmp is a fresh tmpfs: an interpreter kept under the host's /tmp is bound in after it.
         under_tmp = [path for path in readable if Path("/tmp") in path.parents]
         binds: list[str] = []
@@ -667,11 +374,11 @@ class AsyncKernelSession:
         try:
             await km.shutdown_kernel(now=True)
         finally:
-            leftovers = [p for p in descendants if _running(p)]
+            leftovers = [p for p in descendants if is_running(p)]
             if self._uid is not None:
-                leftovers += _processes_of_uid(self._uid)
+                leftovers += processes_of_uid(self._uid)
             if leftovers:
-                _kill_all(leftovers)
+                kill_all(leftovers)
             if process is not None:
                 self._resources.pgids.discard(process.pid)
 
@@ -721,7 +428,7 @@ class AsyncKernelSession:
         """
         async with self._lock:
             replaced = await self._ensure_started()
-            collector = _OutputCollector(self.limits.output_bytes)
+            collector = OutputCollector(self.limits.output_bytes)
             outcome = await self._request(code, collector, timeout, silent=False,
                                           user_expressions=dict(user_expressions or {}))
         result = self._cell_result(outcome, collector)
@@ -738,7 +445,7 @@ class AsyncKernelSession:
         """
         async with self._lock:
             replaced = await self._ensure_started()
-            collector = _OutputCollector(self.limits.output_bytes)
+            collector = OutputCollector(self.limits.output_bytes)
             outcome = await self._request(code, collector, timeout, silent=True,
                                           user_expressions=dict(user_expressions or {}))
         if outcome.reply is not None and outcome.kind == "done":
@@ -750,7 +457,7 @@ class AsyncKernelSession:
             reply["kernel_restarted"] = True
         return reply
 
-    def _cell_result(self, outcome: _Outcome, collector: _OutputCollector) -> CellResult:
+    def _cell_result(self, outcome: _Outcome, collector: OutputCollector) -> CellResult:
         outputs = collector.finish()
         reply = outcome.reply or {}
         result = CellResult(status=outcome.status, outputs=outputs, execution_count=reply.get("execution_count"),
@@ -770,7 +477,7 @@ class AsyncKernelSession:
                 result.traceback = [strip_ansi(line) for line in errors[-1].get("traceback", [])]
         return result
 
-    async def _request(self, code: str, collector: _OutputCollector, timeout: float | None, *, silent: bool,
+    async def _request(self, code: str, collector: OutputCollector, timeout: float | None, *, silent: bool,
                        user_expressions: dict | None) -> _Outcome:
         await self._drain_iopub()
         timeout = self.limits.cell_timeout_s if timeout is None else timeout
@@ -803,7 +510,7 @@ class AsyncKernelSession:
             outcome.evalue = f"the kernel died (exit status {code_}); a fresh kernel was started, state lost"
         return outcome
 
-    async def _wait(self, wait: _Wait, deadline: float, collector: _OutputCollector) -> str:
+    async def _wait(self, wait: _Wait, deadline: float, collector: OutputCollector) -> str:
         """Read messages of `wait.msg_id` until its reply and idle status arrive ("done"), the deadline passes
         ("deadline") or the kernel dies ("died")."""
         import zmq
@@ -833,7 +540,7 @@ class AsyncKernelSession:
                     return "died"
         return "done"
 
-    async def _read_iopub(self, wait: _Wait | None, collector: _OutputCollector | None, limit: int = 1000) -> None:
+    async def _read_iopub(self, wait: _Wait | None, collector: OutputCollector | None, limit: int = 1000) -> None:
         """Read the iopub messages ready now (at most `limit`), without decoding any content over the output cap."""
         kc = self._kc
         socket = kc.iopub_channel.socket
@@ -856,7 +563,7 @@ class AsyncKernelSession:
             if len(raw) > cap:
                 # Decoding a 200 MB message would copy it several times over; keep a prefix of a stream's text.
                 if msg_type == "stream":
-                    name, text = _stream_prefix(raw, self.limits.output_bytes)
+                    name, text = stream_prefix(raw, self.limits.output_bytes)
                     collector.add("stream", {"name": name, "text": text}, oversized=len(raw))
                 else:
                     collector.add(msg_type, {}, oversized=len(raw))
@@ -891,9 +598,9 @@ class _Outcome:
     restarted: bool = False
 
 
-def _abandon(loop: asyncio.AbstractEventLoop, resources: _Resources) -> None:
+def _abandon(loop: asyncio.AbstractEventLoop, resources: KernelResources) -> None:
     """A started `KernelSession` was dropped (or the interpreter exits) without close(): kill, remove, stop."""
-    _release(resources)
+    release_resources(resources)
     loop.call_soon_threadsafe(loop.stop)
 
 

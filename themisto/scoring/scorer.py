@@ -587,7 +587,8 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
     whose state cannot be rebuilt ends `refused` with the reason; nothing here raises for one prediction's sake.
     """
     from themisto.runtime.branch import BranchError
-    from themisto.runtime.kernel import KernelSession, KernelStartError, Limits
+    from themisto.runtime.kernel import KernelSession, Limits
+    from themisto.runtime.sandbox import KernelStartError
     from themisto.replay.replay import ReplaySettings, replay
     from themisto.runtime.snapshot import AgentError
 

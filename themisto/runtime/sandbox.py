@@ -1,0 +1,205 @@
+"""What the sandbox needs from the host: whether bubblewrap works, the kernel's interpreter and its
+versions, an unprivileged uid of its own, and killing and removing what a kernel leaves behind.
+"""
+
+from __future__ import annotations
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from themisto.settings import settings
+
+
+class SandboxWarning(UserWarning):
+    """The sandbox is weaker than asked (no bubblewrap, or the process cap cannot bind)."""
+
+
+class KernelStartError(RuntimeError):
+    """The kernel did not become ready; the message carries the end of its log."""
+
+
+@functools.lru_cache(maxsize=4)
+def bwrap_works(bwrap: str) -> bool:
+    """Whether bubblewrap can create the namespaces here (it cannot in some unprivileged containers)."""
+    try:
+        probe = subprocess.run(
+            [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net",
+             "--die-with-parent", "true"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def sandbox_available() -> bool:
+    """Whether kernels will run under bubblewrap here (installed, not disabled, and able to create namespaces)."""
+    bwrap = settings().bwrap
+    return bwrap is not None and bwrap_works(bwrap)
+
+
+# Run by the kernel's interpreter with -I: where it lives and which versions of the stack it would import. Versions
+# come from the installed metadata, so nothing heavy is imported.
+_PROBE = """
+import importlib.metadata as m, json, platform, sys
+names = ("numpy", "pandas", "scipy", "matplotlib", "seaborn", "scikit-learn", "lightgbm", "ipykernel", "ipython",
+         "dill", "psutil")
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return None
+print(json.dumps({"python": platform.python_version(), "executable": sys.executable, "prefix": sys.prefix,
+                  "base_prefix": sys.base_prefix, "exec_prefix": sys.exec_prefix,
+                  "path": [p for p in sys.path if p], "packages": {n: version(n) for n in names}}))
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(python: str) -> dict:
+    try:
+        done = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelStartError(f"the kernel interpreter {python} cannot be run: {exc}") from exc
+    if done.returncode != 0:
+        raise KernelStartError(f"the kernel interpreter {python} failed (exit status {done.returncode}): "
+                               f"{done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout)
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_python() -> str:
+    """The interpreter every kernel runs (THEMISTO_KERNEL_PYTHON, else the repo's .venv-kernel, else this one)."""
+    chosen = settings()
+    if chosen.kernel_python_source == "host":
+        # Once per process: every session would repeat it.
+        warnings.warn(f"no kernel environment ({chosen.kernel_python} runs the kernels): replay fidelity needs the "
+                      "2023 stack of requirements-kernel.txt (scripts/install.sh makes .venv-kernel)",
+                      SandboxWarning, stacklevel=2)
+    return chosen.kernel_python
+
+
+def kernel_environment(python: str | None = None) -> dict[str, str | None]:
+    """Versions the kernel runs with, read once per interpreter: {"interpreter", "python", "numpy", "pandas", ...};
+    a package that is not installed maps to None."""
+    python = kernel_python() if python is None else python
+    probe = _probe(python)
+    return {"interpreter": python, "python": probe["python"], **probe["packages"]}
+
+
+def interpreter_paths(python: str) -> list[Path]:
+    """Folders `python` reads when it starts: its venv, the base installation it links to, its import path."""
+    probe = _probe(python)
+    paths = [Path(python).parent, Path(python).resolve().parent]
+    paths += [Path(probe[key]) for key in ("prefix", "base_prefix", "exec_prefix")]
+    paths += [Path(p) for p in probe["path"] if Path(p).is_dir()]
+    return paths
+
+
+def _uid_in_use(uid: int) -> bool:
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info.get("uids")
+        if uids is not None and uid in (uids.real, uids.effective):
+            return True
+    return False
+
+
+def choose_uid() -> int:
+    """A uid no process uses, so the process cap counts this kernel's processes only."""
+    configured = settings().kernel_uid
+    if configured is not None:
+        return configured
+    rng = random.SystemRandom()
+    for _ in range(50):
+        uid = rng.randrange(200_000, 2_000_000_000)
+        if not _uid_in_use(uid):
+            return uid
+    raise RuntimeError("no free uid found for the kernel (50 tries)")
+
+
+def processes_of_uid(uid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info.get("uids")
+        if uids is not None and uid in (uids.real, uids.effective):
+            found.append(proc)
+    return found
+
+
+def is_running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie (a dead sandbox's init is reaped by the host's init, on its own schedule)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def kill_all(processes: list[psutil.Process], timeout: float = 5.0) -> list[psutil.Process]:
+    """SIGKILL the processes and wait for them; returns those still alive."""
+    processes = [proc for proc in processes if is_running(proc)]
+    if not processes:
+        return []
+    for proc in processes:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        processes = [proc for proc in processes if is_running(proc)]
+        if not processes:
+            break
+        time.sleep(0.01)
+    return processes
+
+
+def _rmtree(path: Path) -> None:
+    def retry_writable(func: Any, target: str, _exc: Any) -> None:
+        # The kernel may have made its files read-only; the owner (or root) can undo that.
+        try:
+            os.chmod(os.path.dirname(target), stat.S_IRWXU)
+            os.chmod(target, stat.S_IRWXU)
+            func(target)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=retry_writable)
+
+
+@dataclass
+class KernelResources:
+    """What must be released even when the session object is dropped without close()."""
+
+    root: Path | None = None
+    pgids: set[int] = field(default_factory=set)
+    uid: int | None = None
+
+
+def release_resources(resources: KernelResources) -> None:
+    """Last-resort cleanup (garbage collection or interpreter exit): kill process groups, remove the folders."""
+    for pgid in list(resources.pgids):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    resources.pgids.clear()
+    if resources.uid is not None:
+        kill_all(processes_of_uid(resources.uid), timeout=2.0)
+    if resources.root is not None and resources.root.exists():
+        _rmtree(resources.root)
+    resources.root = None
