@@ -1,0 +1,306 @@
+"""`themisto sft-export`: a release split as supervised fine-tuning examples in TRL's conversational format.
+
+Each example is `{"prompt": [system, user], "completion": [assistant]}` plus its `id`, `task` and `context`;
+SFTTrainer then puts the loss on the completion only. Prompts come from `render_prompt`, the function generation
+sends to every backend, so a model is trained on exactly the prompts it is evaluated on; the completion is the target
+in the fenced block the prompt asks for. Only execution-verified targets are kept (`themisto.training.verify`).
+The output folder holds `examples.jsonl`, `dataset/` (`datasets.save_to_disk`) and `manifest.json`, written whole
+or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from themisto.generation.prompts import CONTEXT_MODES, TASKS, render_prompt, template_sha256
+from themisto.training.verify import DROP_REASONS, Verifier, has_snapshot
+
+EXAMPLES_FILE = "examples.jsonl"
+DATASET_DIR = "dataset"
+MANIFEST_FILE = "manifest.json"
+MIXES: tuple[str, ...] = ("all", "one")
+# Reasons beyond the verification rules: what rendering and de-duplication leave out.
+EXPORT_DROP_REASONS: dict[str, str] = {
+    **DROP_REASONS,
+    "prompt_over_budget": "the prompt is over --max-prompt-tokens even after trimming history and reprs",
+    "duplicate": "the same prompt and completion were already exported (a re-run cell in the same state)",
+}
+_BACKTICK_RUN = re.compile(r"(?m)^[ \t]*(`{3,})")
+
+
+class ExportError(ValueError):
+    """The export cannot run as asked; the message names the release, split, task, context or folder."""
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """What to export: which split, tasks and context modes, and how context modes are mixed over rows."""
+
+    split: str = "train"
+    tasks: tuple[str, ...] = TASKS
+    contexts: tuple[str, ...] = CONTEXT_MODES
+    # all: every verified row once per context mode; one: each row once, in a context mode drawn with `seed`.
+    mix: str = "all"
+    seed: int = 0
+    verify: bool = True  # False keeps targets the replay did not reproduce (the manifest says so)
+    max_prompt_tokens: int | None = None  # counted with the generation prompts' estimate (UTF-8 bytes / 3)
+
+    def __post_init__(self) -> None:
+        for name, values, known in (("task", self.tasks, TASKS), ("context mode", self.contexts, CONTEXT_MODES)):
+            unknown = [v for v in values if v not in known]
+            if unknown or not values:
+                raise ExportError(f"unknown or missing {name} {unknown or values} (expected some of "
+                                  f"{', '.join(known)})")
+        if self.mix not in MIXES:
+            raise ExportError(f"unknown context mix {self.mix!r} (expected one of {', '.join(MIXES)})")
+
+
+@dataclass
+class ExportReport:
+    """What an export wrote: examples per task and context, and rows dropped per task and reason."""
+
+    out: Path
+    examples: int
+    by_task_context: dict[str, dict[str, int]]
+    dropped: dict[str, dict[str, int]]
+    manifest: dict = field(repr=False, default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The release
+
+
+def release_content_hash(release: Path) -> str:
+    """The release's content hash as its build recorded it, or recomputed the same way from its Parquet files."""
+    from themisto.release.parquet import BUILD_FILE, content_hash, sha256_file
+
+    build = release / BUILD_FILE
+    if build.is_file():
+        recorded = json.loads(build.read_text(encoding="utf-8")).get("content_sha256")
+        if recorded:
+            return recorded
+    return content_hash({p.relative_to(release).as_posix(): sha256_file(p) for p in release.rglob("*.parquet")})
+
+
+def release_splits(release: Path) -> dict[str, set[str]]:
+    """The splits each config of a release declares in its card (README.md `configs:`)."""
+    from themisto.release.parquet import README, ReleaseError, split_card
+
+    card = release / README
+    if not card.is_file():
+        raise ExportError(f"{release}: not a release folder (no {README}; build one with `themisto build`)")
+    try:
+        data, _ = split_card(card.read_text(encoding="utf-8"))
+    except ReleaseError as exc:
+        raise ExportError(f"{card}: {exc}") from None
+    return {c.get("config_name"): {f.get("split") for f in c.get("data_files") or []}
+            for c in data.get("configs") or []}
+
+
+def _load(release: Path, config: str, split: str) -> list[dict]:
+    import datasets
+
+    return list(datasets.load_dataset(str(release), config, split=split))
+
+
+def _check_inputs(release: Path, settings: ExportSettings) -> None:
+    if not release.is_dir():
+        raise ExportError(f"{release}: no such release folder")
+    splits = release_splits(release)
+    needed = [*settings.tasks, *(["trajectories"] if settings.verify else [])]
+    for config in needed:
+        if settings.split not in splits.get(config, set()):
+            have = ", ".join(sorted(splits.get(config, set()))) or "none"
+            hint = " (verification reads it; --no-verify skips it)" if config == "trajectories" else ""
+            raise ExportError(f"{release}: config {config!r} has no `{settings.split}` split (it has: {have}){hint}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Examples
+
+
+def fenced(text: str, language: str = "") -> str:
+    """`text` in a fenced block that `extract_answer` reads back: a fence longer than any backtick run in it."""
+    longest = max((len(m.group(1)) for m in _BACKTICK_RUN.finditer(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{language}\n{text}\n{fence}"
+
+
+def completion_text(row: dict, task: str) -> str:
+    """The answer the prompt's instruction asks for: the target in a ```python block (code) or a ``` block (output)."""
+    return fenced(row["target"], "python" if task == "next_cell" else "")
+
+
+def _contexts_for(row: dict, settings: ExportSettings) -> tuple[str, ...]:
+    if settings.mix == "all":
+        return settings.contexts
+    rng = random.Random(f"{settings.seed}/{row['id']}")
+    return (rng.choice(settings.contexts),)
+
+
+def _fillable(rows: Sequence[dict], context: str, release: Path, split: str, task: str) -> None:
+    """A context mode that shows the state needs a snapshot in at least one row; a release without any cannot fill it."""
+    if context != "none" and rows and not any(row.get("state_hash_before") is not None for row in rows):
+        raise ExportError(f"{release}: context mode {context!r} shows the runtime state, and no {task}/{split} row "
+                          f"has a snapshot (state_hash_before is empty everywhere); export with --context none")
+
+
+@dataclass
+class _Collected:
+    examples: list[dict] = field(default_factory=list)
+    dropped: list[dict] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+
+
+def _add(collected: _Collected, row: dict, task: str, context: str, settings: ExportSettings) -> None:
+    if context != "none" and not has_snapshot(row):
+        collected.dropped.append({"id": row["id"], "task": task, "context": context, "reason": "no_snapshot"})
+        return
+    prompt = render_prompt(row, task, context, max_prompt_tokens=settings.max_prompt_tokens)
+    if prompt.skipped_reason:
+        collected.dropped.append({"id": row["id"], "task": task, "context": context, "reason": "prompt_over_budget"})
+        return
+    completion = [{"role": "assistant", "content": completion_text(row, task)}]
+    key = hashlib.sha256(json.dumps([task, prompt.messages, completion], sort_keys=True).encode()).hexdigest()
+    if key in collected.seen:
+        collected.dropped.append({"id": row["id"], "task": task, "context": context, "reason": "duplicate"})
+        return
+    collected.seen.add(key)
+    collected.examples.append({"id": row["id"], "task": task, "context": context, "prompt": prompt.messages,
+                               "completion": completion})
+
+
+def collect_examples(release: Path, settings: ExportSettings,
+                     progress: Callable[[str], None] | None = None) -> _Collected:
+    """Verify, render and de-duplicate the examples of every task and context mode asked for."""
+    verifier = Verifier(_load(release, "trajectories", settings.split)) if settings.verify else None
+    collected = _Collected()
+    for task in settings.tasks:
+        rows = _load(release, task, settings.split)
+        for context in settings.contexts:
+            _fillable(rows, context, release, settings.split, task)
+        for row in rows:
+            reason = verifier.problem(row, task) if verifier else None
+            if reason is not None:
+                collected.dropped.append({"id": row["id"], "task": task, "context": None, "reason": reason})
+                continue
+            for context in _contexts_for(row, settings):
+                _add(collected, row, task, context, settings)
+        if progress:
+            progress(f"{task}: {len(rows)} rows read")
+    if not collected.examples:
+        raise ExportError(f"{release}: no example left to export from `{settings.split}` "
+                          f"({len(collected.dropped)} dropped: {_reason_summary(collected.dropped)})")
+    return collected
+
+
+def _reason_summary(dropped: list[dict]) -> str:
+    counts = Counter(item["reason"] for item in dropped)
+    return ", ".join(f"{reason} {n}" for reason, n in counts.most_common()) or "none"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Manifest and writing
+
+
+def _augmentation(settings: ExportSettings) -> list[dict]:
+    names = [{"name": "all_eligible_steps",
+              "description": "every eligible step of the split's trajectories is a row (the test split of "
+                             "output_prediction is the paper's sample; train holds them all)"}]
+    if len(settings.contexts) > 1:
+        how = ("each verified row once per context mode" if settings.mix == "all" else
+               f"each verified row once, in one context mode drawn with seed {settings.seed}")
+        names.append({"name": f"context_mix_{settings.mix}",
+                      "description": f"{how} ({', '.join(settings.contexts)}), so one model learns to use the "
+                                     "runtime state when the prompt shows it"})
+    return names
+
+
+def _counts(collected: _Collected, settings: ExportSettings) -> tuple[dict, dict]:
+    by_task_context = {t: {c: 0 for c in settings.contexts} for t in settings.tasks}
+    for example in collected.examples:
+        by_task_context[example["task"]][example["context"]] += 1
+    dropped = {t: {r: 0 for r in EXPORT_DROP_REASONS} for t in settings.tasks}
+    for item in collected.dropped:
+        dropped[item["task"]][item["reason"]] += 1
+    return by_task_context, dropped
+
+
+def build_manifest(release: Path, settings: ExportSettings, collected: _Collected) -> dict:
+    """The manifest: release and its hash, templates, settings, counts, dropped rows with reasons, augmentation."""
+    import datasets
+    import transformers
+    import trl
+
+    by_task_context, dropped = _counts(collected, settings)
+    return {
+        "format": 1,
+        "release": {"path": str(release.resolve()), "content_hash": release_content_hash(release)},
+        "split": settings.split,
+        "settings": asdict(settings),
+        "templates": {t: {c: template_sha256(t, c) for c in settings.contexts} for t in settings.tasks},
+        "completion": "the target in the fenced block the prompt asks for (```python for next_cell, ``` for output)",
+        "verification": ("execution-verified: a row is kept when replay ended its step as logged, every step since "
+                         "the last restart did too, and (output_prediction) its output types match and it is not "
+                         "capped" if settings.verify else "off: targets are not checked against the log"),
+        "counts": {"examples": len(collected.examples),
+                   "by_task": {t: sum(c.values()) for t, c in by_task_context.items()},
+                   "by_context": {c: sum(by_task_context[t][c] for t in settings.tasks) for c in settings.contexts},
+                   "by_task_context": by_task_context},
+        "dropped": dropped,
+        "drop_reasons": EXPORT_DROP_REASONS,
+        "dropped_examples": collected.dropped,
+        "augmentation": _augmentation(settings),
+        "packages": {"datasets": datasets.__version__, "transformers": transformers.__version__,
+                     "trl": trl.__version__},
+    }
+
+
+def _write(folder: Path, collected: _Collected, manifest: dict) -> None:
+    import datasets
+
+    with (folder / EXAMPLES_FILE).open("w", encoding="utf-8") as fh:
+        for example in collected.examples:
+            fh.write(json.dumps(example, ensure_ascii=False) + "\n")
+    message = datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")})
+    features = datasets.Features({"id": datasets.Value("string"), "task": datasets.Value("string"),
+                                  "context": datasets.Value("string"), "prompt": message, "completion": message})
+    datasets.Dataset.from_list(collected.examples, features=features).save_to_disk(str(folder / DATASET_DIR))
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ExportError(f"{out}: exists and is not an empty folder (pass --overwrite to replace it)")
+
+
+def export_sft(release: str | Path, out: str | Path, settings: ExportSettings = ExportSettings(), *,
+               overwrite: bool = False, progress: Callable[[str], None] | None = None) -> ExportReport:
+    """Export `settings.split` of `release` into `out` (examples.jsonl, dataset/, manifest.json), whole or nothing."""
+    release, out = Path(release), Path(out)
+    _check_out(out, overwrite)
+    _check_inputs(release, settings)
+    collected = collect_examples(release, settings, progress)
+    manifest = build_manifest(release, settings, collected)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private
+    try:
+        _write(tmp, collected, manifest)
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        tmp.replace(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    by_task_context, dropped = _counts(collected, settings)
+    return ExportReport(out, len(collected.examples), by_task_context, dropped, manifest)

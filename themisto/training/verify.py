@@ -1,0 +1,112 @@
+"""Execution-verified targets: keep a task row only where the release's replay reproduced what the developer saw.
+
+The release's `trajectories` config holds, per step, the replayed outcome (`status`, `ename`, `output_types`) beside
+the logged one (`logged_status`, `logged_ename`, `logged_output_types`). A target is verified when its own step ended
+as logged and every step since the kernel's last (re)start did too, so the state before the target is the developer's;
+an output target must also show the logged output types and must not have been cut by the kernel's output cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from themisto.runtime.agent import OUTPUT_CAP_MARKER
+
+# Why a row is left out, in the order the rules are checked; the manifest counts each.
+DROP_REASONS: dict[str, str] = {
+    "outcome_not_logged": "the log recorded no finished outcome for the target step (interrupted, or no event), "
+                          "so nothing vouches for the replayed target",
+    "replay_unfinished": "replay did not finish the target step (timeout or kernel died)",
+    "status_differs": "replay ended the target step ok where the developer's run raised, or the reverse",
+    "ename_differs": "replay raised another exception than the developer's run",
+    "output_types_differ": "the replayed output types differ from the logged ones (the output text is not the "
+                           "developer's)",
+    "output_capped": "the target output was cut by the kernel's output cap",
+    "state_diverged": "a step between the kernel's last (re)start and the target ended otherwise than logged, "
+                      "so the state before the target is not the developer's",
+    "no_snapshot": "the context mode shows the runtime state, and the row has no snapshot of it",
+}
+LOGGED_OUTCOMES = ("ok", "error")
+UNFINISHED = ("timeout", "kernel_died")
+# The cap marker's fixed head: every capped output contains it, whatever the sizes formatted into it.
+_CAP_HEAD = OUTPUT_CAP_MARKER.split("{", 1)[0]
+
+
+@dataclass(frozen=True)
+class StepKey:
+    kernel_id: str
+    step: int
+
+
+def step_problem(row: Mapping) -> str | None:
+    """Why one `trajectories` row's replay does not reproduce the log (a DROP_REASONS key), or None."""
+    logged = row.get("logged_status")
+    if logged not in LOGGED_OUTCOMES:
+        return "outcome_not_logged"
+    if row.get("status") == "timeout" and logged == "error" and row.get("logged_ename") == "KeyboardInterrupt":
+        return None  # the developer stopped the run, replay's watchdog did: both stopped from outside (as in fidelity)
+    if row.get("status") in UNFINISHED:
+        return "replay_unfinished"
+    if row.get("status") != logged:
+        return "status_differs"
+    if logged == "error" and row.get("ename") != row.get("logged_ename"):
+        return "ename_differs"
+    return None
+
+
+def output_problem(row: Mapping) -> str | None:
+    """Why a step's replayed output is not the developer's output, beyond its status (a DROP_REASONS key), or None."""
+    if list(row.get("output_types") or []) != list(row.get("logged_output_types") or []):
+        return "output_types_differ"
+    if _CAP_HEAD in (row.get("output") or ""):
+        return "output_capped"
+    return None
+
+
+class Verifier:
+    """Answers, for a task row, why its target is not execution-verified, from the release's `trajectories` rows."""
+
+    def __init__(self, trajectory_rows: Iterable[Mapping]):
+        self._rows: dict[StepKey, Mapping] = {}
+        by_kernel: dict[str, list[Mapping]] = {}
+        for row in trajectory_rows:
+            self._rows[StepKey(row["kernel_id"], int(row["step"]))] = row
+            by_kernel.setdefault(row["kernel_id"], []).append(row)
+        # The first diverged step since the last restart, per step: the state before step k is the developer's
+        # only if no step in [last restart, k) diverged.
+        self._diverged_before: dict[StepKey, bool] = {}
+        for kernel_id, rows in by_kernel.items():
+            diverged = False
+            for row in sorted(rows, key=lambda r: r["step"]):
+                if row.get("restarted_before"):
+                    diverged = False
+                self._diverged_before[StepKey(kernel_id, int(row["step"]))] = diverged
+                problem = step_problem(row)
+                # An unlogged outcome (e.g. an interrupt) is not a divergence of the state by itself.
+                diverged = diverged or (problem is not None and problem != "outcome_not_logged")
+                if row.get("kernel_restarted"):
+                    diverged = True  # the replay's kernel died and was restarted: its state was rebuilt, not lived
+
+    def __contains__(self, key: StepKey) -> bool:
+        return key in self._rows
+
+    def problem(self, task_row: Mapping, task: str) -> str | None:
+        """The DROP_REASONS key that leaves this task row out, or None when its target is verified."""
+        key = StepKey(task_row["kernel_id"], int(task_row["step"]))
+        step = self._rows.get(key)
+        if step is None:
+            raise KeyError(f"example {task_row['id']}: its step is not in the release's trajectories config")
+        problem = step_problem(step)
+        if problem is None and task == "output_prediction":
+            problem = output_problem(step)
+        if problem is None and self._diverged_before[key]:
+            problem = "state_diverged"
+        return problem
+
+
+def has_snapshot(task_row: Mapping) -> bool:
+    """Whether the row records the runtime state before its target (a fresh kernel's empty state counts)."""
+    fresh = task_row["step"] == 0 or task_row.get("restarted_before")
+    return bool(fresh or task_row.get("state_hash_before") is not None)
+
