@@ -365,9 +365,53 @@ def _add_score(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# sft-export (fine-tuning data)
+
+
+def sft_export_command(args: argparse.Namespace) -> int:
+    """Write a release split as TRL prompt/completion examples (JSONL + datasets folder) with a manifest."""
+    from themisto.training.export import ExportSettings, export_sft
+
+    settings = ExportSettings(split=args.split, tasks=tuple(args.task), contexts=tuple(args.context), mix=args.mix,
+                              seed=args.seed, verify=not args.no_verify, max_prompt_tokens=args.max_prompt_tokens)
+    report = export_sft(args.release, args.output, settings, overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps({"output": str(args.output), **report.manifest["counts"], "dropped": report.dropped},
+                         ensure_ascii=False, sort_keys=True))
+        return 0
+    for task, contexts in report.by_task_context.items():
+        dropped = {reason: n for reason, n in report.dropped[task].items() if n}
+        print(f"{task}: " + ", ".join(f"{context} {n}" for context, n in contexts.items())
+              + f"; dropped: {_format_counts(dropped)}")
+    print(f"wrote {report.examples} examples to {args.output}")
+    return 0
+
+
+def _add_sft_export(subparsers: argparse._SubParsersAction) -> None:
+    from themisto.generation.prompts import CONTEXT_MODES, TASKS
+
+    parser = subparsers.add_parser("sft-export", help="a release split as fine-tuning examples (TRL format)")
+    parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder")
+    parser.add_argument("--split", default="train", help="split to export (default: train)")
+    parser.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS), help="tasks (default: both)")
+    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(CONTEXT_MODES),
+                        help="runtime-context modes (default: all)")
+    parser.add_argument("--mix", choices=("all", "one"), default="all",
+                        help="all: each row once per context mode; one: each row once, in a seeded context mode")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --mix one")
+    parser.add_argument("--max-prompt-tokens", type=int, help="drop examples over this estimated prompt length")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="keep targets the replay did not reproduce (the manifest says so)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")
+    parser.add_argument("-o", "--output", required=True, type=Path, metavar="OUT", help="folder to write")
+    parser.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    parser.set_defaults(run=sft_export_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_ingest, _add_workspace, _add_replay, _add_build, _add_check, _add_push, _add_score)
+    _add_ingest, _add_workspace, _add_replay, _add_build, _add_check, _add_push, _add_score, _add_sft_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
