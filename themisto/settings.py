@@ -32,6 +32,10 @@ class Settings:
     kernel_python_source: Literal["env", "kernel_venv", "host"]
     # HF_ALLOW_CODE_EVAL=1: the user's half of the opt-in to executing model-written code (see themisto.scoring.gate).
     allow_code_eval: bool = False
+    # The OpenAI-compatible endpoint and key of `themisto generate --backend openai` (OPENAI_BASE_URL,
+    # OPENAI_API_KEY), as the openai client itself names them; None: give them as options.
+    openai_base_url: str | None = None
+    openai_api_key: str | None = None
 
 
 def _flag(value: str | None, default: bool) -> bool:
@@ -70,7 +74,7 @@ def _kernel_python() -> tuple[str, Literal["env", "kernel_venv", "host"]]:
 def settings() -> Settings:
     """The settings from the environment: THEMISTO_SANDBOX, THEMISTO_BWRAP, THEMISTO_KERNEL_UID, THEMISTO_TMPDIR,
     THEMISTO_KERNEL_START_TIMEOUT, THEMISTO_KERNEL_PYTHON (default: the repo's .venv-kernel, else this interpreter),
-    HF_ALLOW_CODE_EVAL."""
+    HF_ALLOW_CODE_EVAL, OPENAI_BASE_URL, OPENAI_API_KEY."""
     bwrap = None
     if _flag(os.environ.get("THEMISTO_SANDBOX"), True):
         bwrap = os.environ.get("THEMISTO_BWRAP") or shutil.which("bwrap")
@@ -85,4 +89,6 @@ def settings() -> Settings:
         kernel_python_source=kernel_python_source,
         # Exactly "1", as evaluate's code_eval reads it: an opt-in is never inferred from "yes" or "true".
         allow_code_eval=os.environ.get("HF_ALLOW_CODE_EVAL", "").strip() == "1",
+        openai_base_url=os.environ.get("OPENAI_BASE_URL") or None,
+        openai_api_key=os.environ.get("OPENAI_API_KEY") or None,
     )
