@@ -22,13 +22,14 @@ def previous(row: dict, task: str) -> str:
 
 
 def write_run(folder: Path, release: Path, *, task: str = "next_cell", model: str = "test/previous",
+              backend: str = "transformers",
               contexts: tuple[str, ...] = ("none", "variables"), predict=None, finished: str = "2026-12-01T00:00:00Z",
               n: int = 1) -> Path:
     """A run folder per the contract; `predict(row, context, sample)` gives each prediction (default: previous)."""
     build = json.loads((release / "themisto_build.json").read_text())
     folder.mkdir(parents=True, exist_ok=True)
     templates = {c: {"text": f"template {c}", "sha256": hashlib.sha256(c.encode()).hexdigest()} for c in contexts}
-    run = {"format": 1, "task": task, "contexts": list(contexts), "backend": "baseline", "backend_version": "1",
+    run = {"format": 1, "task": task, "contexts": list(contexts), "backend": backend, "backend_version": "1",
            "model": model, "model_revision": None, "sampling": {"n": n, "temperature": 0.0, "top_p": 1.0,
                                                                 "max_new_tokens": 64, "seed": 0},
            "templates": templates, "release": {"path": str(release), "content_hash": build["content_sha256"]},

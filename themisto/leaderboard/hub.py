@@ -163,3 +163,25 @@ def submit_to_hub(submission: Submission, repo_id: str, *, eval_results: EvalRes
             eval_results.model_repo, "model", {EVAL_RESULTS_PATH: text.encode()},
             f"Themisto eval results ({submission.task}): {', '.join(submission.contexts)}")
     return result
+
+
+def push_space(space_dir, repo_id: str, *, api=None) -> str:
+    """Create the static Space `repo_id` if needed and commit BOARD/space/ to it; returns the commit URL."""
+    from pathlib import Path
+
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    space_dir = Path(space_dir)
+    files = {p.relative_to(space_dir).as_posix(): p.read_bytes() for p in sorted(space_dir.rglob("*")) if p.is_file()}
+    if "index.html" not in files or "README.md" not in files:
+        raise HubError(f"{space_dir}: no index.html and README.md (run `themisto leaderboard` first)")
+    api = api or HfApi(token=hub_token())
+    hub_call(f"creating the Space {repo_id}", api.create_repo, repo_id=repo_id, repo_type="space",
+             space_sdk="static", exist_ok=True)
+
+    def commit():
+        operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=data) for path, data in files.items()]
+        return api.create_commit(repo_id=repo_id, repo_type="space", operations=operations,
+                                 commit_message="Themisto leaderboard")
+
+    return hub_call(f"uploading the leaderboard to the Space {repo_id}", commit).commit_url

@@ -1,0 +1,146 @@
+"""Collect submissions into a board: validate each against the release, re-score it, keep the latest per model.
+
+Scores come only from `themisto.scoring.run_scores.score_run` run here on the validated predictions (a results file
+inside a submission is ignored), cached by the hash of the predictions, the release and the execution opt-in.
+A refused submission costs only its own row; the board says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+from themisto.leaderboard.submission import (ReleaseInfo, Submission, SubmissionError, find_submissions,
+                                             read_submission, write_submission)
+
+# Bump when what a cached results.json means changes (the scorer, its metrics or intervals).
+CACHE_VERSION = 1
+BASELINE_BACKEND = "baseline"
+
+
+@dataclass
+class Entry:
+    """One accepted submission and its re-scored results."""
+
+    folder: str
+    model: str
+    backend: str
+    task: str
+    contexts: list[str]
+    kind: str  # "model" | "baseline"
+    predictions_sha256: str
+    settings_key: str
+    results: dict
+    cached: bool
+    ignored: list[str] = field(default_factory=list)
+    submitter: str | None = None
+    link: str | None = None
+
+
+@dataclass
+class Refusal:
+    """A submission the board did not take, and why."""
+
+    folder: str
+    reason: str
+
+
+@dataclass
+class Board:
+    """Everything the board files show: the release, entries, the board's own baselines, refusals and notes."""
+
+    release_hash: str
+    release_built: str
+    generated: str
+    executed: bool
+    entries: list[Entry] = field(default_factory=list)
+    baselines: dict[str, list[dict]] = field(default_factory=dict)  # task -> results.json "baselines" rows
+    refused: list[Refusal] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cache_key(submission: Submission, release: ReleaseInfo, execute: bool) -> str:
+    """What the cached scores depend on: the predictions, the release and whether predictions were executed."""
+    parts = [CACHE_VERSION, submission.predictions_sha256, release.content_hash, bool(execute)]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def write_file(path: Path, text: str | bytes) -> None:
+    """Write a file whole: a temp file beside it, then rename (a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(text.encode("utf-8") if isinstance(text, str) else text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = False,
+            cache_dir: Path | None = None) -> tuple[dict, bool]:
+    """The submission's results.json as the board computes it, and whether it came from the cache."""
+    from themisto.scoring.run_scores import score_run
+
+    cached = cache_dir / f"{cache_key(submission, release, execute)}.json" if cache_dir else None
+    if cached is not None and cached.is_file():
+        return json.loads(cached.read_text(encoding="utf-8")), True
+    with tempfile.TemporaryDirectory(prefix="themisto-rescore-") as tmp:
+        # Only the validated files are scored: nothing else from the submission folder is read.
+        run_dir = write_submission(submission, Path(tmp) / "run")
+        results = score_run(run_dir, release=release.folder, execute=execute, out=run_dir / "results.json")
+    if cached is not None:
+        write_file(cached, json.dumps(results, indent=2, sort_keys=True) + "\n")
+    return results, False
+
+
+def _entry(submission: Submission, results: dict, cached: bool) -> Entry:
+    backend = submission.run["backend"]
+    return Entry(folder=str(submission.folder), model=submission.model, backend=backend, task=submission.task,
+                 contexts=list(submission.contexts), kind="baseline" if backend == BASELINE_BACKEND else "model",
+                 predictions_sha256=submission.predictions_sha256, settings_key=submission.settings_key,
+                 results=results, cached=cached, ignored=list(submission.ignored),
+                 submitter=submission.meta.get("submitter"), link=submission.meta.get("link"))
+
+
+def _latest(submissions: list[Submission], notes: list[str]) -> list[Submission]:
+    """One submission per model and settings: the later one (by its date, then by argument order) replaces."""
+    kept: dict[str, Submission] = {}
+    for sub in sorted(enumerate(submissions), key=lambda pair: (pair[1].order, pair[0])):
+        earlier = kept.get(sub[1].settings_key)
+        if earlier is not None:
+            notes.append(f"{sub[1].folder} replaces {earlier.folder}: same model ({sub[1].model}) and settings, "
+                         "the later one counts")
+        kept[sub[1].settings_key] = sub[1]
+    return sorted(kept.values(), key=lambda s: submissions.index(s))
+
+
+def build_board(paths: Sequence[str | Path], release: ReleaseInfo, *, execute: bool = False,
+                cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Board:
+    """Validate, de-duplicate and re-score every submission under `paths` against `release`."""
+    say = progress or (lambda message: None)
+    board = Board(release.content_hash, release.built,
+                  datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), execute)
+    valid: list[Submission] = []
+    for folder in find_submissions(paths):
+        try:
+            valid.append(read_submission(folder, release))
+        except SubmissionError as exc:
+            board.refused.append(Refusal(str(folder), str(exc)))
+            say(f"refused {folder}: {exc}")
+    for number, submission in enumerate(_latest(valid, board.notes), start=1):
+        results, cached = rescore(submission, release, execute=execute, cache_dir=cache_dir)
+        say(f"[{number}] {submission.model} ({submission.task}): " + ("scores from the cache" if cached
+                                                                     else "re-scored"))
+        for line in submission.ignored:
+            say(f"    ignored: {line}")
+        board.entries.append(_entry(submission, results, cached))
+        board.baselines.setdefault(submission.task, list(results.get("baselines") or []))
+    return board

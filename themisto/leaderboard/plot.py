@@ -1,0 +1,98 @@
+"""The board's PNG: per task, each model's lead score per context mode with its 95 % interval (baselines as dashed
+lines), and beside it the paired effect of runtime context (context − none on the same examples)."""
+
+from __future__ import annotations
+
+import io
+
+from themisto.leaderboard.tables import CONTEXT_ORDER, Table
+
+_MARKERS = {"none": "o", "variables": "s", "full": "D"}
+_COLORS = {"none": "#4c72b0", "variables": "#dd8452", "full": "#55a868"}
+
+
+def _models(tables: list[Table]) -> list[str]:
+    names: list[str] = []
+    for table in tables:
+        for row in table.rows:
+            if row.kind == "model" and row.model not in names:
+                names.append(row.model)
+    return names
+
+
+def _short(name: str, limit: int = 28) -> str:
+    name = name if len(name) <= limit else name[: limit - 1] + "…"
+    return name.replace("$", r"\$")  # a submitted name is text, never mathtext
+
+
+def _label(ax, context: str) -> str | None:
+    """The legend label for a context's first point on this axis only."""
+    return None if context in ax.get_legend_handles_labels()[1] else context
+
+
+def _scores_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
+    width = 0.8 / max(len(tables), 1)
+    for k, table in enumerate(tables):
+        rows = {r.model: r for r in table.rows}
+        for i, model in enumerate(models):
+            value = rows.get(model).values.get(f"{table.lead}/all") if model in rows else None
+            if not value or value.get("mean") is None:
+                continue
+            x = i - 0.4 + width * (k + 0.5)
+            err = [[value["mean"] - value["low"]], [value["high"] - value["mean"]]]
+            ax.errorbar(x, value["mean"], yerr=err, fmt=_MARKERS.get(table.context, "o"), capsize=3,
+                        color=_COLORS.get(table.context, "gray"), label=_label(ax, table.context))
+    shown = set()
+    for row in tables[0].rows if tables else []:
+        value = row.values.get(f"{tables[0].lead}/all")
+        if row.kind == "baseline" and value and value.get("mean") is not None and row.model not in shown:
+            shown.add(row.model)
+            ax.axhline(value["mean"], linestyle="--", linewidth=0.8, color="gray")
+            ax.annotate(f"baseline {_short(row.model, 20)}", (len(models) - 0.5, value["mean"]), fontsize=7,
+                        ha="right", va="bottom", color="dimgray")
+    ax.set_xticks(range(len(models)), [_short(m) for m in models], rotation=20, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, max(len(models), 1) - 0.4)
+    ax.set_ylabel(tables[0].lead if tables else "score")
+    ax.set_title(f"{task}: score per context mode (95 % interval)", fontsize=10)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=8, title="context", title_fontsize=8)
+
+
+def _effect_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
+    others = [t for t in tables if t.context != "none"]
+    width = 0.8 / max(len(others), 1)
+    for k, table in enumerate(others):
+        rows = {r.model: r for r in table.rows}
+        for i, model in enumerate(models):
+            effect = rows[model].effect if model in rows else None
+            if not effect or effect.get("diff") is None:
+                continue
+            x = i - 0.4 + width * (k + 0.5)
+            err = [[effect["diff"] - effect["low"]], [effect["high"] - effect["diff"]]]
+            ax.errorbar(x, effect["diff"], yerr=err, fmt=_MARKERS.get(table.context, "o"), capsize=3,
+                        color=_COLORS.get(table.context, "gray"), label=_label(ax, table.context))
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(models)), [_short(m) for m in models], rotation=20, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, max(len(models), 1) - 0.4)
+    ax.set_ylabel(f"Δ {tables[0].lead if tables else 'score'} vs none")
+    ax.set_title(f"{task}: paired effect of runtime context", fontsize=10)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=8, title="context", title_fontsize=8)
+
+
+def plot_png(tables: list[Table]) -> bytes:
+    """The plot as PNG bytes (matplotlib's Agg backend: no display needed)."""
+    from matplotlib.figure import Figure
+
+    tasks = sorted({t.task for t in tables})
+    figure = Figure(figsize=(11, 3.8 * max(len(tasks), 1)), dpi=100, layout="constrained")
+    axes = figure.subplots(max(len(tasks), 1), 2, squeeze=False)
+    for line, task in zip(axes, tasks):
+        task_tables = sorted((t for t in tables if t.task == task),
+                             key=lambda t: CONTEXT_ORDER.index(t.context) if t.context in CONTEXT_ORDER else 99)
+        models = _models(task_tables)
+        _scores_axis(line[0], task, task_tables, models)
+        _effect_axis(line[1], task, task_tables, models)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")  # Figure without pyplot draws with Agg
+    return buffer.getvalue()
