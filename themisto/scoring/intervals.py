@@ -145,7 +145,8 @@ def plan_resamples(clusters: Sequence[Hashable], order: Sequence[float],
                             weights=_cluster_weights(members, n, settings.resamples, rng), **common)
     length = block_length_for([len(m) for m in members])
     weights, blocks = _block_weights(members, n, length, settings.resamples, rng)
-    warning = (f"{len(members)} trajectories (< {settings.min_clusters}): blocks of {length} consecutive steps are "
+    count = f"{len(members)} trajector{'y' if len(members) == 1 else 'ies'}"
+    warning = (f"{count} (< {settings.min_clusters}): blocks of {length} consecutive steps are "
                "resampled within each trajectory, so the interval covers variation between steps of these "
                "trajectories, not between developers")
     if blocks < settings.min_blocks:

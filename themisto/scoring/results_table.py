@@ -1,0 +1,94 @@
+"""The Markdown table of a run's results.json: per metric, each context and baseline with its 95 % interval, the hard
+subset beside all examples, and the paired runtime effect (context − none on the same examples).
+
+>>> print(cell({"mean": 0.25, "low": 0.1, "high": 0.4, "n": 8}), cell({"mean": 0.05, "low": -0.02, "high": 0.1},
+...       signed=True), cell({"mean": None}))
+0.250 [0.100, 0.400] +0.050 [-0.020, +0.100] –
+"""
+
+from __future__ import annotations
+
+POSITIONS: tuple[str, ...] = ("early", "middle", "late")
+
+
+def cell(entry: dict | None, *, signed: bool = False) -> str:
+    """`mean [low, high]` with three decimals, `–` where there is no value."""
+    if not entry or entry.get("mean") is None:
+        return "–"
+    form = "{:+.3f}" if signed else "{:.3f}"
+    return f"{form.format(entry['mean'])} [{form.format(entry['low'])}, {form.format(entry['high'])}]"
+
+
+def _index(entries: list[dict], *keys: str) -> dict[tuple, dict]:
+    return {tuple(e[k] for k in keys): e for e in entries}
+
+
+def _interval_line(interval: dict) -> str:
+    method = interval["method"].replace("_", " ")
+    trajectories = f"{interval['clusters']} trajector{'y' if interval['clusters'] == 1 else 'ies'}"
+    shape = (f"{trajectories} resampled whole" if interval["method"] == "cluster_bootstrap"
+             else f"{trajectories}, {interval['blocks']} blocks of {interval['block_length']} consecutive steps")
+    line = (f"Intervals: {round(interval['confidence'] * 100)} % percentile {method} ({shape}; "
+            f"{interval['resamples']} resamples, seed {interval['seed']}).")
+    return line + (f" **Warning:** {interval['warning']}." if interval.get("warning") else "")
+
+
+def _header(results: dict) -> list[str]:
+    run, counts, hard = results["run"], results["counts"], results["hard_subset"]
+    sampling = run.get("sampling") or {}
+    skipped = sum(counts["skipped"].values()) + sum(counts["failed"].values())
+    return [
+        f"### {run['task']} · {run.get('model')} ({run.get('backend')})", "",
+        f"{counts['examples']} examples, {sampling.get('n', 1)} sample(s) each at temperature "
+        f"{sampling.get('temperature', '?')}; contexts: {', '.join(run['contexts'])}; release "
+        f"{results['release_hash'][:12]}; {'with' if results['executed'] else 'without'} execution"
+        + (f"; {skipped} generation(s) skipped or failed, scored 0" if skipped else "") + ".",
+        f"Hard subset: {hard['examples']} examples where {hard['rule']}.",
+        _interval_line(results["interval"]), ""]
+
+
+def _main_table(results: dict) -> list[str]:
+    run = results["run"]
+    scores = _index(results["scores"], "context", "metric", "subset")
+    paired = _index(results["paired"], "context", "metric", "subset")
+    baselines = _index(results["baselines"], "baseline", "metric", "subset")
+    names = list(dict.fromkeys(b["baseline"] for b in results["baselines"]))
+    n_all = results["counts"]["examples"]
+    lines = [f"| metric | system | all (n={n_all}) | hard (n={results['hard_subset']['examples']}) "
+             "| Δ vs none, all | Δ vs none, hard |", "| --- | --- | --- | --- | --- | --- |"]
+    for metric in results["metrics"]:
+        for context in run["contexts"]:
+            effects = [cell(paired.get((context, metric, s)), signed=True) if context != "none" else ""
+                       for s in ("all", "hard")]
+            lines.append(f"| {metric} | model · {context} | {cell(scores.get((context, metric, 'all')))} | "
+                         f"{cell(scores.get((context, metric, 'hard')))} | {effects[0]} | {effects[1]} |")
+        for name in names:
+            lines.append(f"| {metric} | baseline · {name} | {cell(baselines.get((name, metric, 'all')))} | "
+                         f"{cell(baselines.get((name, metric, 'hard')))} | | |")
+    return lines
+
+
+def _breakdown(entries: list[dict], key: str, values: list[str], title: str) -> list[str]:
+    if not entries:
+        return []
+    counts = {v: next((e["n"] for e in entries if e[key] == v), 0) for v in values}
+    index = _index(entries, "context", "metric", key)
+    lines = ["", title, "", "| metric | context | " + " | ".join(f"{v} (n={counts[v]})" for v in values) + " |",
+             "| --- | --- |" + " --- |" * len(values)]
+    for context, metric in dict.fromkeys((e["context"], e["metric"]) for e in entries):
+        lines.append(f"| {metric} | {context} | " + " | ".join(cell(index.get((context, metric, v))) for v in values)
+                     + " |")
+    return lines
+
+
+def render_markdown(results: dict) -> str:
+    """The whole Markdown report of one run's results."""
+    lines = _header(results) + _main_table(results)
+    breakdown = results["breakdown"]
+    lines += _breakdown(breakdown["position"], "position", list(POSITIONS),
+                        "By the target's position in its trajectory (all examples):")
+    kinds = sorted({e["output_type"] for e in breakdown["output_type"]})
+    lines += _breakdown(breakdown["output_type"], "output_type", kinds, "By output type (all examples):")
+    if results.get("notes"):
+        lines += [""] + [f"- note: {note}" for note in results["notes"]]
+    return "\n".join(lines) + "\n"

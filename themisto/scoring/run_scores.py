@@ -1,0 +1,230 @@
+"""Score a run folder: every context mode of a model run beside the model-free baselines, with intervals that respect
+trajectories, the paired runtime effect, the hard subset and breakdowns; writes RUN/results.json and RUN/results.md.
+
+All predictions of a run (every context and sample) and the baselines' predictions go to the scorer together, each
+distinct text once per example, so execution replays each trajectory once. An example is in the **hard subset** when
+no model-free baseline gets it right: for next_cell an exact match (whitespace-normalised), or where executed a
+functional match; for output_prediction an equivalent output (`themisto.scoring.equivalence`, which includes exact
+match). A skipped or failed generation scores 0 on every metric, so all contexts keep the same examples.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from statistics import fmean
+from typing import Callable
+
+from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
+from themisto.scoring.run_files import RunError, RunFolder, find_release, read_run
+
+TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
+EXECUTION_METRICS: tuple[str, ...] = ("functional_match", "exec_ok", "output_match", "state_match")
+POSITIONS: tuple[str, ...] = ("early", "middle", "late")
+RESULTS_FORMAT = 1
+RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
+# What the run asks the scorer: one line per example with its distinct candidate texts; the scorer's own records.
+SCORER_INPUT, SCORER_RECORDS = "scorer_input.jsonl", "scorer_records.json"
+HARD_RULES = {
+    "next_cell": "no baseline's prediction is an exact match (whitespace-normalised)",
+    "next_cell+executed": "no baseline's prediction is an exact match or, where executed, a functional match",
+    "output_prediction": "no baseline's prediction is an equivalent output (exact, numbers, table, error or image rule)",
+}
+
+
+def metrics_for(task: str, executed: bool) -> tuple[str, ...]:
+    """The metrics a run's table shows, the headline first: functional match where next_cell was executed."""
+    if task == "next_cell":
+        return (EXECUTION_METRICS if executed else ()) + TEXT_METRICS
+    return TEXT_METRICS + ("output_equivalent",)
+
+
+def position_of(step: int, length: int) -> str:
+    """Which third of its trajectory (by step, of `length` steps) a target lies in."""
+    return POSITIONS[min(2, max(0, 3 * step // max(1, length)))]
+
+
+def output_type(row: dict) -> str:
+    """A closed set of kinds for an output_prediction target: error, display (plots/images), stream, result, mixed,
+    none."""
+    types = set(row.get("output_types") or [])
+    if row.get("status") == "error" or "error" in types:
+        return "error"
+    if "display_data" in types:
+        return "display"
+    if types == {"stream"}:
+        return "stream"
+    if types == {"execute_result"}:
+        return "result"
+    return "mixed" if types else "none"
+
+
+def _candidates(run: RunFolder, baselines: dict[str, list[str]]) -> list[list[str]]:
+    """Per example, each distinct text to score once: the model's ok generations, then the baselines'."""
+    out = []
+    for i, example_id in enumerate(run.ids):
+        texts = [g.prediction for c in run.contexts for g in run.samples_of(example_id, c) if g.status == "ok"]
+        texts += [predictions[i] for predictions in baselines.values()]
+        out.append(list(dict.fromkeys(texts)))
+    return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _run_scorer(run: RunFolder, release: Path, candidates: list[list[str]], execute: bool,
+                progress: Callable[[str], None]):
+    """Score every candidate with the scorer (resumable per trajectory when executing); records by id and text."""
+    from themisto.scoring.scorer import ScoreSettings, score_to_file
+
+    lines = [json.dumps({"id": i, "prediction": texts}, ensure_ascii=False) for i, texts in zip(run.ids, candidates)]
+    _write_text(run.folder / SCORER_INPUT, "\n".join(lines) + "\n")
+    scored = score_to_file(release, run.folder / SCORER_INPUT, run.folder / SCORER_RECORDS,
+                           ScoreSettings(task=run.task), execute=execute, progress=progress).result
+    records: dict[str, dict[str, object]] = {}
+    for record in scored.predictions:
+        records.setdefault(record.id, {})[record.prediction] = record
+    return records, {e.id: e for e in scored.examples}, scored.notes
+
+
+def _value(record, example, metric: str) -> float | None:
+    if metric in EXECUTION_METRICS:
+        return float(bool(getattr(record, metric))) if example.status == "scored" else None
+    return float(getattr(record, metric))
+
+
+def _per_example(run: RunFolder, baselines: dict[str, list[str]], records: dict, examples: dict,
+                 metrics: tuple[str, ...]) -> dict[str, dict[str, list[float | None]]]:
+    """Per system (context, or `baseline:<name>`) and metric, each example's score (mean over samples)."""
+    systems: dict[str, dict[str, list[float | None]]] = {}
+    for context in run.contexts:
+        table = systems[context] = {m: [] for m in metrics}
+        for example_id in run.ids:
+            example = examples[example_id]
+            for metric in metrics:
+                values = [_value(records[example_id][g.prediction], example, metric) if g.status == "ok"
+                          else (0.0 if metric not in EXECUTION_METRICS or example.status == "scored" else None)
+                          for g in run.samples_of(example_id, context)]
+                kept = [v for v in values if v is not None]
+                table[metric].append(fmean(kept) if kept else None)
+    for name, predictions in baselines.items():
+        systems[f"baseline:{name}"] = {
+            metric: [_value(records[i][text], examples[i], metric) for i, text in zip(run.ids, predictions)]
+            for metric in metrics}
+    return systems
+
+
+def _solved(task: str, record, example) -> bool:
+    if task == "output_prediction":
+        return bool(record.output_equivalent)
+    return record.exact_match == 1.0 or (example.status == "scored" and bool(record.functional_match))
+
+
+def _entry(interval, **keys) -> dict:
+    return {**keys, "mean": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n}
+
+
+def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], lengths: dict[str, int],
+            metrics: tuple[str, ...], settings: IntervalSettings) -> dict:
+    """The scores, paired effects, baselines and breakdowns with their intervals, all from one resampling plan."""
+    plan = plan_resamples([r["kernel_id"] for r in rows], [r["step"] for r in rows], settings)
+    subsets = {"all": None, "hard": hard}
+    task = run.task
+    scores, paired, baseline_rows = [], [], []
+    for system, table in systems.items():
+        for metric in metrics:
+            for subset, mask in subsets.items():
+                interval = mean_interval(table[metric], plan, mask)
+                if system.startswith("baseline:"):
+                    baseline_rows.append(_entry(interval, baseline=system.split(":", 1)[1], task=task, metric=metric,
+                                                subset=subset))
+                else:
+                    scores.append(_entry(interval, task=task, context=system, metric=metric, subset=subset))
+                if system in run.contexts and system != "none" and "none" in run.contexts:
+                    effect = paired_interval(table[metric], systems["none"][metric], plan, mask)
+                    paired.append(_entry(effect, task=task, metric=metric, subset=subset, context=system,
+                                         versus="none"))
+    positions = [position_of(r["step"], lengths[r["kernel_id"]]) for r in rows]
+    kinds = [output_type(r) for r in rows] if task == "output_prediction" else []
+    by_position, by_type = [], []
+    for context in run.contexts:
+        for metric in metrics:
+            values = systems[context][metric]
+            for position in POSITIONS:
+                mask = [p == position for p in positions]
+                by_position.append(_entry(mean_interval(values, plan, mask), task=task, context=context,
+                                          metric=metric, position=position))
+            for kind in sorted(set(kinds)):
+                mask = [k == kind for k in kinds]
+                by_type.append(_entry(mean_interval(values, plan, mask), task=task, context=context, metric=metric,
+                                      output_type=kind))
+    return {"interval": plan.describe(), "scores": scores, "paired": paired, "baselines": baseline_rows,
+            "breakdown": {"position": by_position, "output_type": by_type}}
+
+
+def _counts(run: RunFolder, examples: dict) -> dict:
+    lines = list(run.generations.values())
+    return {"examples": len(run.ids), "generations": len(lines),
+            "skipped": dict(Counter(g.reason or "unknown" for g in lines if g.status == "skipped")),
+            "failed": dict(Counter(g.reason or "unknown" for g in lines if g.status == "failed")),
+            "execution": dict(Counter(e.status for e in examples.values()))}
+
+
+def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute: bool = False,
+              out: str | Path | None = None, settings: IntervalSettings = IntervalSettings(),
+              progress: Callable[[str], None] | None = None) -> dict:
+    """Score every context of a run folder and the baselines, and write results.json and results.md (to `out`'s
+    folder, by default the run folder); returns the results. Execution needs the gate's opt-in (next_cell only)."""
+    from themisto.generation.baselines import baseline_prediction, baselines_for
+    from themisto.scoring.gate import permit
+    from themisto.scoring.results_table import render_markdown
+    from themisto.scoring.scorer import load_release
+
+    started = time.perf_counter()
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if execute:
+        permit(execute=True)  # refuse before reading anything
+    run = read_run(run_dir)
+    release_dir, release_hash = find_release(run, release)
+    loaded = load_release(release_dir, run.task)
+    unknown = [i for i in run.ids if i not in loaded.task_rows]
+    if unknown:
+        raise RunError(f"{run.folder}: example {unknown[0]} is not in the release {release_dir}"
+                       + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+    rows = [loaded.task_rows[i] for i in run.ids]
+    names = baselines_for(run.task)
+    baselines = {name: [baseline_prediction(name, row, run.task) for row in rows] for name in names}
+    executed = execute and run.task == "next_cell"
+    notes = [] if executed or not execute else ["execution scores exist for next_cell only; output_prediction is "
+                                                "scored by text and output equivalence"]
+    say(f"scoring {len(run.ids)} example(s) x {len(run.contexts)} context(s) x {run.samples} sample(s) and "
+        f"{len(names)} baseline(s)" + (" with execution" if executed else ""))
+    records, examples, scorer_notes = _run_scorer(run, release_dir, _candidates(run, baselines), executed, say)
+    metrics = metrics_for(run.task, executed)
+    systems = _per_example(run, baselines, records, examples, metrics)
+    solved = {name: [_solved(run.task, records[i][t], examples[i]) for i, t in zip(run.ids, baselines[name])]
+              for name in names}
+    hard = [not any(solved[name][k] for name in names) for k in range(len(run.ids))]
+    lengths = {k: max(r["step"] for r in steps) + 1 for k, steps in loaded.trajectories.items()}
+    meta = run.meta
+    results = {
+        "format": RESULTS_FORMAT,
+        "run": {"model": meta.get("model"), "backend": meta.get("backend"), "task": run.task,
+                "contexts": run.contexts, "sampling": meta.get("sampling"), "n": len(run.ids)},
+        "release_hash": release_hash, "executed": executed, "metrics": list(metrics),
+        **_tables(run, systems, hard, rows, lengths, metrics, settings),
+        "hard_subset": {"rule": HARD_RULES[run.task + ("+executed" if executed else "")], "examples": sum(hard),
+                        "solved_by": {name: sum(v) for name, v in solved.items()}},
+        "counts": _counts(run, examples), "notes": notes + scorer_notes,
+        "seconds": round(time.perf_counter() - started, 2)}
+    out_path = Path(out) if out is not None else run.folder / RESULTS_JSON
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    _write_text(out_path, json.dumps(results, ensure_ascii=False, indent=1) + "\n")
+    _write_text(out_path.with_name(RESULTS_MD if out is None else out_path.stem + ".md"), render_markdown(results))
+    return results
