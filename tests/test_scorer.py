@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from themisto.scoring import execution, judging, records, release_state
 from themisto.scoring import scorer as sc
 from themisto.scoring.gate import ExecutionRefused
 from themisto.release.parquet import build_release
@@ -111,9 +112,9 @@ def test_pass_at_k_is_the_unbiased_estimator():
     for n, c, k in [(5, 2, 1), (5, 2, 3), (6, 1, 2), (4, 0, 2), (3, 3, 3)]:
         subsets = list(itertools.combinations(range(n), k))
         expected = sum(1 for s in subsets if any(i < c for i in s)) / len(subsets)
-        assert math.isclose(sc.pass_at_k(n, c, k), expected)
+        assert math.isclose(records.pass_at_k(n, c, k), expected)
     with pytest.raises(ValueError):
-        sc.pass_at_k(2, 1, 3)
+        records.pass_at_k(2, 1, 3)
 
 
 def _branch(status="ok", text="", added=None, changed=None, deleted=None, ename=None):
@@ -127,28 +128,28 @@ def _branch(status="ok", text="", added=None, changed=None, deleted=None, ename=
 def test_state_match_rules():
     reference = _branch(added={"model": "h1"}, changed={"df": "h2"}, deleted={"tmp": "h0"})
     same_plus_extra = _branch(added={"model": "h1", "i": "h9"}, changed={"df": "h2"}, deleted={"tmp": "h0"})
-    assert sc._state_difference(reference, same_plus_extra) is None  # a new name of its own is allowed
-    assert "`model` holds a different value" in sc._state_difference(
+    assert judging._state_difference(reference, same_plus_extra) is None  # a new name of its own is allowed
+    assert "`model` holds a different value" in judging._state_difference(
         reference, _branch(added={"model": "hX"}, changed={"df": "h2"}, deleted={"tmp": "h0"}))
-    assert "`tmp` was deleted by the reference" in sc._state_difference(
+    assert "`tmp` was deleted by the reference" in judging._state_difference(
         reference, _branch(added={"model": "h1"}, changed={"df": "h2"}))
-    assert "`labels` was changed by the prediction only" in sc._state_difference(
+    assert "`labels` was changed by the prediction only" in judging._state_difference(
         reference, _branch(added={"model": "h1"}, changed={"df": "h2", "labels": "h7"}, deleted={"tmp": "h0"}))
 
 
 def test_reference_problems():
     settings = sc.ScoreSettings()
     ok = {"status": "ok", "ename": None}
-    assert sc._reference_problem(_branch(text="1"), _branch(text="1"), ok, settings) is None
-    status, reason = sc._reference_problem(_branch(added={"x": "a"}), _branch(added={"x": "b"}), ok, settings)
+    assert judging.reference_problem(_branch(text="1"), _branch(text="1"), ok, settings) is None
+    status, reason = judging.reference_problem(_branch(added={"x": "a"}), _branch(added={"x": "b"}), ok, settings)
     assert status == "nondeterministic" and "x" in reason
-    assert sc._reference_problem(_branch(text="1"), _branch(text="2"), ok, settings)[0] == "nondeterministic"
-    assert sc._reference_problem(_branch("timeout"), _branch("timeout"), ok, settings)[0] == "reference_unfinished"
+    assert judging.reference_problem(_branch(text="1"), _branch(text="2"), ok, settings)[0] == "nondeterministic"
+    assert judging.reference_problem(_branch("timeout"), _branch("timeout"), ok, settings)[0] == "reference_unfinished"
     # A reference that needs more memory than a branch gets ends otherwise than in the release's replay.
-    status, reason = sc._reference_problem(_branch("error", ename="MemoryError"),
+    status, reason = judging.reference_problem(_branch("error", ename="MemoryError"),
                                            _branch("error", ename="MemoryError"), ok, settings)
     assert status == "reference_diverged" and "MemoryError" in reason and "recorded ok" in reason
-    assert sc._reference_problem(_branch("error", ename="KeyError"), _branch("error", ename="KeyError"),
+    assert judging.reference_problem(_branch("error", ename="KeyError"), _branch("error", ename="KeyError"),
                                  {"status": "error", "ename": "KeyError"}, settings) is None
 
 
@@ -173,11 +174,11 @@ def test_execution_is_refused_for_output_prediction(allow_execution):
 def test_forged_permit_is_rejected(tmp_path):
     from themisto.scoring.gate import ExecutionPermit
 
-    examples = sc.make_examples(["x"], ["y"], [_id(6)])
-    records = {e.id: sc.text_records([e], sc.ScoreSettings()) for e in examples}
+    examples = records.make_examples(["x"], ["y"], [_id(6)])
+    by_id = {e.id: records.text_records([e], sc.ScoreSettings()) for e in examples}
     with pytest.raises(ExecutionRefused, match="not issued by"):
-        sc.unsafe_execute_trajectory(ExecutionPermit(object()), None, KERNEL, examples, records, tmp_path,
-                                     sc.ScoreSettings())
+        execution.unsafe_execute_trajectory(ExecutionPermit(object()), None, KERNEL, examples, by_id, tmp_path,
+                                            sc.ScoreSettings())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def test_unknown_id_and_wrong_reference_name_the_example(allow_execution, releas
 
 @pytest.mark.slow
 def test_missing_trajectory_rows_and_workspace_name_the_problem(allow_execution, release):
-    broken = sc.Release(release.name, release.task_rows,
+    broken = release_state.Release(release.name, release.task_rows,
                         {KERNEL: [r for r in release.trajectories[KERNEL] if r["step"] != 3]}, {}, release.replay)
     with pytest.raises(sc.ScoreError, match=f"example {_id(6)}: .* do not hold steps 0..6"):
         sc.score(_targets(release, [_id(6)]), _targets(release, [_id(6)]), ids=[_id(6)], execute=True,

@@ -288,7 +288,7 @@ def _table_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
 _ERROR_LINE_RE = re.compile(
     r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Iteration|Warning))(?::[ \t]*(.*))?$", re.MULTILINE)
 _PY_TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):$", re.MULTILINE)
-# What follows an error's first line in themisto.runtime.outputs' layout: IPython's rule of dashes, a cell or file location.
+# What follows an error's first line in themisto.runtime.outputs' layout: IPython's dashes, a cell or file location.
 _TRACEBACK_START_RE = re.compile(r"-{20,}|\s*(?:Cell In\s?\[|Input In \[|File \"|Traceback \()")
 _MESSAGE_NOISE = [
     (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),

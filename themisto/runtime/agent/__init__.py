@@ -1,8 +1,8 @@
 """Code that runs inside the kernel: runtime snapshots of the user namespace and branch execution of candidate cells.
 
-The host reaches it through silent user expressions (`themisto.runtime.snapshot`, `themisto.runtime.branch`), so reading it never
-touches In/Out or the execution count. Module level imports only the standard library; importing it changes no
-user variable. Branches run each candidate in a forked grandchild of the kernel that shares the kernel's memory
+The host reaches it through silent user expressions (`themisto.runtime.snapshot`, `themisto.runtime.branch`), so
+reading it never touches In/Out or the execution count. Module level imports only the standard library; importing
+it changes no user variable. Branches run each candidate in a forked grandchild of the kernel that shares the kernel's memory
 copy-on-write, captures its own output, and reports on a pipe; the kernel itself only waits, kills and reaps.
 
 The package is split by concern: `namespace` (shared limits, the shell, the user's names, bounded reprs), `hashing`,

@@ -18,7 +18,9 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from themisto.runtime.agent.namespace import _GRACE_S, _MAX_MESSAGE, _MONITOR_REAP_S, _MSG_HEADER, _PR_SET_CHILD_SUBREAPER, _REHASH_BYTES, _shell, user_variables
+
+from themisto.runtime.agent.namespace import (_GRACE_S, _MAX_MESSAGE, _MONITOR_REAP_S, _MSG_HEADER,
+                                              _PR_SET_CHILD_SUBREAPER, _REHASH_BYTES, _shell, user_variables)
 from themisto.runtime.agent.hashing import content_hash, state_hash
 from themisto.runtime.agent.snapshots import _CACHE
 from themisto.runtime.agent.workdir import WorkdirGuard, _GUARDS

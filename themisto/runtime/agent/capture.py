@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from typing import Any
+
 from themisto.runtime.agent.namespace import OUTPUT_CAP_MARKER
 
 

@@ -12,6 +12,7 @@ import random
 import sys
 import types
 from typing import Any
+
 from themisto.runtime.agent.namespace import _EXACT_DEEP_ROWS, _FLAT_SIZE_MAX, _SIZE_NODES, _qualname, _safe_repr
 from themisto.runtime.agent.hashing import _pickle_leaves, content_hash
 

@@ -19,6 +19,7 @@ import struct
 import sys
 import types
 from typing import Any
+
 from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, _CANON_NODES, _qualname, _safe_repr
 
 

@@ -1,0 +1,235 @@
+"""Execution in the exact pre-cell state: one replay per trajectory, the reference and the predictions branched
+before each scored step. The only module here that runs predictions (`unsafe_execute_trajectory`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from themisto.scoring.gate import ExecutionPermit
+from themisto.scoring.judging import clip, finish_example, judge, reference_problem, refuse
+from themisto.scoring.records import (
+    EXAMPLE_STATUSES,
+    REFERENCE_RUNS,
+    SLOW_REFERENCE_FACTOR,
+    Example,
+    ExampleRecord,
+    PredictionRecord,
+    ReplayDone,
+    ScoreSettings,
+    TrajectoryScore,
+)
+from themisto.scoring.release_state import Release, prepare_workspace, trajectory_from_rows
+
+
+def _life_start(rows: Sequence[dict], step: int) -> int:
+    """The first step of the kernel life `step` belongs to (after the last logged restart at or before it)."""
+    return max([0] + [r["step"] for r in rows[:step + 1] if r["restarted_before"]])
+
+
+def _rebuild_state(session, rows: Sequence[dict], step: int, timeout_s: float) -> None:
+    """Restart the kernel and re-run this kernel life's cells before `step` as replay ran them (skipping the steps
+    that lost the state in the release's replay, as replay's own rebuild does)."""
+    from themisto.ingest.cleaning import clean_for_replay
+    from themisto.runtime.branch import BranchError
+
+    session.restart()
+    for row in rows[_life_start(rows, step):step]:
+        if row.get("kernel_restarted"):
+            continue
+        cell = session.execute(clean_for_replay(row["code"]).code, timeout=timeout_s)
+        if cell.kernel_restarted:
+            raise BranchError(f"rebuilding the state before step {step}: step {row['step']} ended {cell.status}")
+
+
+def _run_isolated(session, codes: list[str], rebuild: Callable[[], None], **options):
+    """Run the codes as branches in one call; when that call takes the kernel down (a prediction killed every
+    process of its user, say), rebuild the state and run them one by one, so only the culprit ends `kernel_died`."""
+    from themisto.runtime.branch import BranchError, BranchResult, run_branches
+    from themisto.runtime.snapshot import AgentError
+
+    try:
+        return run_branches(session, codes, **options)
+    except (BranchError, AgentError):
+        rebuild()
+    results = []
+    for index, code in enumerate(codes):
+        try:
+            [result] = run_branches(session, [code], **options)
+            result.index = index
+        except (BranchError, AgentError) as error:
+            result = BranchResult(index=index, status="kernel_died", outputs=[], ename="KernelDied",
+                                  evalue=f"it took the kernel down (the state was rebuilt): {clip(str(error))}")
+            rebuild()
+        results.append(result)
+    return results
+
+
+def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Example],
+                 records: dict[str, list[PredictionRecord]], example_records: dict[str, ExampleRecord],
+                 settings: ScoreSettings, rebuild: Callable[[], None]) -> None:
+    """Run the reference twice and every prediction for `step` as branches of the live pre-step state; judge them."""
+    from themisto.ingest.cleaning import clean_for_replay
+    from themisto.runtime.snapshot import take_snapshot
+
+    row = rows[step]
+    ready = []
+    for example in examples:
+        for record in records[example.id]:
+            if len(record.prediction) > settings.max_prediction_chars:
+                refuse([], [record], f"the prediction has {len(record.prediction):,} characters, over the limit "
+                                      f"of {settings.max_prediction_chars:,}")
+            else:
+                ready.append(record)
+    if settings.verify_state and not (step == 0 or row["restarted_before"]):
+        expected = rows[step - 1]["state_hash"]
+        if expected is not None:
+            snapshot = take_snapshot(session)
+            recorded = {v["name"]: v["hash"] for v in rows[step - 1]["variables"] or []}
+            now = snapshot.hashes()
+            differing = sorted(n for n in set(recorded) | set(now) if recorded.get(n) != now.get(n))
+            for example in examples:
+                example_records[example.id].state_verified = snapshot.state_hash == expected
+                example_records[example.id].state_differences = differing[:20]
+    # The reference runs as replay ran it: after the same cleaning; predictions get the same cleaning.
+    reference = clean_for_replay(rows[step]["code"]).code
+    codes = [reference] * REFERENCE_RUNS + [clean_for_replay(r.prediction).code for r in ready]
+    timeout = max(settings.timeout_s, SLOW_REFERENCE_FACTOR * float(row.get("execution_time") or 0.0))
+    # The replay fallback (no fork) rebuilds the state from the cells since the last restart.
+    prefix = [clean_for_replay(r["code"]).code for r in rows[_life_start(rows, step):step] if not r["kernel_restarted"]]
+    began = time.perf_counter()
+    results = _run_isolated(session, codes, rebuild, timeout_s=timeout, memory_bytes=settings.memory_bytes,
+                            output_bytes=settings.output_bytes, prefix=prefix, use_fork=settings.use_fork)
+    wall = time.perf_counter() - began
+    first, second = results[0], results[1]
+    problem = reference_problem(first, second, row, settings)
+    for record, result in zip(ready, results[REFERENCE_RUNS:]):
+        judge(record, first, result, settings)
+    for example in examples:
+        summary = example_records[example.id]
+        summary.reference_status, summary.branch_wall_s = first.status, round(wall, 6)
+        summary.reference_durations_s = [round(float(r.duration_s), 6) for r in results[:REFERENCE_RUNS]]
+        if problem is not None:
+            summary.status, summary.reason = problem
+            for record in records[example.id]:
+                if record.outcome != "refused":
+                    record.exec_ok = record.output_match = record.state_match = record.functional_match = None
+        else:
+            summary.status = "scored"
+            finish_example(summary, records[example.id], settings)
+
+
+def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_id: str, examples: Sequence[Example],
+                              records: Mapping[str, list[PredictionRecord]], workspace: Path,
+                              settings: ScoreSettings) -> TrajectoryScore:
+    """Replay one trajectory once and run every example's predictions in branches of its pre-step states.
+
+    The only function that runs model-written code; it needs a permit from `themisto.scoring.gate.permit`. An example
+    whose state cannot be rebuilt ends `refused` with the reason; nothing here raises for one prediction's sake.
+    """
+    from themisto.replay.replay import ReplaySettings, replay
+    from themisto.runtime.branch import BranchError
+    from themisto.runtime.kernel import KernelSession, Limits
+    from themisto.runtime.sandbox import KernelStartError
+    from themisto.runtime.snapshot import AgentError
+
+    permit.check()
+    began = time.perf_counter()
+    rows = release.trajectories[kernel_id]
+    by_step: dict[int, list[Example]] = {}
+    for example in examples:
+        by_step.setdefault(int(release.task_rows[example.id]["step"]), []).append(example)
+    summaries = {e.id: ExampleRecord(id=e.id, predictions=len(e.predictions), kernel_id=kernel_id,
+                                     step=int(release.task_rows[e.id]["step"])) for e in examples}
+    own = {e.id: [r.__class__(**asdict(r)) for r in records[e.id]] for e in examples}
+    last = max(by_step)
+    known = {f.name for f in fields(ReplaySettings)}
+    replay_settings = ReplaySettings(**{**{k: v for k, v in release.replay.items() if k in known}, "snapshots": False})
+    trajectory = trajectory_from_rows(rows[: last + 1])
+
+    def before_step(_trajectory, step: int, session) -> None:
+        if step in by_step:
+            def rebuild() -> None:
+                _rebuild_state(session, rows, step, replay_settings.cell_timeout_s)
+
+            try:
+                if not session.alive:
+                    raise BranchError("the replay kernel is not running")
+                _branch_step(session, step, rows, by_step[step], own, summaries, settings, rebuild)
+            except (BranchError, AgentError) as error:
+                step_examples = by_step[step]
+                refuse([summaries[e.id] for e in step_examples], [r for e in step_examples for r in own[e.id]],
+                        f"the state before step {step} could not be branched: {error}")
+                rebuild()  # later steps need this step's state; a failure here ends the trajectory (refused)
+        if step == last:
+            raise ReplayDone
+
+    limits = Limits(memory_bytes=replay_settings.memory_bytes, cell_timeout_s=replay_settings.cell_timeout_s,
+                    output_bytes=replay_settings.output_bytes)
+    try:
+        with KernelSession(workspace, limits) as session:
+            for _ in replay(trajectory, session, replay_settings, before_step=before_step):
+                pass
+    except ReplayDone:
+        pass
+    except (KernelStartError, AgentError, BranchError, OSError) as error:
+        pending = [e for e in examples if summaries[e.id].status == "text_only"]
+        refuse([summaries[e.id] for e in pending], [r for e in pending for r in own[e.id]],
+                f"replaying {kernel_id} failed: {type(error).__name__}: {error}")
+    pending = [e for e in examples if summaries[e.id].status == "text_only"]
+    refuse([summaries[e.id] for e in pending], [r for e in pending for r in own[e.id]],
+            f"replay of {kernel_id} never reached the example's step")
+    return TrajectoryScore(kernel_id=kernel_id, examples=[summaries[e.id] for e in examples],
+                           predictions=[r for e in examples for r in own[e.id]],
+                           replay_s=round(time.perf_counter() - began, 6))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Aggregate
+
+
+
+
+def same_predictions(earlier: TrajectoryScore, group: Sequence[Example],
+                      by_id: Mapping[str, list[PredictionRecord]]) -> bool:
+    """Whether an earlier run scored exactly these examples with exactly these predictions."""
+    have = {(r.id, r.index, r.prediction) for r in earlier.predictions}
+    want = {(r.id, r.index, r.prediction) for e in group for r in by_id[e.id]}
+    return have == want
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files: predictions in, results out (written per trajectory, resumable)
+
+
+def execute_examples(permit: ExecutionPermit, release: Release, examples: list[Example],
+             by_id: dict[str, list[PredictionRecord]], summaries: dict[str, ExampleRecord], settings: ScoreSettings,
+             workspace: str | Path | None, done: Mapping[str, TrajectoryScore],
+             on_trajectory: Callable[[TrajectoryScore], None] | None, progress: Callable[[str], None]) -> None:
+    groups: dict[str, list[Example]] = {}
+    for example in examples:
+        groups.setdefault(release.task_rows[example.id]["kernel_id"], []).append(example)
+    with tempfile.TemporaryDirectory(prefix="themisto-score-") as tmp:
+        folder: Path | None = None
+        for number, (kernel_id, group) in enumerate(sorted(groups.items()), start=1):
+            earlier = done.get(kernel_id)
+            if earlier is not None and same_predictions(earlier, group, by_id):
+                result = earlier
+                progress(f"[{number}/{len(groups)}] {kernel_id}: kept from the earlier run")
+            else:
+                if folder is None:  # only a run that executes something needs the workspace
+                    folder = prepare_workspace(release, workspace, Path(tmp))
+                result = unsafe_execute_trajectory(permit, release, kernel_id, group, by_id, folder, settings)
+                if on_trajectory is not None:
+                    on_trajectory(result)
+                counts = {s: sum(1 for e in result.examples if e.status == s) for s in EXAMPLE_STATUSES}
+                progress(f"[{number}/{len(groups)}] {kernel_id}: {len(group)} example(s) in {result.replay_s:.1f} s "
+                         f"({', '.join(f'{s} {n}' for s, n in counts.items() if n)})")
+            for summary in result.examples:
+                summaries[summary.id] = summary
+            for record in result.predictions:
+                by_id[record.id][record.index] = record

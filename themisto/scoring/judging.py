@@ -1,0 +1,133 @@
+"""Judging a candidate against the reference in the same state: outputs, state deltas, and the example's verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from themisto.scoring.records import ADDRESS_RE, REASON_CHARS, ExampleRecord, PredictionRecord, ScoreSettings, pass_at_k
+
+
+def compared_output(outputs: list[dict]) -> str:
+    """The text two runs' outputs are compared by: output_text plus a placeholder for each image, object addresses
+    masked.
+
+    >>> compared_output([{"output_type": "execute_result", "metadata": {},
+    ...                   "data": {"text/plain": "<Colorbar at 0x7f18c81afad0>", "image/png": "iVBORw0KGgo="}}])
+    '<Colorbar at 0x…>\\n<image/png 8 bytes>'
+    """
+    from themisto.runtime.outputs import output_text, rich_outputs
+    from themisto.scoring.equivalence import image_placeholder
+
+    text = ADDRESS_RE.sub(r"\g<1>0x…", output_text(outputs))
+    images = [image_placeholder(r["mime"], r["bytes"]) for r in rich_outputs(outputs) if "bytes" in r]
+    return "\n".join([text, *images]) if images else text
+
+
+def clip(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
+
+
+def _delta(result) -> dict[str, dict[str, str]]:
+    return {"added": dict(result.added), "changed": dict(result.changed), "deleted": dict(result.deleted)}
+
+
+def reference_problem(first, second, recorded: dict, settings: ScoreSettings) -> tuple[str, str] | None:
+    """(example status, reason) when the two reference runs cannot define a functional answer, else None.
+
+    `recorded` is the release's row of the step: a reference that ends otherwise in its branch than in the release's
+    replay (it needs more memory or time than a branch gets) defines no answer either.
+    """
+    from themisto.scoring.equivalence import outputs_equivalent
+
+    if first.status != second.status:
+        return "nondeterministic", f"the reference ended {first.status} in one run and {second.status} in the other"
+    if first.status in ("timeout", "kernel_died"):
+        return "reference_unfinished", (f"the reference cell ended {first.status} in its branch "
+                                        f"({clip(first.evalue or '')})")
+    if first.status != recorded.get("status") or (first.status == "error" and first.ename != recorded.get("ename")):
+        got = first.status if first.status == "ok" else f"{first.status} ({first.ename}: {clip(first.evalue or '')})"
+        return "reference_diverged", (f"the reference ended {got} in its branch where the release's replay recorded "
+                                      f"{recorded.get('status')} {recorded.get('ename') or ''}".rstrip())
+    verdict = outputs_equivalent(compared_output(second.outputs), compared_output(first.outputs),
+                                 rel_tol=settings.rel_tol, abs_tol=settings.abs_tol)
+    if not verdict.equal:
+        return "nondeterministic", f"the reference printed different outputs in two runs ({clip(verdict.reason)})"
+    a, b = _delta(first), _delta(second)
+    if a != b:
+        names = sorted({n for kind in a for n in set(a[kind].items()) ^ set(b[kind].items())})
+        return "nondeterministic", ("the reference left different values in two runs: "
+                                    + ", ".join(n for n, _ in names[:5]))
+    return None
+
+
+def _state_difference(reference, candidate) -> str | None:
+    """Why the candidate's namespace change differs from the reference's, or None when it matches.
+
+    Every name the reference added or changed must end with the same content hash, every name it deleted must be
+    deleted; the candidate may add names of its own, but not change or delete names the reference left alone.
+    """
+    after = {**candidate.changed, **candidate.added}
+    for name, digest in {**reference.changed, **reference.added}.items():
+        if name not in after:
+            what = "added" if name in reference.added else "changed"
+            return f"`{name}` was {what} by the reference, not by the prediction"
+        if after[name] != digest:
+            return f"`{name}` holds a different value than after the reference"
+    missing = sorted(set(reference.deleted) - set(candidate.deleted))
+    if missing:
+        return f"`{missing[0]}` was deleted by the reference, not by the prediction"
+    left_alone = (set(candidate.changed) | set(candidate.deleted)) - set(reference.changed) - set(reference.deleted)
+    if left_alone:
+        name = min(left_alone)
+        return f"`{name}` was {'deleted' if name in candidate.deleted else 'changed'} by the prediction only"
+    return None
+
+
+def judge(record: PredictionRecord, reference, candidate, settings: ScoreSettings) -> None:
+    """Fill the record's outcome and execution scores from its branch result against the reference's."""
+    from themisto.scoring.equivalence import outputs_equivalent
+
+    record.outcome = candidate.status
+    record.duration_s = round(float(candidate.duration_s), 6)
+    if candidate.status in ("timeout", "kernel_died"):
+        record.exec_ok = record.output_match = record.state_match = record.functional_match = False
+        what = "ran past its time limit" if candidate.status == "timeout" else "its branch process died"
+        record.reason = f"{what} ({clip(candidate.evalue)})" if candidate.evalue else what
+        return
+    if reference.status == "ok":
+        record.exec_ok = candidate.status == "ok"
+    else:  # the developer's cell raised: reproducing the same exception is not an execution failure
+        record.exec_ok = candidate.status == "ok" or candidate.ename == reference.ename
+    verdict = outputs_equivalent(compared_output(candidate.outputs), compared_output(reference.outputs),
+                                 rel_tol=settings.rel_tol, abs_tol=settings.abs_tol)
+    state = _state_difference(reference, candidate)
+    record.output_match, record.state_match = verdict.equal, state is None
+    record.functional_match = verdict.equal and state is None
+    reasons = []
+    if candidate.status == "error":
+        reasons.append(f"{candidate.ename}: {candidate.evalue}")
+    if not verdict.equal:
+        reasons.append(f"output differs: {verdict.reason}")
+    if state is not None:
+        reasons.append(f"state differs: {state}")
+    record.reason = clip("; ".join(reasons))
+
+
+def refuse(examples: Iterable[ExampleRecord], predictions: Iterable[PredictionRecord], reason: str) -> None:
+    for example in examples:
+        example.status, example.reason = "refused", clip(reason)
+    for record in predictions:
+        record.outcome, record.reason = "refused", clip(reason)
+
+
+
+
+def finish_example(example: ExampleRecord, records: list[PredictionRecord], settings: ScoreSettings) -> None:
+    for record in records:
+        if record.outcome == "refused":  # refused for its own sake (too long) in a scorable example: a failure
+            record.exec_ok = record.output_match = record.state_match = record.functional_match = False
+    example.correct = sum(1 for r in records if r.functional_match)
+    example.pass_at_k = {f"pass@{k}": pass_at_k(len(records), example.correct, k)
+                         for k in settings.k if k <= len(records)}

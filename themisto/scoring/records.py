@@ -1,0 +1,235 @@
+"""The scorer's records and settings: examples, per-prediction and per-example records, trajectory scores, results.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, Mapping, Sequence
+
+from themisto.scoring.text_scores import chrf, exact_match, rouge_l
+
+TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
+Outcome = Literal["ok", "error", "timeout", "kernel_died", "refused"]
+OUTCOMES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died", "refused")
+# How an example fared as a whole: `scored` counts in the functional scores; the others are reported, not guessed.
+ExampleStatus = Literal["text_only", "scored", "nondeterministic", "reference_unfinished", "reference_diverged",
+                        "refused"]
+EXAMPLE_STATUSES: tuple[str, ...] = ("text_only", "scored", "nondeterministic", "reference_unfinished",
+                                     "reference_diverged", "refused")
+EXECUTION_SCORES: tuple[str, ...] = ("exec_ok", "output_match", "state_match", "functional_match")
+REFERENCE_RUNS = 2
+# A slow reference cell (model training) keeps its full time: the branch timeout grows to this many times the time
+# the cell took in the release's replay, for the reference and the predictions alike.
+SLOW_REFERENCE_FACTOR = 3.0
+REASON_CHARS = 300
+# `<Colorbar at 0x7f18c81afad0>`: an object's address is its identity, not its content, and two forked runs of the
+# same cell allocate at different addresses.
+ADDRESS_RE = re.compile(r"\b(at |id=)0x[0-9a-fA-F]{4,}\b")
+
+
+class ScoreError(ValueError):
+    """Input the scorer cannot use; the message names the example id (or the release file) concerned."""
+
+
+class ReplayDone(Exception):
+    """Raised by the before-step hook once the last scored step of a trajectory has run: the rest is not needed."""
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """What is scored and how predictions are executed."""
+
+    task: str = "next_cell"
+    k: tuple[int, ...] = (1,)  # pass@k for each k (execution only)
+    timeout_s: float = 30.0  # per prediction (raised for slow reference cells, see SLOW_REFERENCE_FACTOR)
+    memory_bytes: int = 2**30  # each branch may allocate this much beyond the kernel's current use
+    output_bytes: int = 2**20
+    max_prediction_chars: int = 100_000  # a longer prediction is refused, not run
+    rel_tol: float = 1e-6  # output equivalence: numbers agree within these tolerances
+    abs_tol: float = 1e-9
+    use_fork: bool | None = None  # None: fork where the platform can, replay the prefix otherwise
+    verify_state: bool = True  # compare the rebuilt state's hash with the release's state_hash_before
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ScoreError(f"unknown task {self.task!r} (expected one of {', '.join(TASKS)})")
+        ks = (self.k,) if isinstance(self.k, int) else tuple(self.k)
+        if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
+            raise ScoreError(f"k must be positive integers, got {self.k!r}")
+        object.__setattr__(self, "k", tuple(sorted(set(ks))))
+        if not self.timeout_s > 0:
+            raise ScoreError(f"timeout_s must be positive, got {self.timeout_s!r}")
+
+
+@dataclass
+class Example:
+    """One example to score: its id, the reference text and one or more predictions."""
+
+    id: str
+    reference: str
+    predictions: list[str]
+
+
+@dataclass
+class PredictionRecord:
+    """One prediction's scores; the execution fields stay None when it was not executed."""
+
+    id: str
+    index: int  # which prediction of the example
+    prediction: str
+    exact_match: float
+    rouge_l: float
+    chrf: float
+    output_equivalent: bool | None = None  # output_prediction: equivalent per themisto.scoring.equivalence
+    equivalence_rule: str | None = None
+    outcome: Outcome | None = None
+    reason: str = ""  # why it failed (error, timeout, output or state difference, refusal); "" when it matched
+    exec_ok: bool | None = None
+    output_match: bool | None = None
+    state_match: bool | None = None
+    functional_match: bool | None = None
+    duration_s: float | None = None  # the prediction's own run time in its branch
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> PredictionRecord:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class ExampleRecord:
+    """How one example fared: whether its functional scores count, why not, and its pass@k."""
+
+    id: str
+    predictions: int
+    status: ExampleStatus = "text_only"
+    reason: str = ""
+    kernel_id: str | None = None
+    step: int | None = None
+    reference_status: str | None = None  # the reference cell's outcome in its branches
+    correct: int | None = None  # predictions with a functional match
+    pass_at_k: dict[str, float] = field(default_factory=dict)
+    state_verified: bool | None = None  # rebuilt state hash == the release's; None where not checked
+    state_differences: list[str] = field(default_factory=list)  # variables whose rebuilt hash differs (first 20)
+    branch_wall_s: float | None = None  # wall time of the step's branch call (references + predictions)
+    reference_durations_s: list[float] = field(default_factory=list)  # the reference's own time in each run
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> ExampleRecord:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class TrajectoryScore:
+    """The execution records of one trajectory's examples: the unit that is written, and resumed, at a time."""
+
+    kernel_id: str
+    examples: list[ExampleRecord]
+    predictions: list[PredictionRecord]
+    replay_s: float = 0.0  # wall time of the whole trajectory: replay, state checks and branches
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> TrajectoryScore:
+        return cls(kernel_id=data["kernel_id"], examples=[ExampleRecord.from_dict(e) for e in data["examples"]],
+                   predictions=[PredictionRecord.from_dict(p) for p in data["predictions"]],
+                   replay_s=float(data.get("replay_s", 0.0)))
+
+
+@dataclass
+class ScoreResult:
+    """Aggregate scores, one record per example and per prediction, the settings used and any notes."""
+
+    task: str
+    scores: dict[str, Any]
+    examples: list[ExampleRecord]
+    predictions: list[PredictionRecord]
+    settings: ScoreSettings
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"task": self.task, "scores": self.scores, "settings": asdict(self.settings), "notes": self.notes,
+                "examples": [asdict(e) for e in self.examples], "predictions": [asdict(p) for p in self.predictions]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Input
+
+
+def make_examples(predictions: Sequence, references: Sequence, ids: Sequence[str] | None = None) -> list[Example]:
+    """Check and align the inputs: one reference and one or more string predictions per id (ids unique)."""
+    if isinstance(predictions, (str, bytes)) or isinstance(references, (str, bytes)):
+        raise ScoreError("predictions and references must be lists (one entry per example), not a single string")
+    predictions, references = list(predictions), list(references)
+    if len(predictions) != len(references):
+        raise ScoreError(f"got {len(predictions)} predictions for {len(references)} references")
+    if not predictions:
+        raise ScoreError("no predictions to score")
+    if ids is None:
+        ids = [f"#{i}" for i in range(len(predictions))]
+    ids = [str(i) for i in ids]
+    if len(ids) != len(predictions):
+        raise ScoreError(f"got {len(ids)} ids for {len(predictions)} predictions")
+    seen: set[str] = set()
+    examples = []
+    for example_id, prediction, reference in zip(ids, predictions, references):
+        if example_id in seen:
+            raise ScoreError(f"example {example_id}: the id appears more than once")
+        seen.add(example_id)
+        if not isinstance(reference, str):
+            raise ScoreError(f"example {example_id}: the reference is {type(reference).__name__}, expected str")
+        candidates = [prediction] if isinstance(prediction, str) else prediction
+        if not isinstance(candidates, (list, tuple)) or not candidates:
+            raise ScoreError(f"example {example_id}: the prediction is {type(prediction).__name__}, "
+                             "expected str or a non-empty list of str")
+        for index, text in enumerate(candidates):
+            if not isinstance(text, str):
+                raise ScoreError(f"example {example_id}: prediction {index} is {type(text).__name__}, expected str")
+        examples.append(Example(example_id, reference, list(candidates)))
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text scores
+
+
+def text_records(examples: Sequence[Example], settings: ScoreSettings) -> list[PredictionRecord]:
+    """One record per prediction with its exact match, ROUGE-L, chrF (and output equivalence for output_prediction)."""
+    from themisto.scoring.equivalence import outputs_equivalent
+
+    records = []
+    for example in examples:
+        for index, prediction in enumerate(example.predictions):
+            record = PredictionRecord(
+                id=example.id, index=index, prediction=prediction,
+                exact_match=exact_match(prediction, example.reference),
+                rouge_l=rouge_l(prediction, example.reference), chrf=chrf(prediction, example.reference))
+            if settings.task == "output_prediction":
+                verdict = outputs_equivalent(prediction, example.reference, rel_tol=settings.rel_tol,
+                                             abs_tol=settings.abs_tol)
+                record.output_equivalent, record.equivalence_rule = verdict.equal, verdict.rule
+            records.append(record)
+    return records
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The release: the rows that rebuild each example's state, and the workspace it was built over
+
+
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate of Chen et al. (2021) from n samples of which c are correct.
+
+    >>> pass_at_k(5, 0, 1), pass_at_k(5, 5, 3), round(pass_at_k(4, 1, 2), 4)
+    (0.0, 1.0, 0.5)
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    # 1 - C(n-c, k) / C(n, k), as a product so large n never overflows.
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))

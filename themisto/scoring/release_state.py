@@ -1,0 +1,114 @@
+"""What execution needs from a release: its rows by trajectory, the check of examples against it, the workspace,
+and the trajectory rebuilt from its rows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from themisto.scoring.records import Example, ScoreError
+
+
+@dataclass
+class Release:
+    """What execution needs from a release: task rows by id, trajectory rows by kernel, workspace, replay settings."""
+
+    name: str  # the folder, for messages
+    task_rows: dict[str, dict]
+    trajectories: dict[str, list[dict]]
+    workspace: dict  # the build's record: {"look_alike_seed", "size", "tasks"} or {"given": name}; {} if unknown
+    replay: dict  # the build's ReplaySettings as a dict; {} if unknown
+
+
+def _parquet_rows(folder: Path, config: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    from themisto.release.parquet import README, split_card
+
+    card = folder / README
+    if not card.is_file():
+        raise ScoreError(f"{card}: missing; a release folder declares its configs there")
+    data, _ = split_card(card.read_text(encoding="utf-8"))
+    declared = {c.get("config_name"): c for c in data.get("configs") or []}
+    if config not in declared:
+        raise ScoreError(f"{card}: the release has no {config!r} config")
+    rows: list[dict] = []
+    for entry in declared[config].get("data_files") or []:
+        for path in sorted(folder.glob(entry["path"])):
+            rows += pq.read_table(path).to_pylist()
+    return rows
+
+
+def load_release(folder: str | Path, task: str = "next_cell") -> Release:
+    """Read a release folder written by `themisto build`: the task's rows (all splits) and its trajectories."""
+    from themisto.release.parquet import BUILD_FILE
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ScoreError(f"{folder}: no such release folder")
+    task_rows = {row["id"]: row for row in _parquet_rows(folder, task)}
+    trajectories: dict[str, list[dict]] = {}
+    for row in _parquet_rows(folder, "trajectories"):
+        trajectories.setdefault(row["kernel_id"], []).append(row)
+    for rows in trajectories.values():
+        rows.sort(key=lambda r: r["step"])
+    build: dict = {}
+    if (folder / BUILD_FILE).is_file():
+        build = json.loads((folder / BUILD_FILE).read_text(encoding="utf-8"))
+    return Release(name=str(folder), task_rows=task_rows, trajectories=trajectories,
+                   workspace=dict(build.get("source", {}).get("workspace") or {}),
+                   replay=dict(build.get("settings", {}).get("replay") or {}))
+
+
+def check_against_release(examples: Sequence[Example], release: Release) -> None:
+    """Every id is in the release, its reference is the release's target, and its state can be rebuilt."""
+    unknown = [e.id for e in examples if e.id not in release.task_rows]
+    if unknown:
+        raise ScoreError(f"example {unknown[0]}: no such id in {release.name}"
+                         + (f" (and {len(unknown) - 1} more unknown ids)" if len(unknown) > 1 else ""))
+    for example in examples:
+        row = release.task_rows[example.id]
+        if example.reference != row["target"]:
+            raise ScoreError(f"example {example.id}: the reference is not the release's target for this id")
+        steps = release.trajectories.get(row["kernel_id"], [])
+        if [r["step"] for r in steps[: row["step"] + 1]] != list(range(row["step"] + 1)):
+            raise ScoreError(f"example {example.id}: the release's `trajectories` rows of {row['kernel_id']} do not "
+                             f"hold steps 0..{row['step']}, so the state before step {row['step']} cannot be rebuilt")
+
+
+def prepare_workspace(release: Release, workspace: str | Path | None, tmp: Path) -> Path:
+    """The input files the release was replayed over: `workspace` if given, else regenerated from the build's seed."""
+    if workspace is not None:
+        if not Path(workspace).is_dir():
+            raise ScoreError(f"{workspace}: no such workspace directory")
+        return Path(workspace)
+    spec = release.workspace
+    if "look_alike_seed" in spec:
+        from themisto.ingest.workspace import write_workspace
+
+        return write_workspace(tmp / "ws", spec.get("tasks") or ("task1", "task2"), seed=int(spec["look_alike_seed"]),
+                               size=spec.get("size", "small")).root
+    if "given" in spec:
+        raise ScoreError(f"{release.name}: the release was replayed over a given workspace ({spec['given']!r}); "
+                         "pass that folder as the workspace to rebuild the states")
+    raise ScoreError(f"{release.name}: the build does not record the workspace it was replayed over "
+                     "(no themisto_build.json source.workspace); pass the workspace folder")
+
+
+def trajectory_from_rows(rows: Sequence[dict]):
+    """A Trajectory that replays a release's `trajectories` rows: the developer's code, logged outcomes, restarts."""
+    from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
+
+    executions = [Execution(cell_id=r["cell_id"], code=r["code"], status=r.get("logged_status") or "unknown",
+                            ename=r.get("logged_ename"), evalue=r.get("logged_evalue")) for r in rows]
+    events = [KernelEvent("restart", before=r["step"]) for r in rows if r["restarted_before"] and r["step"] > 0]
+    first = rows[0]
+    return Trajectory(id=first["kernel_id"], notebook=first.get("notebook") or "", source="release",
+                      executions=executions, events=events, task=first.get("task"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Execution
