@@ -1,7 +1,7 @@
 """The Markdown table of a run's results.json: per metric, each context and baseline with its 95 % interval, the hard
 subset beside all examples, and the paired runtime effect (context − none on the same examples).
 
->>> print(cell({"mean": 0.25, "low": 0.1, "high": 0.4, "n": 8}), cell({"mean": 0.05, "low": -0.02, "high": 0.1},
+>>> print(cell({"mean": 0.25, "low": 0.1, "high": 0.4, "n": 8}), cell({"diff": 0.05, "low": -0.02, "high": 0.1},
 ...       signed=True), cell({"mean": None}))
 0.250 [0.100, 0.400] +0.050 [-0.020, +0.100] –
 """
@@ -12,11 +12,12 @@ POSITIONS: tuple[str, ...] = ("early", "middle", "late")
 
 
 def cell(entry: dict | None, *, signed: bool = False) -> str:
-    """`mean [low, high]` with three decimals, `–` where there is no value."""
-    if not entry or entry.get("mean") is None:
+    """`mean [low, high]` (a paired entry: `diff [low, high]`) with three decimals, `–` where there is no value."""
+    value = None if not entry else entry.get("diff", entry.get("mean"))
+    if value is None:
         return "–"
     form = "{:+.3f}" if signed else "{:.3f}"
-    return f"{form.format(entry['mean'])} [{form.format(entry['low'])}, {form.format(entry['high'])}]"
+    return f"{form.format(value)} [{form.format(entry['low'])}, {form.format(entry['high'])}]"
 
 
 def _index(entries: list[dict], *keys: str) -> dict[tuple, dict]:

@@ -148,8 +148,9 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
                     scores.append(_entry(interval, task=task, context=system, metric=metric, subset=subset))
                 if system in run.contexts and system != "none" and "none" in run.contexts:
                     effect = paired_interval(table[metric], systems["none"][metric], plan, mask)
-                    paired.append(_entry(effect, task=task, metric=metric, subset=subset, context=system,
-                                         versus="none"))
+                    paired.append({"task": task, "metric": metric, "subset": subset, "context": system,
+                                   "versus": "none", "diff": effect.mean, "low": effect.low, "high": effect.high,
+                                   "n": effect.n})
     positions = [position_of(r["step"], lengths[r["kernel_id"]]) for r in rows]
     kinds = [output_type(r) for r in rows] if task == "output_prediction" else []
     by_position, by_type = [], []
