@@ -1,0 +1,255 @@
+"""`themisto score RUN/`: a run folder scored per context beside the baselines, with intervals, the paired effect, the
+hard subset and breakdowns in results.json and results.md; bad run folders refused with the file, line or id."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from test_tasks import make_steps, rows_of
+
+from themisto.cli import main
+from themisto.generation.baselines import baseline_prediction, baselines_for
+from themisto.release.parquet import build_release
+from themisto.release.tasks import TaskSettings
+from themisto.scoring.run_files import RunError, release_content_hash
+from themisto.scoring.run_scores import score_run
+from themisto.scoring.scorer import load_release
+from themisto.scoring.text_scores import normalize_whitespace
+from themisto.settings import settings as env_settings
+
+
+@pytest.fixture(scope="module")
+def repeat_release(tmp_path_factory) -> Path:
+    """Four trajectories in `test` where every fourth step re-runs the cell before it (as developers do), so the
+    previous-cell and previous-output baselines get those examples right and the hard subset is a true subset."""
+    trajectories = []
+    for i in range(4):
+        steps = make_steps(f"kernel-{i}", 26 + 4 * i, task=f"task{1 + i % 2}")
+        for k in range(7, len(steps), 4):
+            before = steps[k - 1]
+            steps[k] = dataclasses.replace(before, step=k, state_hash=steps[k].state_hash)
+        trajectories.append(steps)
+    out = tmp_path_factory.mktemp("run-scores") / "release"
+    build_release(rows_of(*trajectories), out, TaskSettings(seed=5, test_fraction=1.0), source={"kind": "test-rows"})
+    return out
+
+
+def write_run(folder: Path, release: Path, task: str, predict, *, contexts=("none", "variables"), samples=1,
+              skip=()) -> Path:
+    """A run folder as `themisto generate` writes it; `predict(row, context, sample)` gives each prediction and
+    the (id, context, sample) keys in `skip` are recorded as skipped over the prompt budget."""
+    rows = sorted(load_release(release, task).task_rows.values(), key=lambda r: (r["kernel_id"], r["step"]))
+    folder.mkdir(parents=True)
+    meta = {"format": 1, "task": task, "contexts": list(contexts), "backend": "baseline", "model": "test-model",
+            "sampling": {"n": samples, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 64, "seed": 0},
+            "release": {"path": str(release), "content_hash": release_content_hash(release)}, "split": "test"}
+    (folder / "run.json").write_text(json.dumps(meta), encoding="utf-8")
+    with (folder / "generations.jsonl").open("w", encoding="utf-8") as fh:
+        for row in rows:
+            for context in contexts:
+                for sample in range(samples):
+                    skipped = (row["id"], context, sample) in skip
+                    text = "" if skipped else predict(row, context, sample)
+                    fh.write(json.dumps({"id": row["id"], "task": task, "context": context, "sample": sample,
+                                         "prediction": text, "raw": text, "status": "skipped" if skipped else "ok",
+                                         "reason": "prompt over budget" if skipped else None, "tokens_in": None,
+                                         "tokens_out": None}) + "\n")
+    return folder
+
+
+def _first_baseline(task: str):
+    """Predictions where `none` repeats the task's first baseline and `variables` knows the answer on every second
+    sample."""
+    def predict(row, context, sample):
+        if context == "variables" and sample % 2 == 0:
+            return row["target"]
+        return baseline_prediction(baselines_for(task)[0], row, task)
+    return predict
+
+
+def _solved_by_a_baseline(row, task) -> bool:
+    if task == "output_prediction":
+        from themisto.scoring.equivalence import outputs_equivalent
+
+        return any(outputs_equivalent(baseline_prediction(b, row, task), row["target"]).equal
+                   for b in baselines_for(task))
+    return any(normalize_whitespace(baseline_prediction(b, row, task)) == normalize_whitespace(row["target"])
+               for b in baselines_for(task))
+
+
+def _pick(entries, **keys):
+    found = [e for e in entries if all(e.get(k) == v for k, v in keys.items())]
+    assert len(found) == 1, (keys, found)
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def next_cell_run(repeat_release, tmp_path_factory):
+    rows = sorted(load_release(repeat_release, "next_cell").task_rows.values(), key=lambda r: (r["kernel_id"],
+                                                                                               r["step"]))
+    skipped = (rows[3]["id"], "variables", 0)
+    folder = write_run(tmp_path_factory.mktemp("runs") / "nc", repeat_release, "next_cell", _first_baseline("next_cell"),
+                       samples=2, skip={skipped})
+    return folder, rows, skipped, score_run(folder)
+
+
+def test_results_carry_the_interval_method_hard_subset_and_breakdowns(next_cell_run):
+    folder, rows, _, results = next_cell_run
+    assert json.loads((folder / "results.json").read_text()) == results
+    assert results["format"] == 1 and results["run"]["task"] == "next_cell" and results["run"]["n"] == len(rows)
+    assert results["release_hash"] == json.loads((folder / "run.json").read_text())["release"]["content_hash"]
+    interval = results["interval"]
+    assert (interval["method"], interval["clusters"], interval["confidence"]) == ("block_bootstrap", 4, 0.95)
+    assert interval["blocks"] >= 10 and interval["block_length"] >= 2 and "between developers" in interval["warning"]
+    hard = [not _solved_by_a_baseline(r, "next_cell") for r in rows]
+    assert 0 < sum(hard) < len(rows) and results["hard_subset"]["examples"] == sum(hard)
+    assert results["metrics"] == ["exact_match", "rouge_l", "chrf"] and results["executed"] is False
+    for context in ("none", "variables"):
+        for metric in results["metrics"]:
+            for subset, n in (("all", len(rows)), ("hard", sum(hard))):
+                entry = _pick(results["scores"], context=context, metric=metric, subset=subset)
+                assert entry["n"] == n and entry["low"] <= entry["mean"] <= entry["high"]
+    positions = {e["position"]: e["n"] for e in results["breakdown"]["position"]
+                 if e["context"] == "none" and e["metric"] == "exact_match"}
+    assert set(positions) == {"early", "middle", "late"} and sum(positions.values()) == len(rows)
+    assert results["breakdown"]["output_type"] == []  # next_cell has no output types
+
+
+def test_scores_match_the_predictions_the_run_made(next_cell_run):
+    _, rows, skipped, results = next_cell_run
+    none = _pick(results["scores"], context="none", metric="exact_match", subset="all")
+    baseline = _pick(results["baselines"], baseline="previous-cell", metric="exact_match", subset="all")
+    assert none["mean"] == baseline["mean"] > 0  # `none` repeats the previous cell
+    assert _pick(results["scores"], context="none", metric="exact_match", subset="hard")["mean"] == 0.0
+    # `variables`: sample 0 is the target (exact match 1), sample 1 the previous cell; one sample 0 was skipped (0).
+    expected = [((0.0 if r["id"] == skipped[0] else 1.0) + float(_solved_by_a_baseline(r, "next_cell"))) / 2
+                for r in rows]
+    variables = _pick(results["scores"], context="variables", metric="exact_match", subset="all")
+    assert variables["mean"] == pytest.approx(sum(expected) / len(rows))
+    effect = _pick(results["paired"], context="variables", versus="none", metric="exact_match", subset="all")
+    assert effect["diff"] == pytest.approx(variables["mean"] - none["mean"]) and 0 < effect["low"] <= effect["high"]
+    assert results["counts"]["skipped"] == {"prompt over budget": 1} and results["counts"]["failed"] == {}
+    assert results["counts"]["generations"] == len(rows) * 2 * 2
+
+
+def test_results_md_is_the_table(next_cell_run):
+    folder, rows, _, results = next_cell_run
+    table = (folder / "results.md").read_text()
+    assert "percentile block bootstrap (4 trajectories" in table and "**Warning:**" in table
+    assert f"| metric | system | all (n={len(rows)}) | hard (n={results['hard_subset']['examples']}) |" in table
+    effect = _pick(results["paired"], context="variables", metric="chrf", subset="all")
+    assert f"| chrf | model · variables |" in table and f"{effect['diff']:+.3f} [" in table
+    assert "| exact_match | baseline · common-cell |" in table and "early (n=" in table
+
+
+def test_output_prediction_runs_break_down_by_output_type(repeat_release, tmp_path):
+    folder = write_run(tmp_path / "op", repeat_release, "output_prediction", _first_baseline("output_prediction"))
+    results = score_run(folder)
+    rows = load_release(repeat_release, "output_prediction").task_rows.values()
+    assert results["metrics"] == ["exact_match", "rouge_l", "chrf", "output_equivalent"]
+    hard = sum(not _solved_by_a_baseline(r, "output_prediction") for r in rows)
+    assert 0 < hard < len(rows) and results["hard_subset"]["examples"] == hard
+    kinds = {e["output_type"]: e["n"] for e in results["breakdown"]["output_type"]
+             if e["context"] == "none" and e["metric"] == "output_equivalent"}
+    assert {"result", "stream"} <= set(kinds) and sum(kinds.values()) == len(rows)
+    assert _pick(results["scores"], context="variables", metric="output_equivalent", subset="all")["mean"] == 1.0
+    assert "By output type" in (folder / "results.md").read_text()
+
+
+def test_cli_scores_a_run_folder_and_keeps_the_predictions_form(repeat_release, tmp_path, capsys):
+    folder = write_run(tmp_path / "cli", repeat_release, "next_cell", _first_baseline("next_cell"))
+    assert main(["score", str(folder)]) == 0
+    printed = capsys.readouterr().out
+    assert "| exact_match | model · variables |" in printed and "block bootstrap" in printed
+    assert (folder / "results.json").is_file() and (folder / "results.md").is_file()
+    predictions = tmp_path / "preds.jsonl"
+    rows = load_release(repeat_release, "next_cell").task_rows.values()
+    predictions.write_text("".join(json.dumps({"id": r["id"], "prediction": r["target"]}) + "\n" for r in rows))
+    assert main(["score", "--release", str(repeat_release), "--predictions", str(predictions),
+                 "-o", str(tmp_path / "plain.json")]) == 0
+    assert json.loads((tmp_path / "plain.json").read_text())["scores"]["exact_match"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.fixture
+def good_run(repeat_release, tmp_path) -> Path:
+    return write_run(tmp_path / "run", repeat_release, "next_cell", _first_baseline("next_cell"))
+
+
+def _lines(folder: Path) -> list[str]:
+    return (folder / "generations.jsonl").read_text().splitlines(keepends=True)
+
+
+def test_a_corrupt_line_is_named(good_run):
+    lines = _lines(good_run)
+    lines[4] = lines[4][: len(lines[4]) // 2] + "\n"
+    (good_run / "generations.jsonl").write_text("".join(lines))
+    with pytest.raises(RunError, match=r"generations\.jsonl:5: not JSON"):
+        score_run(good_run)
+    assert not (good_run / "results.json").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: {**r, "id": "kernel-9/7"}, None),
+    (lambda r: {**r, "context": "full"}, r":3: example .*: context 'full' is not one of the run's none, variables"),
+    (lambda r: {**r, "sample": 1}, r":3: example .*: sample 1, expected 0\.\.0"),
+    (lambda r: {**r, "prediction": 7}, r":3: example .*: `prediction` is int"),
+    (lambda r: {**r, "status": "done"}, r":3: example .*: status 'done'"),
+    (lambda r: {**r, "task": "output_prediction"}, r":3: example .*: task 'output_prediction'"),
+])
+def test_bad_lines_are_named_by_line_or_id(good_run, change, message):
+    lines = _lines(good_run)
+    lines[2] = json.dumps(change(json.loads(lines[2]))) + "\n"
+    (good_run / "generations.jsonl").write_text("".join(lines))
+    with pytest.raises(RunError, match=message or r"example kernel-9/7"):
+        score_run(good_run)
+
+
+def test_an_unknown_id_is_named(good_run):
+    lines = _lines(good_run)
+    lines += [json.dumps({**json.loads(line), "id": "kernel-9/7"}) + "\n" for line in lines[:2]]
+    (good_run / "generations.jsonl").write_text("".join(lines))
+    with pytest.raises(RunError, match=r"example kernel-9/7 is not in the release"):
+        score_run(good_run)
+
+
+def test_duplicates_and_gaps_are_refused(good_run):
+    lines = _lines(good_run)
+    (good_run / "generations.jsonl").write_text("".join(lines + [lines[0]]))
+    with pytest.raises(RunError, match=rf":{len(lines) + 1}: example .* was already given on line 1"):
+        score_run(good_run)
+    (good_run / "generations.jsonl").write_text("".join(lines[:-1]))
+    with pytest.raises(RunError, match=r"has no line for context variables sample 0 \(the run is incomplete"):
+        score_run(good_run)
+
+
+def test_another_release_is_refused(good_run, small_release):
+    with pytest.raises(RunError, match=r"content hash .* differs from the run's .*refusing to mix"):
+        score_run(good_run, release=small_release)
+    meta = json.loads((good_run / "run.json").read_text())
+    meta["release"]["content_hash"] = "0" * 64
+    (good_run / "run.json").write_text(json.dumps(meta))
+    assert main(["score", str(good_run)]) == 2
+    assert not (good_run / "results.json").exists()
+
+
+def test_bad_run_json_is_refused(good_run, capsys):
+    (good_run / "run.json").write_text('{"format": 1, "task": "next_cell", "contexts": ["none", "verbose"]}')
+    assert main(["score", str(good_run)]) == 2
+    assert "run.json: contexts ['none', 'verbose']" in capsys.readouterr().err
+    (good_run / "run.json").unlink()
+    with pytest.raises(RunError, match=r"run\.json: missing"):
+        score_run(good_run)
+
+
+def test_execution_needs_both_switches_before_anything_is_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    env_settings.cache_clear()
+    assert main(["score", str(tmp_path / "no-such-run"), "--execute"]) == 2
+    assert "Executing model-written code is off" in capsys.readouterr().err
