@@ -91,8 +91,8 @@ def next_cell_run(repeat_release, tmp_path_factory):
     rows = sorted(load_release(repeat_release, "next_cell").task_rows.values(), key=lambda r: (r["kernel_id"],
                                                                                                r["step"]))
     skipped = (rows[3]["id"], "variables", 0)
-    folder = write_run(tmp_path_factory.mktemp("runs") / "nc", repeat_release, "next_cell", _first_baseline("next_cell"),
-                       samples=2, skip={skipped})
+    folder = write_run(tmp_path_factory.mktemp("runs") / "nc", repeat_release, "next_cell",
+                       _first_baseline("next_cell"), samples=2, skip={skipped})
     return folder, rows, skipped, score_run(folder)
 
 

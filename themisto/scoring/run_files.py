@@ -165,7 +165,8 @@ def find_release(run: RunFolder, release: str | Path | None = None) -> tuple[Pat
         raise RunError(f"{release}: no such release folder (the run was made against {recorded.get('path')!r})")
     actual = release_content_hash(release)
     if actual != recorded["content_hash"]:
-        raise RunError(f"{release}: content hash {actual[:12]}… differs from the run's {recorded['content_hash'][:12]}… "
-                       f"({run.folder / RUN_FILE}): the run was generated against another release; refusing to mix")
+        raise RunError(f"{release}: content hash {actual[:12]}… differs from the run's "
+                       f"{recorded['content_hash'][:12]}… ({run.folder / RUN_FILE}): the run was generated against "
+                       "another release; refusing to mix")
     return release, actual
 

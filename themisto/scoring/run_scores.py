@@ -31,7 +31,8 @@ SCORER_INPUT, SCORER_RECORDS = "scorer_input.jsonl", "scorer_records.json"
 HARD_RULES = {
     "next_cell": "no baseline's prediction is an exact match (whitespace-normalised)",
     "next_cell+executed": "no baseline's prediction is an exact match or, where executed, a functional match",
-    "output_prediction": "no baseline's prediction is an equivalent output (exact, numbers, table, error or image rule)",
+    "output_prediction": "no baseline's prediction is an equivalent output (exact, numbers, table, error or image "
+                         "rule)",
 }
 
 
