@@ -42,14 +42,15 @@ def _scores_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
             err = [[value["mean"] - value["low"]], [value["high"] - value["mean"]]]
             ax.errorbar(x, value["mean"], yerr=err, fmt=_MARKERS.get(table.context, "o"), capsize=3,
                         color=_COLORS.get(table.context, "gray"), label=_label(ax, table.context))
-    shown = set()
+    levels: dict[float, list[str]] = {}  # baselines with the same score share one line and one label
     for row in tables[0].rows if tables else []:
         value = row.values.get(f"{tables[0].lead}/all")
-        if row.kind == "baseline" and value and value.get("mean") is not None and row.model not in shown:
-            shown.add(row.model)
-            ax.axhline(value["mean"], linestyle="--", linewidth=0.8, color="gray")
-            ax.annotate(f"baseline {_short(row.model, 20)}", (len(models) - 0.5, value["mean"]), fontsize=7,
-                        ha="right", va="bottom", color="dimgray")
+        if row.kind == "baseline" and value and value.get("mean") is not None:
+            levels.setdefault(round(value["mean"], 6), []).append(_short(row.model, 20))
+    for level, names in levels.items():
+        ax.axhline(level, linestyle="--", linewidth=0.8, color="gray")
+        ax.annotate("baseline " + ", ".join(names), (len(models) - 0.5, level), fontsize=7, ha="right",
+                    va="bottom", color="dimgray")
     ax.set_xticks(range(len(models)), [_short(m) for m in models], rotation=20, ha="right", fontsize=8)
     ax.set_xlim(-0.6, max(len(models), 1) - 0.4)
     ax.set_ylabel(tables[0].lead if tables else "score")
