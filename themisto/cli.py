@@ -18,7 +18,7 @@ SIZE_CHOICES: tuple[str, ...] = ("small", "medium", "full")
 
 
 class CommandError(Exception):
-    """A failure the user can fix; `main` prints it on stderr and exits with 2."""
+    """A command-line mistake the user can fix; `main` prints it on stderr and exits with 2."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -530,10 +530,83 @@ def _add_leaderboard(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# generate
+
+
+def _backend_options(args: argparse.Namespace) -> dict:
+    """The options each backend takes from the command line (recorded in run.json; a resume must match them)."""
+    if args.backend == "transformers":
+        return {"device": args.device}
+    if args.backend == "openai":
+        return {"base_url": args.base_url, "concurrency": args.concurrency, "max_retries": args.max_retries,
+                "timeout_s": args.request_timeout}
+    if args.backend == "vllm":
+        return {"tensor_parallel_size": args.tensor_parallel_size, "seed": args.seed}
+    return {}
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    """Generate predictions for every test example × context mode × sample into a resumable run folder."""
+    from themisto.generation.backends import Sampling
+    from themisto.generation.runs import RunSettings, generate_run
+
+    sampling = Sampling(n=args.n, temperature=args.temperature, top_p=args.top_p,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed)
+    settings = RunSettings(task=args.task, contexts=tuple(args.context), backend=args.backend, model=args.model,
+                           sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
+                           batch_size=args.batch_size, backend_options=_backend_options(args))
+    try:
+        report = generate_run(args.release, args.output, settings, progress=not args.json)
+    except KeyboardInterrupt:
+        print(f"themisto generate: interrupted; rerun the same command to resume into {args.output}",
+              file=sys.stderr)
+        return 130
+    summary = {"output": str(report.folder), "written": report.written, "resumed": report.resumed,
+               "torn_line_dropped": report.torn_line_dropped, "counts": report.counts,
+               "seconds": round(report.seconds, 2), "generations_per_s": report.run.get("generations_per_s")}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        counts = ", ".join(f"{k} {v}" for k, v in report.counts.items())
+        print(f"wrote {report.written} generations ({report.resumed} from before) to {report.folder} in "
+              f"{report.seconds:.1f} s: {counts}")
+    return 0
+
+
+def _add_generate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("generate", help="run a model (or a baseline) on a release's task, resumable")
+    parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder (themisto build)")
+    parser.add_argument("--task", required=True, choices=("next_cell", "output_prediction"))
+    parser.add_argument("--context", nargs="+", default=["none", "variables", "full"], metavar="MODE",
+                        help="runtime-context modes: none, variables, full (default: all three)")
+    parser.add_argument("--backend", required=True, help="transformers, openai, vllm or baseline")
+    parser.add_argument("--model", required=True, help="model folder, Hub id or .gguf file; endpoint model name; "
+                        "or a baseline: previous-cell, common-cell, previous-output, last-repr")
+    parser.add_argument("--n", type=int, default=1, help="samples per example and context (default 1)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-prompt-tokens", type=int,
+                        help="prompt budget (default: the model's context length less --max-new-tokens)")
+    parser.add_argument("--limit", type=int, help="only K test examples, evenly spread over the release")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per batch and per write (default 8)")
+    parser.add_argument("--device", default="auto", help="transformers: cpu, cuda, auto (default)")
+    parser.add_argument("--base-url", help="openai: the endpoint (default: OPENAI_BASE_URL); key from OPENAI_API_KEY")
+    parser.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight (default 8)")
+    parser.add_argument("--max-retries", type=int, default=4, help="openai: retries on 429/5xx/timeouts")
+    parser.add_argument("--request-timeout", type=float, default=120.0, help="openai: seconds per request")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per model")
+    parser.add_argument("-o", "--output", required=True, type=Path, metavar="RUN", help="run folder")
+    parser.add_argument("--json", action="store_true", help="no progress bar; print a summary JSON object")
+    parser.set_defaults(run=generate_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_ingest, _add_workspace, _add_replay, _add_build, _add_check, _add_push, _add_score, _add_sft_export,
-    _add_submit, _add_leaderboard)
+    _add_submit, _add_leaderboard, _add_generate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -547,10 +620,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; errors in the input print `themisto <command>: error: …` on stderr and return 2."""
     args = build_parser().parse_args(argv)
+    from themisto.errors import InputError
+    from themisto.scoring.gate import ExecutionRefused
+
     try:
         return args.run(args)
-    # Reader errors are ValueError subclasses whose message starts with file:line; OSError names its file.
-    except (CommandError, ValueError, OSError) as exc:
+    # Input errors name their file and line or example id; a path the user gave that is not there names itself.
+    # Anything else is a bug and keeps its traceback.
+    except (CommandError, InputError, ExecutionRefused, FileNotFoundError, IsADirectoryError,
+            NotADirectoryError) as exc:
         print(f"themisto {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from themisto.errors import InputError
 from themisto.ingest.june_format import LogLineError, decode_log_line
 from themisto.ingest.trajectory import Execution, KernelEvent, OutputSummary, Trajectory, anonymize, task_of
 
@@ -57,7 +58,7 @@ NON_EXECUTION_EVENTS: frozenset[str] = frozenset(
 BAD_LINE = "bad_line"
 
 
-class JuneFormatError(ValueError):
+class JuneFormatError(InputError):
     """JuNE data that cannot be read; the message starts with `file:line:`."""
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 
+from themisto.errors import InputError
+
 LINE_PREFIX = "'\""
 LINE_SUFFIX = "\"[EVENT_SEPARATOR]' "
 
 
-class LogLineError(ValueError):
+class LogLineError(InputError):
     """A log line that does not follow the format; `reason` says what was expected."""
 
     def __init__(self, reason: str):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from themisto.errors import InputError
 from themisto.ingest.trajectory import Execution, OutputSummary, Trajectory, task_of
 
 
-class NotebookFormatError(ValueError):
+class NotebookFormatError(InputError):
     """A notebook that cannot be read as a trajectory; the message names the file (and cell)."""
 
 

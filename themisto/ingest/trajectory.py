@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
+from themisto.errors import InputError
+
 # What the log recorded about an execution. "unknown": the log never said how it ended (no finished event).
 LoggedStatus = Literal["ok", "error", "interrupted", "unknown"]
 LOGGED_STATUSES: tuple[str, ...] = ("ok", "error", "interrupted", "unknown")
@@ -24,7 +26,7 @@ KERNEL_EVENT_KINDS: tuple[str, ...] = ("restart", "interrupt")
 _TASK_NAME = re.compile(r"(?<![a-z0-9])task([12])(?![0-9])")
 
 
-class TrajectoryFormatError(ValueError):
+class TrajectoryFormatError(InputError):
     """A trajectory file is malformed; the message names the file and line."""
 
 

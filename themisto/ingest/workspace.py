@@ -25,6 +25,8 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from themisto.errors import InputError
+
 TASKS: tuple[str, ...] = ("task1", "task2")
 SIZES: tuple[str, ...] = ("small", "medium", "full")
 
@@ -77,7 +79,7 @@ DIRTY_ACTION_SHARE = 0.0015  # 3,045 of 1,974,979 non-END rows were dropped by t
 CLEAN_FIRST_LINES = 50  # drafts parsing data[:30], data[:40] and data[:50] found no dirty action
 
 
-class WorkspaceError(ValueError):
+class WorkspaceError(InputError):
     """A workspace cannot be written as asked; the message names the path or the argument."""
 
 

@@ -12,6 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from themisto.errors import InputError
+
 EVAL_FILE = "eval.yaml"
 NAME = "Themisto"
 FRAMEWORK = "themisto"
@@ -24,7 +26,7 @@ DESCRIPTION = (
     "(variables, full).")
 
 
-class EvalYamlError(ValueError):
+class EvalYamlError(InputError):
     """An eval.yaml that does not follow the documented schema; the message names the file and the field."""
 
 

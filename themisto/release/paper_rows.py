@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from themisto.errors import InputError
 from themisto.release.tasks import variable_row
 
 # Our field -> the names it may have in the published data (compared after lower-casing and turning spaces
@@ -43,7 +44,7 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2*
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-class PaperReleaseError(ValueError):
+class PaperReleaseError(InputError):
     """A published row cannot be read; the message names the row (file:line or index) and the field."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Sequence
 
+from themisto.errors import InputError
 from themisto.release.tasks import RULES, TaskSettings, build_tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 _FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n", re.S)
 
 
-class ReleaseError(ValueError):
+class ReleaseError(InputError):
     """A release cannot be built, read or pushed; the message names the file, trajectory or step."""
 
 
@@ -237,8 +238,9 @@ def _described(paths: Iterable[Path]) -> list[dict]:
 
 
 def release_rows(inputs: BuildInputs, steps_default: Path,
-                 progress=None) -> tuple[list[dict], dict, dict]:
-    """Read, and replay where needed, the inputs into `trajectories` rows; returns (rows, source, settings)."""
+                 progress=None, runner=None) -> tuple[list[dict], dict, dict]:
+    """Read, and replay where needed (with `runner`, see `replay_to_file`), the inputs into `trajectories` rows;
+    returns (rows, source, settings)."""
     from themisto.release.tasks import trajectory_rows
 
     if inputs.paper is not None:
@@ -301,7 +303,7 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
                                        "tasks": tasks}
             else:
                 source["workspace"] = {"given": Path(workspace).name}
-            replay_to_file(trajectories, out, workspace, replay, progress=progress)
+            replay_to_file(trajectories, out, workspace, replay, progress=progress, runner=runner)
         steps = read_steps(out)
     participants = {t.id: t.participant for t in trajectories}
     return trajectory_rows(steps, participants), source, settings

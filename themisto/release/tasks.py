@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from themisto.errors import InputError
+
 # A prompt shows at most this many prior cells, each output cut to this many characters (then a marker).
 HISTORY_CELLS = 10
 HISTORY_OUTPUT_CHARS = 2000
@@ -36,7 +38,7 @@ RULES: dict[str, str] = {
 }
 
 
-class TaskError(ValueError):
+class TaskError(InputError):
     """Task rows cannot be built; the message names the trajectory/step or the rule concerned."""
 
 

@@ -8,6 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Mapping, Sequence
 
+from themisto.errors import InputError
 from themisto.scoring.text_scores import chrf, exact_match, rouge_l
 
 TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
@@ -29,7 +30,7 @@ REASON_CHARS = 300
 ADDRESS_RE = re.compile(r"\b(at |id=)0x[0-9a-fA-F]{4,}\b")
 
 
-class ScoreError(ValueError):
+class ScoreError(InputError):
     """Input the scorer cannot use; the message names the example id (or the release file) concerned."""
 
 
