@@ -16,7 +16,7 @@ from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
 from themisto.scoring.run_files import RunError, release_content_hash
 from themisto.scoring.run_scores import score_run
-from themisto.scoring.scorer import load_release
+from themisto.scoring.release_state import load_release
 from themisto.scoring.text_scores import normalize_whitespace
 from themisto.settings import settings as env_settings
 

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from themisto.errors import InputError
+
 RUN_FILE = "run.json"
 GENERATIONS_FILE = "generations.jsonl"
 RUN_FORMAT = 1
@@ -19,7 +21,7 @@ _TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
 _CONTEXTS: tuple[str, ...] = ("none", "variables", "full")
 
 
-class RunError(ValueError):
+class RunError(InputError):
     """A run folder that cannot be scored; the message names the file and line, or the example id."""
 
 

@@ -82,7 +82,8 @@ def _write_text(path: Path, text: str) -> None:
 def _run_scorer(run: RunFolder, release: Path, candidates: list[list[str]], execute: bool,
                 progress: Callable[[str], None]):
     """Score every candidate with the scorer (resumable per trajectory when executing); records by id and text."""
-    from themisto.scoring.scorer import ScoreSettings, score_to_file
+    from themisto.scoring.records import ScoreSettings
+    from themisto.scoring.scorer import score_to_file
 
     lines = [json.dumps({"id": i, "prediction": texts}, ensure_ascii=False) for i, texts in zip(run.ids, candidates)]
     _write_text(run.folder / SCORER_INPUT, "\n".join(lines) + "\n")
@@ -186,7 +187,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
     from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.scoring.gate import permit
     from themisto.scoring.results_table import render_markdown
-    from themisto.scoring.scorer import load_release
+    from themisto.scoring.release_state import load_release
 
     started = time.perf_counter()
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
