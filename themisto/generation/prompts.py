@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from themisto.errors import InputError
+
 TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
 CONTEXT_MODES: tuple[str, ...] = ("none", "variables", "full")
 # Reprs as the prompt shows them before any budget trimming; then these shorter limits in turn (0: no repr).
@@ -51,7 +53,7 @@ PROMPT_TEMPLATES: dict[tuple[str, str], str] = {
     (task, context): _template_text(task, context) for task in TASKS for context in CONTEXT_MODES}
 
 
-class PromptError(ValueError):
+class PromptError(InputError):
     """An unknown task or context mode, or a row that lacks what the task needs."""
 
 
@@ -79,6 +81,8 @@ class Prompt:
     id: str | None = None
     context: str | None = None
     tokens: int | None = None
+    task: str | None = None
+    row: dict | None = field(default=None, repr=False, compare=False)  # what model-free baselines read
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,8 +197,12 @@ def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[
     def render(dropped: int, repr_chars: int) -> list[dict]:
         return _messages(_render_user(row, task, context, history[dropped:], dropped + 1, repr_chars))
 
+    def prompt(messages: list[dict], trimmed: dict, reason: str | None, tokens: int | None) -> Prompt:
+        return Prompt(messages, sha, trimmed, reason, row.get("id"), context, tokens, task, row)
+
     if max_prompt_tokens is None:
-        return Prompt(render(0, REPR_CHARS), sha, {}, None, row.get("id"), context)
+        return prompt(render(0, REPR_CHARS), {}, None, count_tokens(messages_text(render(0, REPR_CHARS)))
+                      if count_tokens else None)
     count = count_tokens or approx_tokens
 
     def tokens(dropped: int, repr_chars: int) -> int:
@@ -202,7 +210,7 @@ def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[
 
     n = tokens(0, REPR_CHARS)
     if n <= max_prompt_tokens:
-        return Prompt(render(0, REPR_CHARS), sha, {}, None, row.get("id"), context, n)
+        return prompt(render(0, REPR_CHARS), {}, None, n)
     # Fewest dropped cells that fit: the count only falls as cells go, so a binary search needs log2(10) counts.
     low, high = min(1, len(history)), len(history)
     while low < high:
@@ -225,7 +233,7 @@ def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[
         reprs = " and every repr" if context != "none" else ""
         reason = (f"prompt over budget: {n} tokens after dropping all {len(history)} history cells{reprs} "
                   f"(budget {max_prompt_tokens})")
-    return Prompt(render(dropped, repr_chars), sha, trimmed, reason, row.get("id"), context, n)
+    return prompt(render(dropped, repr_chars), trimmed, reason, n)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""What every backend shares: the sampling settings, one generation's record, the two-method interface."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from themisto.errors import InputError
+
+if TYPE_CHECKING:
+    from themisto.generation.prompts import Prompt
+
+Status = Literal["ok", "skipped", "failed"]
+
+
+class BackendError(InputError):
+    """A backend cannot be made or used as asked: unknown name or model, a missing package (the message gives the
+    pip command), sampling settings out of range."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings a run records; temperature 0 means greedy decoding."""
+
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise BackendError(f"n must be at least 1, got {self.n}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise BackendError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise BackendError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sample's outcome: the raw text, a closed status, why it is not ok, and token counts where known."""
+
+    raw: str
+    status: Status = "ok"
+    reason: str | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+
+
+class Backend(Protocol):
+    """Generates `sampling.n` samples per prompt, in prompt order, and describes itself for run.json.
+
+    A backend may also offer `count_tokens(text) -> int` (its own tokenizer) and `context_length` (tokens), which
+    the run uses for the prompt budget.
+    """
+
+    def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]: ...
+
+    def describe(self) -> dict: ...
+
+
+def require(module: str, install: str):
+    """Import an optional package, or raise BackendError with the command that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] != module.split(".")[0]:
+            raise
+        raise BackendError(f"the {module} package is not installed; install it with: {install}") from None
+
+
+def weights_sha256(paths: list[Path]) -> str:
+    """One sha256 over weight files (their names and contents, sorted by name)."""
+    digest = hashlib.sha256()
+    for path in sorted(paths, key=lambda p: p.name):
+        digest.update(path.name.encode("utf-8") + b"\0")
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def skipped(prompt: Prompt, n: int) -> list[Generation]:
+    """The records of a prompt that is not sent (over budget): one per sample, with the reason."""
+    return [Generation("", "skipped", prompt.skipped_reason, prompt.tokens, None) for _ in range(n)]

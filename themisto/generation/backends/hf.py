@@ -1,0 +1,127 @@
+"""The transformers backend: a model folder, Hub id or GGUF file on CPU or GPU, batched with left padding."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from themisto.generation.backends.base import BackendError, Generation, Sampling, require, weights_sha256
+from themisto.generation.prompts import Prompt, messages_text
+
+INSTALL = "pip install 'transformers==5.23.0' 'torch==2.13.0' accelerate gguf"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
+
+
+def split_model_path(model: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """A `.gguf` file path becomes (its folder, its name), as `from_pretrained(dir, gguf_file=...)` wants it."""
+    path = Path(model)
+    if gguf_file is None and path.suffix == ".gguf":
+        if not path.is_file():
+            raise BackendError(f"{model}: no such GGUF file")
+        return str(path.parent), path.name
+    return model, gguf_file
+
+
+class TransformersBackend:
+    """Greedy or sampled generation with `model.generate`; the tokenizer counts tokens for the prompt budget."""
+
+    def __init__(self, model: str, *, device: str = "auto", dtype: str = "auto", gguf_file: str | None = None,
+                 batch_size: int = 8, revision: str | None = None) -> None:
+        require("torch", INSTALL)
+        transformers = require("transformers", INSTALL)
+        import torch
+
+        self.model_name = model
+        self.source, self.gguf_file = split_model_path(model, gguf_file)
+        if self.gguf_file:
+            require("gguf", INSTALL)
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.batch_size = batch_size
+        kwargs = {"revision": revision, "gguf_file": self.gguf_file}
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.source, **kwargs)
+            torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(self.source, dtype=torch_dtype, **kwargs)
+        except OSError as exc:
+            raise BackendError(f"cannot load model {model!r} with transformers: {exc}") from exc
+        self.model.to(self.device).eval()
+        # Decoder-only models continue the last token: pad on the left so every prompt ends where generation starts.
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.has_chat_template = bool(getattr(self.tokenizer, "chat_template", None))
+        self.context_length = getattr(self.model.config, "max_position_embeddings", None)
+        self._overhead = len(self._encode(self._text([{"role": "system", "content": ""},
+                                                      {"role": "user", "content": ""}])))
+
+    def _text(self, messages: list[dict]) -> str:
+        if self.has_chat_template:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return messages_text(messages) + "\n"
+
+    def _encode(self, text: str) -> list[int]:
+        # The chat template already wrote the special tokens; adding them again would double a BOS.
+        return self.tokenizer(text, add_special_tokens=not self.has_chat_template)["input_ids"]
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of the messages' text under this model's tokenizer, plus what the chat template adds."""
+        return len(self._encode(text)) + self._overhead
+
+    def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]:
+        out: list[list[Generation]] = []
+        for start in range(0, len(prompts), self.batch_size):
+            out += self._generate_batch(prompts[start:start + self.batch_size], sampling)
+        return out
+
+    def _generate_batch(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]:
+        import torch
+
+        texts = [self._text(p.messages) for p in prompts]
+        enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=not self.has_chat_template)
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        sampled = sampling.temperature > 0
+        options = {"do_sample": sampled, "max_new_tokens": sampling.max_new_tokens,
+                   "num_return_sequences": sampling.n, "pad_token_id": self.tokenizer.pad_token_id}
+        if sampled:
+            options.update(temperature=sampling.temperature, top_p=sampling.top_p)
+            # One seed per batch, from the run's seed and the batch's prompts: a resumed run redraws the same.
+            key = f"{sampling.seed}:" + "|".join(f"{p.id}/{p.context}" for p in prompts)
+            torch.manual_seed(int(hashlib.sha256(key.encode()).hexdigest()[:15], 16))
+        else:
+            # Greedy: no sampling knobs, or generate() warns that they are ignored.
+            options.update(temperature=None, top_p=None, top_k=None)
+        with torch.inference_mode():
+            output = self.model.generate(**enc, **options)
+        width = enc["input_ids"].shape[1]
+        tokens_in = enc["attention_mask"].sum(dim=1).tolist()
+        eos = self._stop_ids()
+        results = []
+        for i in range(len(prompts)):
+            samples = []
+            for j in range(sampling.n):
+                ids = output[i * sampling.n + j, width:].tolist()
+                used = next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))
+                text = self.tokenizer.decode(ids[:used], skip_special_tokens=True)
+                samples.append(Generation(text, "ok", None, int(tokens_in[i]), used))
+            results.append(samples)
+        return results
+
+    def _stop_ids(self) -> set[int]:
+        ids = self.model.generation_config.eos_token_id
+        ids = set(ids if isinstance(ids, list) else [ids]) - {None}
+        return ids | ({self.tokenizer.eos_token_id} - {None}) | ({self.tokenizer.pad_token_id} - {None})
+
+    def describe(self) -> dict:
+        import transformers
+
+        info = {"backend": "transformers", "version": transformers.__version__, "model": self.model_name,
+                "device": self.device, "dtype": str(self.model.dtype).removeprefix("torch."),
+                "chat_template": self.has_chat_template}
+        local = Path(self.source)
+        if local.is_dir():
+            files = [local / self.gguf_file] if self.gguf_file else [
+                p for p in local.iterdir() if p.suffix in _WEIGHT_SUFFIXES]
+            info["weights_sha256"] = weights_sha256(files)
+        else:
+            info["model_revision"] = getattr(self.model.config, "_commit_hash", None)
+        return info

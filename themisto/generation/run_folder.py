@@ -1,0 +1,147 @@
+"""A run folder on disk: run.json (written whole, by rename) and generations.jsonl (appended line by line).
+
+Resuming reads the lines written so far: a torn last line (the process died mid-write) is cut off and redone; a
+corrupt or duplicated line anywhere else stops the run with its line number, and the file is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from themisto.errors import InputError
+
+RUN_FILE = "run.json"
+GENERATIONS_FILE = "generations.jsonl"
+RECORD_KEYS: tuple[str, ...] = ("id", "task", "context", "sample", "prediction", "raw", "status", "reason",
+                                "tokens_in", "tokens_out")
+STATUSES: tuple[str, ...] = ("ok", "skipped", "failed")
+# The settings a resumed run must share with the one that started the folder, as (label, path in run.json).
+SAME_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("task", ("task",)), ("contexts", ("contexts",)), ("backend", ("backend",)), ("model", ("model",)),
+    ("sampling", ("sampling",)), ("limit", ("limit",)), ("max_prompt_tokens", ("max_prompt_tokens",)),
+    ("split", ("split",)), ("templates", ("templates",)), ("backend_options", ("backend_options",)),
+)
+
+
+class RunFolderError(InputError):
+    """A run folder that cannot be resumed: other settings or release, or a corrupt line (named by number)."""
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write `data` to `path` whole: a temp file beside it, then a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_run_json(folder: Path) -> dict | None:
+    path = folder / RUN_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RunFolderError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != 1:
+        raise RunFolderError(f"{path}: not a run.json of format 1")
+    return data
+
+
+def _get(data: dict, path: tuple[str, ...]):
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def check_same_run(existing: dict, new: dict, folder: Path) -> None:
+    """Refuse to add generations to a folder written against another release or with other settings."""
+    old_hash, new_hash = _get(existing, ("release", "content_hash")), _get(new, ("release", "content_hash"))
+    if old_hash != new_hash:
+        raise RunFolderError(f"{folder}: written against another release (content hash {old_hash} there, "
+                             f"{new_hash} here); use another output folder")
+    for label, path in SAME_SETTINGS:
+        old, now = _get(existing, path), _get(new, path)
+        if old != now:
+            raise RunFolderError(f"{folder}: written with {label} = {json.dumps(old)}, this run has "
+                                 f"{json.dumps(now)}; refusing to mix (use another output folder)")
+
+
+def _check_record(record, lineno: int, path: Path) -> tuple[str, str, int]:
+    if not isinstance(record, dict) or set(record) != set(RECORD_KEYS):
+        raise RunFolderError(f"{path}:{lineno}: not a generation record (expected keys {', '.join(RECORD_KEYS)})")
+    if record["status"] not in STATUSES or not isinstance(record["sample"], int):
+        raise RunFolderError(f"{path}:{lineno}: bad status or sample ({record['status']!r}, {record['sample']!r})")
+    return record["id"], record["context"], record["sample"]
+
+
+@dataclass
+class Existing:
+    """What earlier runs left: the records by (id, context, sample), and whether a torn last line was cut off."""
+
+    records: dict[tuple[str, str, int], dict]
+    torn_line_dropped: bool = False
+
+
+def read_generations(folder: Path, *, repair: bool = True) -> Existing:
+    """Read generations.jsonl; a torn last line is cut off (with `repair`), any other bad line raises."""
+    path = folder / GENERATIONS_FILE
+    if not path.exists():
+        return Existing({})
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    # Everything before the last newline is complete lines; what follows it was being written when the run died.
+    complete, tail = lines[:-1], lines[-1]
+    records: dict[tuple[str, str, int], dict] = {}
+    for lineno, raw in enumerate(complete, start=1):
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RunFolderError(f"{path}:{lineno}: corrupt line (not JSON); the file is left as it is — "
+                                 f"remove or fix that line, then rerun") from None
+        key = _check_record(record, lineno, path)
+        if key in records:
+            raise RunFolderError(f"{path}:{lineno}: a second record for {key}")
+        records[key] = record
+    if tail:
+        return _cut(path, data, len(data) - len(tail), records, repair)
+    return Existing(records)
+
+
+def _cut(path: Path, data: bytes, keep: int, records: dict, repair: bool) -> Existing:
+    if repair:
+        with path.open("r+b") as fh:
+            fh.truncate(keep)
+    return Existing(records, torn_line_dropped=True)
+
+
+class GenerationWriter:
+    """Appends one record per line and flushes it, so a killed run loses at most the line being written."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / GENERATIONS_FILE
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+
+    def __enter__(self) -> "GenerationWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

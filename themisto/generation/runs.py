@@ -1,0 +1,239 @@
+"""`themisto generate`: render every (example, context mode) of a release's task, generate, and append records.
+
+The run folder resumes: what generations.jsonl already holds is not generated again, and a folder written with
+other settings or against another release is refused. run.json is written at the start and updated at the end.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from themisto.errors import InputError
+from themisto.generation.backends import BACKENDS, BackendError, Sampling, make_backend
+from themisto.generation.backends.base import Generation
+from themisto.generation.baselines import baselines_for
+from themisto.generation.prompts import (
+    CONTEXT_MODES,
+    PROMPT_TEMPLATES,
+    TASKS,
+    Prompt,
+    approx_tokens,
+    extract_answer,
+    render_prompt,
+    template_sha256,
+)
+from themisto.generation.release_rows import ReleaseInfo, load_task_rows, release_info
+from themisto.generation.run_folder import (
+    RUN_FILE,
+    GenerationWriter,
+    RunFolderError,
+    check_same_run,
+    read_generations,
+    read_run_json,
+    write_json_atomic,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGES: tuple[str, ...] = ("themisto", "transformers", "torch", "tokenizers", "accelerate", "gguf", "openai",
+                             "vllm", "datasets", "pyarrow")
+SPLIT = "test"
+
+
+class RunSettingsError(InputError):
+    """A task, context mode or example limit that a run cannot take."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What one run folder is: task, context modes, backend and model, sampling, which examples, the budget."""
+
+    task: str
+    contexts: tuple[str, ...]
+    backend: str
+    model: str
+    sampling: Sampling = field(default_factory=Sampling)
+    limit: int | None = None
+    max_prompt_tokens: int | None = None
+    batch_size: int = 8
+    backend_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise RunSettingsError(f"unknown task {self.task!r} (expected one of {', '.join(TASKS)})")
+        bad = [c for c in self.contexts if c not in CONTEXT_MODES]
+        if bad or not self.contexts or len(set(self.contexts)) != len(self.contexts):
+            raise RunSettingsError(f"context modes must be distinct names from {', '.join(CONTEXT_MODES)}, "
+                             f"got {', '.join(self.contexts) or 'none'}")
+        if self.backend not in BACKENDS:
+            raise BackendError(f"unknown backend {self.backend!r} (expected one of {', '.join(BACKENDS)})")
+        if self.backend == "baseline" and self.model not in baselines_for(self.task):
+            raise BackendError(f"baseline {self.model!r} does not apply to {self.task} "
+                               f"(use one of {', '.join(baselines_for(self.task))})")
+        if self.limit is not None and self.limit < 1:
+            raise RunSettingsError(f"--limit must be at least 1, got {self.limit}")
+
+
+@dataclass
+class RunReport:
+    """What one `generate` call did: records written now, found from before, and the run folder's totals."""
+
+    folder: Path
+    written: int
+    resumed: int
+    torn_line_dropped: bool
+    counts: dict[str, int]
+    seconds: float
+    run: dict = field(repr=False, default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages a run depends on (read from metadata: nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def git_commit() -> str | None:
+    """The project's commit, with `-dirty` when tracked files differ; None outside a git checkout."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def run_header(settings: RunSettings, info: ReleaseInfo, described: dict) -> dict:
+    """run.json as the contract lays it out, before any generation (finished and totals come at the end)."""
+    header = {
+        "format": 1, "task": settings.task, "contexts": list(settings.contexts), "backend": settings.backend,
+        "backend_version": described.get("version"), "model": settings.model,
+        "sampling": settings.sampling.to_dict(),
+        "templates": {c: {"text": PROMPT_TEMPLATES[(settings.task, c)], "sha256": template_sha256(settings.task, c)}
+                      for c in settings.contexts},
+        "release": {"path": str(info.path), "content_hash": info.content_hash}, "split": SPLIT,
+        "limit": settings.limit, "max_prompt_tokens": settings.max_prompt_tokens,
+        "backend_options": settings.backend_options, "packages": package_versions(), "git_commit": git_commit(),
+        "started": _now(), "finished": None, "tokens_in": 0, "tokens_out": 0, "generations_per_s": None,
+        "backend_info": described,
+    }
+    for key in ("weights_sha256", "model_revision"):
+        if key in described:
+            header[key] = described[key]
+    header.setdefault("model_revision", None)
+    return header
+
+
+def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_is_answer: bool) -> dict:
+    ok = generation.status == "ok"
+    prediction = (generation.raw if raw_is_answer else extract_answer(generation.raw, task)) if ok else ""
+    return {"id": prompt.id, "task": task, "context": prompt.context, "sample": sample, "prediction": prediction,
+            "raw": generation.raw, "status": generation.status, "reason": generation.reason,
+            "tokens_in": generation.tokens_in, "tokens_out": generation.tokens_out}
+
+
+def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
+    """The prompt budget (given, else the model's context less the new tokens) and the token counter."""
+    count = getattr(backend, "count_tokens", None)
+    budget = settings.max_prompt_tokens
+    if budget is None and getattr(backend, "context_length", None):
+        budget = backend.context_length - settings.sampling.max_new_tokens
+    return budget, count or approx_tokens
+
+
+def _open_folder(out: Path, header: dict) -> tuple[dict, bool]:
+    """The run.json to keep (the earlier one on resume, with its start time) and whether this is a resume."""
+    existing = read_run_json(out) if out.exists() else None
+    if existing is None and out.exists() and any(out.iterdir()):
+        raise RunFolderError(f"{out}: not empty and has no {RUN_FILE}; give a new or empty output folder")
+    out.mkdir(parents=True, exist_ok=True)
+    if existing is not None:
+        check_same_run(existing, header, out)
+        header = {**header, "started": existing.get("started", header["started"])}
+    write_json_atomic(out / RUN_FILE, header)
+    return header, existing is not None
+
+
+def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *, backend=None,
+                 progress: bool = True) -> RunReport:
+    """Generate every missing (example, context, sample) of `settings` into the run folder `out`."""
+    started = time.perf_counter()
+    out = Path(out)
+    info = release_info(release, settings.task)
+    rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit)
+    if backend is None:
+        options = dict(settings.backend_options)
+        if settings.backend in ("transformers", "vllm"):
+            options.setdefault("batch_size", settings.batch_size)  # how many prompts share one forward pass
+        backend = make_backend(settings.backend, settings.model, **options)
+    header, _ = _open_folder(out, run_header(settings, info, backend.describe()))
+    existing = read_generations(out)
+    done = existing.records
+    n = settings.sampling.n
+    todo = [(row, context) for row in rows for context in settings.contexts
+            if any((row["id"], context, s) not in done for s in range(n))]
+    budget, count = _budget(settings, backend)
+    raw_is_answer = getattr(backend, "raw_is_answer", False)
+    written = 0
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(rows) * len(settings.contexts), initial=len(rows) * len(settings.contexts) - len(todo),
+               desc=f"generate {settings.task}", unit="prompt", disable=not progress)
+    with GenerationWriter(out) as writer, bar:
+        for start in range(0, len(todo), settings.batch_size):
+            chunk = todo[start:start + settings.batch_size]
+            prompts = [render_prompt(row, settings.task, context, count_tokens=count if budget else None,
+                                     max_prompt_tokens=budget) for row, context in chunk]
+            sent = [p for p in prompts if p.skipped_reason is None]
+            results = dict(zip((id(p) for p in sent), backend.generate(sent, settings.sampling) if sent else []))
+            for prompt in prompts:
+                for sample, generation in enumerate(_samples(prompt, results.get(id(prompt)), n)):
+                    if (prompt.id, prompt.context, sample) not in done:
+                        writer.write(_record(prompt, settings.task, sample, generation, raw_is_answer))
+                        written += 1
+            bar.update(len(chunk))
+    seconds = time.perf_counter() - started
+    final = read_generations(out).records
+    header = _finish(out, header, final, written, seconds, backend)
+    return RunReport(out, written, len(done), existing.torn_line_dropped, header["counts"], seconds, header)
+
+
+def _samples(prompt: Prompt, generated: list[Generation] | None, n: int) -> list[Generation]:
+    """A prompt's n records: skipped ones with the budget's reason, and a short answer from a backend as failed."""
+    if prompt.skipped_reason is not None:
+        return [Generation("", "skipped", prompt.skipped_reason, prompt.tokens, None)] * n
+    generated = list(generated or [])
+    missing = Generation("", "failed", f"the backend returned {len(generated)} samples, expected {n}", None, None)
+    return generated[:n] + [missing] * (n - len(generated))
+
+
+def _finish(out: Path, header: dict, records: dict, written: int, seconds: float, backend) -> dict:
+    counts = {"generations": len(records)}
+    for record in records.values():
+        counts[record["status"]] = counts.get(record["status"], 0) + 1
+    header = {**header, "finished": _now(), "backend_info": backend.describe(), "counts": counts,
+              "tokens_in": sum(r["tokens_in"] or 0 for r in records.values()),
+              "tokens_out": sum(r["tokens_out"] or 0 for r in records.values()),
+              # This call's rate: a resumed run's earlier part ran at another time, perhaps on another machine.
+              "generations_per_s": round(written / seconds, 3) if seconds > 0 and written else None}
+    write_json_atomic(out / RUN_FILE, header)
+    return header
+
+
+__all__ = ["RunFolderError", "RunReport", "RunSettings", "RunSettingsError", "generate_run", "git_commit", "package_versions"]
