@@ -46,3 +46,31 @@ def write_run(folder: Path, release: Path, *, task: str = "next_cell", model: st
                                          "tokens_in": None, "tokens_out": None}))
     (folder / "generations.jsonl").write_text("\n".join(lines) + "\n")
     return folder
+
+
+HOSTILE_MODEL = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+
+
+def board_submissions(folder: Path, release: Path) -> dict[str, Path]:
+    """A submissions folder for board tests: a model helped by runtime context, a hostile name, a submitted
+    baseline, an output_prediction run, a tampered run (claims 1.0, predicts nothing), a run with a missing id,
+    and an earlier run of the same model and settings (replaced)."""
+    def target_with_variables(row, context, sample):
+        return row["target"] if context == "variables" else previous(row, "next_cell")
+
+    runs = {
+        "good": write_run(folder / "good", release, model="org/good", predict=target_with_variables,
+                          finished="2026-12-01T02:00:00Z"),
+        "earlier": write_run(folder / "earlier", release, model="org/good", finished="2026-11-30T00:00:00Z"),
+        "hostile": write_run(folder / "hostile", release, model=HOSTILE_MODEL),
+        "baseline": write_run(folder / "baseline", release, model="previous-cell", backend="baseline"),
+        "output": write_run(folder / "output", release, task="output_prediction", model="org/good"),
+        "tampered": write_run(folder / "tampered", release, model="org/tampered", predict=lambda *a: ""),
+        "missing": write_run(folder / "missing", release, model="org/missing"),
+    }
+    (runs["tampered"] / "results.json").write_text(json.dumps({"scores": [
+        {"task": "next_cell", "context": c, "metric": "exact_match", "subset": "all", "mean": 1.0, "low": 1.0,
+         "high": 1.0, "n": 1} for c in ("none", "variables")]}))
+    lines = (runs["missing"] / "generations.jsonl").read_text().splitlines()
+    (runs["missing"] / "generations.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    return runs

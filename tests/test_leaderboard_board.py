@@ -1,0 +1,131 @@
+"""`themisto leaderboard` on a submissions folder over a release: re-scored (claims ignored), refusals with reasons,
+the later of two same-model runs kept, scores cached by the predictions hash, baselines and hard-subset columns, every
+file written, submitted strings escaped."""
+
+import csv
+import json
+
+import pytest
+
+from _leaderboard import HOSTILE_MODEL, board_submissions, write_run
+from themisto.cli import main
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory, small_release):
+    root = tmp_path_factory.mktemp("board")
+    runs = board_submissions(root / "submissions", small_release)
+    assert main(["leaderboard", str(root / "submissions"), "--release", str(small_release), "-o",
+                 str(root / "board")]) == 0
+    data = json.loads((root / "board" / "leaderboard.json").read_text())
+    return root / "board", data, runs
+
+
+def _table(data, task, context):
+    return next(t for t in data["tables"] if t["task"] == task and t["context"] == context)
+
+
+def _row(table, model):
+    (row,) = [r for r in table["rows"] if r["model"] == model]
+    return row
+
+
+def test_a_claimed_score_is_ignored_and_the_predictions_re_scored(board):
+    _, data, runs = board
+    for context in ("none", "variables"):
+        assert _row(_table(data, "next_cell", context), "org/tampered")["values"]["exact_match/all"]["mean"] == 0.0
+    (tampered,) = [s for s in data["submissions"] if s["model"] == "org/tampered"]
+    assert tampered["ignored"] == ["results.json: claimed scores, ignored: the board re-scores the predictions"]
+
+
+def test_an_invalid_submission_is_refused_with_its_reason_and_the_rest_stands(board):
+    folder, data, runs = board
+    (refused,) = data["refused"]
+    assert refused["folder"] == str(runs["missing"])
+    assert "predictions missing, first: id" in refused["reason"]
+    assert all(r["model"] != "org/missing" for t in data["tables"] for r in t["rows"])
+    assert "## Refused" in (folder / "leaderboard.md").read_text()
+
+
+def test_the_later_run_of_the_same_model_and_settings_replaces_the_earlier(board):
+    _, data, runs = board
+    assert data["notes"] == [f"{runs['good']} replaces {runs['earlier']}: same model (org/good) and settings, "
+                             "the later one counts"]
+    table = _table(data, "next_cell", "variables")
+    assert [r["source"] for r in table["rows"] if r["model"] == "org/good"] == [str(runs["good"])]
+    # The kept run predicts every target with variables: rank 1, exact match 1, a positive paired effect.
+    first = table["rows"][0]
+    assert first["model"] == "org/good" and first["values"]["exact_match/all"]["mean"] == 1.0
+    assert first["effect"]["diff"] > 0 and first["effect"]["low"] > 0
+
+
+def test_baselines_are_rows_of_their_own_and_hard_subset_scores_sit_beside(board):
+    _, data, _ = board
+    for table in data["tables"]:
+        kinds = {r["model"]: r["kind"] for r in table["rows"]}
+        expected = {"next_cell": {"previous-cell", "common-cell"},
+                    "output_prediction": {"previous-output", "last-repr"}}[table["task"]]
+        assert {m for m, k in kinds.items() if k == "baseline"} == expected
+        assert "exact_match/hard" in table["columns"] and "exact_match/all" in table["columns"]
+    # The submitted previous-cell run is the baseline's row; the board's own copy is not shown twice.
+    table = _table(data, "next_cell", "none")
+    assert [r["source"] for r in table["rows"] if r["model"] == "previous-cell"] != ["computed by the board"]
+    # No baseline solves a hard example, so a baseline's hard-subset exact match is 0.
+    assert _row(table, "common-cell")["values"]["exact_match/hard"]["mean"] == 0.0
+
+
+def test_every_board_file_is_written(board):
+    folder, data, _ = board
+    assert (folder / "leaderboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader((folder / "leaderboard.csv").open()))
+    assert {(r["task"], r["context"]) for r in rows} == {(t["task"], t["context"]) for t in data["tables"]}
+    readme = (folder / "space" / "README.md").read_text()
+    assert readme.startswith("---\n") and "\nsdk: static\n" in readme
+    page = (folder / "space" / "index.html").read_text()
+    assert data["release"]["content_hash"] in page and data["release"]["built"] in page
+    assert "data:image/png;base64," in page and 'rel="icon" href="data:' in page
+    for outside in ("http://", "https://", "//cdn", "@import", "url("):
+        assert outside not in page.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_submitted_strings_are_escaped_everywhere(board):
+    folder, _, _ = board
+    page = (folder / "space" / "index.html").read_text()
+    assert HOSTILE_MODEL not in page and "&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x" in page
+    markdown = (folder / "leaderboard.md").read_text()
+    assert HOSTILE_MODEL not in markdown and "&lt;script&gt;" in markdown
+
+
+def test_scores_are_cached_by_the_predictions_hash(tmp_path, small_release, capsys):
+    run = write_run(tmp_path / "subs" / "a", small_release, model="=cmd()")
+    args = ["leaderboard", str(tmp_path / "subs"), "--release", str(small_release), "-o", str(tmp_path / "b")]
+    assert main(args) == 0
+    first = json.loads((tmp_path / "b" / "leaderboard.json").read_text())
+    assert main(args) == 0
+    second = json.loads((tmp_path / "b" / "leaderboard.json").read_text())
+    assert [s["scores_from_cache"] for s in first["submissions"] + second["submissions"]] == [False, True]
+    assert first["tables"] == second["tables"]
+    assert "re-scored" in capsys.readouterr().err
+    lines = (run / "generations.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    lines[0] = json.dumps({**record, "prediction": record["prediction"] + "\n# changed"})
+    (run / "generations.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(args) == 0
+    third = json.loads((tmp_path / "b" / "leaderboard.json").read_text())
+    assert third["submissions"][0]["scores_from_cache"] is False
+    # A spreadsheet would run a cell that starts with "=": the CSV keeps the name as text.
+    names = {row["model"] for row in csv.DictReader((tmp_path / "b" / "leaderboard.csv").open())}
+    assert "'=cmd()" in names and "=cmd()" not in names
+
+
+def test_execution_without_the_opt_in_is_refused_before_anything_is_written(tmp_path, small_release, monkeypatch,
+                                                                             capsys):
+    from themisto.settings import settings
+
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    settings.cache_clear()
+    write_run(tmp_path / "subs" / "a", small_release)
+    code = main(["leaderboard", str(tmp_path / "subs"), "--release", str(small_release), "-o", str(tmp_path / "b"),
+                 "--execute"])
+    assert code == 2 and "HF_ALLOW_CODE_EVAL" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
