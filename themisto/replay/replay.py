@@ -205,6 +205,45 @@ def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
 # Resumable replay to a JSONL file of steps
 
 
+@dataclass(frozen=True)
+class ReplayFailure:
+    """A trajectory a runner could not replay (e.g. its worker died on every try); `reason` says why."""
+
+    reason: str
+
+
+# A runner replays the pending trajectories and yields, for each as it finishes (in any order), the trajectory's id
+# and its steps in step order, or a ReplayFailure. `local_runner` replays one after the other in this process;
+# themisto.distributed.ray_runner spreads them over a Ray cluster.
+Runner = Callable[[list[Trajectory], "Path | None", ReplaySettings, Callable[[str], None]],
+                  Iterator[tuple[str, "Iterable[Step] | ReplayFailure"]]]
+
+
+class ReplayIncomplete(RuntimeError):
+    """Some trajectories failed; the finished ones are kept and a rerun replays only the failed ones."""
+
+    def __init__(self, out: Path, failed: dict[str, str]):
+        self.failed = dict(failed)
+        listed = "; ".join(f"{tid}: {reason}" for tid, reason in sorted(failed.items())[:5])
+        super().__init__(f"{out}: {len(failed)} trajectory(ies) failed ({listed}); the others are kept in "
+                         f"{_partial_path(out)}, and a rerun replays only the failed ones")
+
+
+def local_runner(pending: list[Trajectory], workspace: str | Path | None, settings: ReplaySettings,
+                 say: Callable[[str], None]) -> Iterator[tuple[str, Iterable[Step]]]:
+    """Replay the trajectories one after the other in this process, streaming each one's steps."""
+    for trajectory in pending:
+        yield trajectory.id, _with_progress(trajectory, replay_trajectory(trajectory, workspace, settings), say)
+
+
+def _with_progress(trajectory: Trajectory, steps: Iterable[Step], say: Callable[[str], None]) -> Iterator[Step]:
+    n, t0 = len(trajectory.executions), time.perf_counter()
+    for step in steps:
+        yield step
+        if (step.step + 1) % 25 == 0 or step.step + 1 == n:
+            say(f"{trajectory.id}: {step.step + 1}/{n} steps ({time.perf_counter() - t0:.1f} s)")
+
+
 @dataclass
 class ReplayRun:
     """What a replay to file did: steps written, trajectories replayed now and resumed from an earlier run."""
@@ -246,41 +285,76 @@ def _load_progress(out: Path) -> tuple[list[str], int]:
 
 def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspace: str | Path | None,
                    settings: ReplaySettings = ReplaySettings(), *, resume: bool = True,
-                   progress: Callable[[str], None] | None = None) -> ReplayRun:
+                   progress: Callable[[str], None] | None = None, runner: Runner | None = None) -> ReplayRun:
     """Replay every trajectory, writing steps as they complete; the final file appears only when all are done.
 
     An interrupted run leaves `<out>.partial` and `<out>.progress.json`; the next run with `resume=True` keeps the
     trajectories that finished and replays the rest (a trajectory is replayed whole: its state needs its prefix).
+    Trajectories may finish in any order (`runner`); the final file lists them in input order, so it is the same
+    whichever runner wrote it. A trajectory the runner reports failed raises ReplayIncomplete once the rest is done.
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    trajectories = list(trajectories)
     done, steps = _load_progress(out) if resume else ([], 0)
     if not resume:
         _partial_path(out).unlink(missing_ok=True)
         _progress_path(out).unlink(missing_ok=True)
     resumed = list(done)
     replayed: list[str] = []
+    failed: dict[str, str] = {}
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    with _partial_path(out).open("a", encoding="utf-8") as fh:
-        for trajectory in trajectories:
-            if trajectory.id in done:
-                say(f"{trajectory.id}: already replayed, kept from the earlier run")
-                continue
-            n = len(trajectory.executions)
-            t0 = time.perf_counter()
-            for step in replay_trajectory(trajectory, workspace, settings):
-                fh.write(json.dumps(step.to_dict(), ensure_ascii=False, sort_keys=True) + "\n")
-                fh.flush()
-                steps += 1
-                if (step.step + 1) % 25 == 0 or step.step + 1 == n:
-                    say(f"{trajectory.id}: {step.step + 1}/{n} steps ({time.perf_counter() - t0:.1f} s)")
-            done.append(trajectory.id)
-            replayed.append(trajectory.id)
-            _progress_path(out).write_text(json.dumps({"done": done}), encoding="utf-8")
-    _partial_path(out).replace(out)
+    for trajectory in trajectories:
+        if trajectory.id in done:
+            say(f"{trajectory.id}: already replayed, kept from the earlier run")
+    pending = [t for t in trajectories if t.id not in done]
+    results = (runner or local_runner)(pending, workspace, settings, say)
+    try:
+        with _partial_path(out).open("a", encoding="utf-8") as fh:
+            for trajectory_id, result in results:
+                if isinstance(result, ReplayFailure):
+                    failed[trajectory_id] = result.reason
+                else:
+                    for step in result:
+                        fh.write(json.dumps(step.to_dict(), ensure_ascii=False, sort_keys=True) + "\n")
+                        fh.flush()
+                        steps += 1
+                    done.append(trajectory_id)
+                    replayed.append(trajectory_id)
+                _progress_path(out).write_text(json.dumps({"done": done, "failed": failed}), encoding="utf-8")
+    finally:
+        # A runner holding workers (Ray tasks and their kernels) releases them here, also on Ctrl-C.
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+    if failed:
+        raise ReplayIncomplete(out, failed)
+    _write_in_order(_partial_path(out), out, [t.id for t in trajectories])
     _progress_path(out).unlink(missing_ok=True)
     return ReplayRun(out, steps, replayed, resumed, time.perf_counter() - started)
+
+
+def _write_in_order(partial: Path, out: Path, order: list[str]) -> None:
+    """Move `partial` to `out` with its trajectories in `order` (each one's lines kept together, as written)."""
+    rank = {tid: i for i, tid in enumerate(order)}
+    spans: list[tuple[int, int, int]] = []  # (rank, offset, length) of each line
+    offset = 0
+    with partial.open("rb") as fh:
+        for line in fh:
+            spans.append((rank[json.loads(line)["kernel_id"]], offset, len(line)))
+            offset += len(line)
+    if all(a[0] <= b[0] for a, b in zip(spans, spans[1:])):
+        partial.replace(out)  # already in order (always so for the local runner)
+        return
+    spans.sort(key=lambda span: span[0])  # stable: steps keep their order within a trajectory
+    tmp = out.with_name(out.name + ".ordering")
+    with partial.open("rb") as src, tmp.open("wb") as dst:
+        for _, start, length in spans:
+            src.seek(start)
+            dst.write(src.read(length))
+    tmp.replace(out)
+    partial.unlink()
 
 
 def read_steps(path: str | Path) -> list[Step]:
