@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from themisto.errors import InputError
 from themisto.generation.prompts import CONTEXT_MODES, TASKS, render_prompt, template_sha256
 from themisto.training.verify import DROP_REASONS, Verifier, has_snapshot
 
@@ -37,7 +38,7 @@ EXPORT_DROP_REASONS: dict[str, str] = {
 _BACKTICK_RUN = re.compile(r"(?m)^[ \t]*(`{3,})")
 
 
-class ExportError(ValueError):
+class ExportError(InputError):
     """The export cannot run as asked; the message names the release, split, task, context or folder."""
 
 
