@@ -112,13 +112,13 @@ def test_help_lists_the_commands(capsys):
                     reason="themisto/workspace.py (write_workspace) is written by another engineer and is absent")
 def test_workspace_command(tmp_path, capsys):
     dest = tmp_path / "ws"
-    assert main(["workspace", "--task", "task2", "-o", str(dest), "--seed", "3", "--json"]) == 0
+    assert main(["workspace", "--task", "task2", "-o", str(dest), "--workspace-seed", "3", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["root"] == str(dest)
     assert printed["files"]
     for rel, digest in printed["files"].items():
         assert hashlib.sha256((dest / rel).read_bytes()).hexdigest() == digest
     # Not empty any more: refused without --overwrite, the files untouched.
-    assert main(["workspace", "--task", "task2", "-o", str(dest), "--seed", "4"]) == 2
+    assert main(["workspace", "--task", "task2", "-o", str(dest), "--workspace-seed", "4"]) == 2
     assert "not empty" in capsys.readouterr().err
     assert all(hashlib.sha256((dest / rel).read_bytes()).hexdigest() == d for rel, d in printed["files"].items())

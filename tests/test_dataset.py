@@ -235,7 +235,7 @@ def test_cli_build_from_an_existing_replay(tmp_path, capsys):
     steps_file = tmp_path / "steps.jsonl"
     steps_file.write_text("".join(json.dumps(s.to_dict()) + "\n" for s in steps))
     out = tmp_path / "rel"
-    assert main(["build", "--steps", str(steps_file), "-o", str(out), "--seed", "4", "--json"]) == 0
+    assert main(["build", "--steps", str(steps_file), "-o", str(out), "--split-seed", "4", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["source"]["kind"] == "replayed-steps" and printed["settings"]["seed"] == 4
     assert printed["sizes"]["trajectories"]["test"] + printed["sizes"]["trajectories"]["train"] == 100
@@ -260,7 +260,7 @@ def test_cli_build_replays_a_notebook_in_a_real_kernel_and_the_release_loads(tmp
     workspace = tmp_path / "ws"
     workspace.mkdir()
     out = tmp_path / "rel"
-    assert main(["build", "--notebooks", str(path), "--workspace", str(workspace), "-o", str(out), "--json"]) == 0
+    assert main(["build", str(path), "--workspace", str(workspace), "-o", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["source"]["kind"] == "notebooks" and report["sizes"]["trajectories"] == {"test": 12, "train": 0}
     assert any("train` is empty" in note for note in report["notes"])

@@ -134,7 +134,7 @@ def workspace_command(args: argparse.Namespace) -> int:
 
     tasks = ["task1", "task2"] if args.task == "all" else [args.task]
     extra = {"overwrite": True} if args.overwrite else {}
-    result = write_workspace(args.output, tasks, seed=args.seed, size=args.size, **extra)
+    result = write_workspace(args.output, tasks, seed=args.workspace_seed, size=args.size, **extra)
     if args.json:
         print(json.dumps({"root": str(result.root), "files": result.files}, ensure_ascii=False, sort_keys=True))
     else:
@@ -146,10 +146,10 @@ def workspace_command(args: argparse.Namespace) -> int:
 
 def _add_workspace(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("workspace", help="write the task input files replay needs")
-    parser.add_argument("--task", required=True, choices=TASK_CHOICES)
+    parser.add_argument("--task", required=True, choices=TASK_CHOICES, help="whose input files to write")
     parser.add_argument("-o", "--output", required=True, type=Path, help="directory to write")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", choices=SIZE_CHOICES, default="small")
+    parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
+    parser.add_argument("--size", choices=SIZE_CHOICES, default="small", help="how many rows the inputs hold")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
     parser.add_argument("--json", action="store_true", help="print one JSON object {root, files}")
     parser.set_defaults(run=workspace_command)
@@ -180,11 +180,11 @@ def replay_command(args: argparse.Namespace) -> int:
     from themisto.ingest.workspace import write_workspace
 
     trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
-    settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.timeout)
+    settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.cell_timeout)
     with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
         workspace = args.workspace
         if workspace is None:
-            workspace = write_workspace(Path(tmp) / "ws", seed=args.seed, size=args.size).root
+            workspace = write_workspace(Path(tmp) / "ws", seed=args.workspace_seed, size=args.size).root
         elif not Path(workspace).is_dir():
             raise CommandError(f"{workspace}: no such workspace directory (make one with `themisto workspace`)")
         run = replay_to_file(trajectories, args.output, workspace, settings, resume=not args.no_resume)
@@ -203,10 +203,12 @@ def replay_command(args: argparse.Namespace) -> int:
 def _add_replay(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("replay", help="replay trajectories in sandboxed kernels with runtime snapshots")
     _add_trajectory_inputs(parser, output_help="steps JSONL to write")
-    parser.add_argument("--workspace", type=Path, help="input files (default: look-alike inputs made from --seed)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the look-alike inputs")
+    parser.add_argument("--workspace", type=Path,
+                        help="input files (default: look-alike inputs made from --workspace-seed)")
+    parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
     parser.add_argument("--size", choices=SIZE_CHOICES, default="small", help="size of the look-alike inputs")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per cell before the watchdog acts")
+    parser.add_argument("--cell-timeout", type=float, default=60.0,
+                        help="seconds each replayed cell may run before the watchdog interrupts it")
     parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the fidelity per trajectory")
@@ -222,13 +224,18 @@ def build_command(args: argparse.Namespace) -> int:
     from themisto.release.parquet import BuildInputs, build_release, release_rows
     from themisto.release.tasks import TaskSettings
 
+    paths = _ingest_inputs(args.paths) if args.paths else []
+    tables = [p for p in paths if p.suffix.lower() == ".csv"]
+    if len(tables) > 1:
+        raise CommandError(f"one JuNE table per build, got {len(tables)}: {', '.join(map(str, tables))}")
     inputs = BuildInputs(
-        logs=tuple(args.logs or ()), table=args.table, notebooks=tuple(args.notebooks or ()), steps=args.steps,
+        logs=tuple(p for p in paths if p.suffix.lower() == ".log"), table=tables[0] if tables else None,
+        notebooks=tuple(p for p in paths if p.suffix.lower() == ".ipynb"), steps=args.steps,
         paper=args.paper, workspace=args.workspace, workspace_seed=args.workspace_seed, steps_out=args.steps_out,
-        cell_timeout_s=args.timeout)
+        cell_timeout_s=args.cell_timeout)
     if args.workspace is not None and not args.workspace.is_dir():
         raise CommandError(f"{args.workspace}: no such workspace directory (make one with `themisto workspace`)")
-    settings = TaskSettings(seed=args.seed, test_fraction=args.test_fraction,
+    settings = TaskSettings(seed=args.split_seed, test_fraction=args.test_fraction,
                             output_sample_size=None if args.all_outputs else TaskSettings.output_sample_size)
     steps_default = args.output.with_name(args.output.name + ".steps.jsonl")
     rows, source, extra = release_rows(inputs, steps_default)
@@ -247,16 +254,16 @@ def build_command(args: argparse.Namespace) -> int:
 
 def _add_build(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("build", help="write the dataset release (Parquet per config and split + card)")
-    parser.add_argument("--logs", nargs="+", type=Path, metavar="LOG", help="JuNE .log files (default: data/sample)")
-    parser.add_argument("--table", type=Path, metavar="CSV", help="a JuNE table (dataset.csv)")
-    parser.add_argument("--notebooks", nargs="+", type=Path, metavar="IPYNB", help="notebooks as trajectories")
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help=".log, .csv (JuNE table) or .ipynb, or a directory (default: the shipped data/sample)")
     parser.add_argument("--steps", type=Path, help="an existing replay (steps JSONL): build from it, replay nothing")
     parser.add_argument("--paper", type=Path, help="the paper's published rows (.parquet/.jsonl/.json/.csv)")
     parser.add_argument("--workspace", type=Path, help="replay input files (default: look-alike inputs)")
     parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
     parser.add_argument("--steps-out", type=Path, help="where replay writes steps (default: DIR.steps.jsonl)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="replay: seconds per cell")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the split and of the output sample")
+    parser.add_argument("--cell-timeout", type=float, default=60.0,
+                        help="seconds each replayed cell may run before the watchdog interrupts it")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split and the output sample")
     parser.add_argument("--test-fraction", type=float, default=0.5, help="share of steps for `test`")
     parser.add_argument("--all-outputs", action="store_true", help="output_prediction test: all eligible rows")
     parser.add_argument("--allow-missing-files", action="store_true",
@@ -313,7 +320,7 @@ def _add_push(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("push", help="upload a release folder to the Hugging Face Hub")
     parser.add_argument("folder", type=Path, metavar="DIR")
     parser.add_argument("--repo-id", required=True, help="dataset repository, owner/name")
-    parser.add_argument("--private", action="store_true")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
     parser.add_argument("--revision", help="branch to commit to")
     parser.add_argument("--message", help="commit message")
     parser.add_argument("--dry-run", action="store_true", help="check and list the files, upload nothing")
@@ -350,7 +357,7 @@ def score_command(args: argparse.Namespace) -> int:
         return _score_run_folder(args)
     if args.release is None or args.predictions is None or args.output is None:
         raise CommandError("give a run folder (themisto score RUN/), or --release, --predictions and -o")
-    settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.timeout)
+    settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.prediction_timeout)
     run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,
                         workspace=args.workspace, resume=not args.no_resume)
     scores = run.result.scores
@@ -374,13 +381,15 @@ def _add_score(subparsers: argparse._SubParsersAction) -> None:
                         help="a run folder (themisto generate -o RUN/): writes RUN/results.json and RUN/results.md")
     parser.add_argument("--release", type=Path, metavar="DIR",
                         help="release folder (themisto build); for a run folder, default: the one run.json names")
-    parser.add_argument("--config", choices=("next_cell", "output_prediction"), default="next_cell")
+    parser.add_argument("--config", choices=("next_cell", "output_prediction"), default="next_cell",
+                        help="the task the predictions answer (with --predictions)")
     parser.add_argument("--predictions", type=Path, metavar="JSONL",
                         help='one {"id": ..., "prediction": str | [str, ...]} per line')
     parser.add_argument("--execute", action="store_true",
                         help="run next_cell predictions in the pre-cell state (also needs HF_ALLOW_CODE_EVAL=1)")
     parser.add_argument("--k", nargs="+", type=int, default=[1], help="pass@k for each k (default: 1)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per prediction")
+    parser.add_argument("--prediction-timeout", type=float, default=30.0,
+                        help="seconds each executed prediction may run (grown for slow reference cells)")
     parser.add_argument("--workspace", type=Path, help="the release's replay inputs, if it was built with a given one")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("-o", "--output", type=Path, help="results JSON to write (a run folder: RUN/results.json)")
@@ -397,7 +406,7 @@ def sft_export_command(args: argparse.Namespace) -> int:
     from themisto.training.export import ExportSettings, export_sft
 
     settings = ExportSettings(split=args.split, tasks=tuple(args.task), contexts=tuple(args.context), mix=args.mix,
-                              seed=args.seed, verify=not args.no_verify, max_prompt_tokens=args.max_prompt_tokens)
+                              seed=args.mix_seed, verify=not args.no_verify, max_prompt_tokens=args.max_prompt_tokens)
     report = export_sft(args.release, args.output, settings, overwrite=args.overwrite)
     if args.json:
         print(json.dumps({"output": str(args.output), **report.manifest["counts"], "dropped": report.dropped},
@@ -422,7 +431,7 @@ def _add_sft_export(subparsers: argparse._SubParsersAction) -> None:
                         help="runtime-context modes (default: all)")
     parser.add_argument("--mix", choices=("all", "one"), default="all",
                         help="all: each row once per context mode; one: each row once, in a seeded context mode")
-    parser.add_argument("--seed", type=int, default=0, help="seed of --mix one")
+    parser.add_argument("--mix-seed", type=int, default=0, help="seed of --mix one (which context each row gets)")
     parser.add_argument("--max-prompt-tokens", type=int, help="drop examples over this estimated prompt length")
     parser.add_argument("--no-verify", action="store_true",
                         help="keep targets the replay did not reproduce (the manifest says so)")
