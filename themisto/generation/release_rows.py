@@ -20,8 +20,8 @@ class ReleaseInfo:
     files: dict[str, str]
 
 
-def release_info(release: str | Path, task: str) -> ReleaseInfo:
-    """Read the build record; the task's test split must exist and its file must be the one the build wrote."""
+def release_info(release: str | Path, task: str, split: str = SPLIT) -> ReleaseInfo:
+    """Read the build record; the task's split (test unless told) must exist and be the file the build wrote."""
     path = Path(release)
     build_file = path / BUILD_FILE
     if not build_file.is_file():
@@ -31,10 +31,10 @@ def release_info(release: str | Path, task: str) -> ReleaseInfo:
         files = dict(build["files"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ReleaseError(f"{build_file}: not a build record ({exc})") from None
-    rel = parquet_name(task, SPLIT)
+    rel = parquet_name(task, split)
     if rel not in files or not (path / rel).is_file():
-        have = sorted({name.split("/")[0] for name in files if name.endswith(f"{SPLIT}-00000-of-00001.parquet")})
-        raise ReleaseError(f"{path}: the release has no {task} {SPLIT} split (it has: {', '.join(have) or 'none'})")
+        have = sorted({name.split("/")[0] for name in files if name.endswith(f"{split}-00000-of-00001.parquet")})
+        raise ReleaseError(f"{path}: the release has no {task} {split} split (it has: {', '.join(have) or 'none'})")
     recorded = build.get("content_sha256") or content_hash(files)
     return ReleaseInfo(path, recorded, files)
 
@@ -55,9 +55,14 @@ def spread(rows: list[dict], limit: int | None) -> list[dict]:
     return [rows[i * len(rows) // limit] for i in range(limit)]
 
 
-def _with_execution_times(info: ReleaseInfo, rows: list[dict]) -> list[dict]:
+def read_rows(info: ReleaseInfo, config: str, split: str = SPLIT) -> list[dict]:
+    """All rows of one config's split, from the file the build wrote (a changed file is an error)."""
+    return _read(info, parquet_name(config, split))
+
+
+def _with_execution_times(info: ReleaseInfo, rows: list[dict], split: str = SPLIT) -> list[dict]:
     """History cells gain their execution time from the trajectories config (task rows do not carry it)."""
-    rel = parquet_name("trajectories", SPLIT)
+    rel = parquet_name("trajectories", split)
     if rel not in info.files:
         return rows
     times = {(r["kernel_id"], r["step"]): r["execution_time"] for r in _read(info, rel)}
@@ -65,9 +70,10 @@ def _with_execution_times(info: ReleaseInfo, rows: list[dict]) -> list[dict]:
                                 for cell in row["history"] or []]} for row in rows]
 
 
-def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, limit: int | None = None) -> list[dict]:
-    """The task's test rows (`limit` of them, spread), checked for ids and for the snapshots the modes need."""
-    rows = spread(_read(info, parquet_name(task, SPLIT)), limit)
+def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, limit: int | None = None,
+                   split: str = SPLIT) -> list[dict]:
+    """The task's rows of `split` (`limit` of them, spread), checked for ids and for the snapshots the modes need."""
+    rows = spread(_read(info, parquet_name(task, split)), limit)
     seen: set[str] = set()
     for row in rows:
         if row["id"] in seen:
@@ -77,4 +83,4 @@ def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, l
     if runtime and rows and not any(row.get("variables_before") for row in rows):
         raise ReleaseError(f"{info.path}: context mode {runtime[0]} needs runtime snapshots, and no {task} row "
                            f"has any (variables_before is empty everywhere); use --context none")
-    return _with_execution_times(info, rows) if "full" in contexts else rows
+    return _with_execution_times(info, rows, split) if "full" in contexts else rows
