@@ -171,12 +171,37 @@ def _print_fidelity(report: dict) -> None:
         print(f"  step {m['step']:>4} {m['kind']:<12} log: {m['logged']:<28} replay: {m['replayed']:<28} {m['reason']}")
 
 
+def _add_ray_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                        help=f"{what} on Ray, one trajectory per task: alone, a local Ray on this machine's cores; "
+                             "else a cluster's address (host:port, ray://host:port, auto)")
+
+
+def _ray_target(args: argparse.Namespace):
+    """The Ray that --ray names, or None; without --ray nothing imports Ray."""
+    if args.ray is None:
+        return None
+    from themisto.distributed.cluster import RayTarget
+
+    return RayTarget(address=None if args.ray == "local" else args.ray)
+
+
+def _replay_runner(args: argparse.Namespace):
+    """The replay runner --ray asks for (an unreachable address is refused here, before any work), or None."""
+    target = _ray_target(args)
+    if target is None:
+        return None
+    from themisto.distributed.ray_runner import replay_runner
+
+    return replay_runner(target)
+
+
 def replay_command(args: argparse.Namespace) -> int:
     """Replay trajectories in sandboxed kernels, write one step record per execution, print the fidelity report."""
     import tempfile
 
     from themisto.replay.fidelity import fidelity_report
-    from themisto.replay.replay import ReplaySettings, read_steps, replay_to_file
+    from themisto.replay.replay import ReplayIncomplete, ReplaySettings, read_steps, replay_to_file
     from themisto.ingest.workspace import write_workspace
 
     trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
@@ -187,7 +212,11 @@ def replay_command(args: argparse.Namespace) -> int:
             workspace = write_workspace(Path(tmp) / "ws", seed=args.workspace_seed, size=args.size).root
         elif not Path(workspace).is_dir():
             raise CommandError(f"{workspace}: no such workspace directory (make one with `themisto workspace`)")
-        run = replay_to_file(trajectories, args.output, workspace, settings, resume=not args.no_resume)
+        try:
+            run = replay_to_file(trajectories, args.output, workspace, settings, resume=not args.no_resume,
+                                 runner=_replay_runner(args))
+        except ReplayIncomplete as exc:
+            raise CommandError(str(exc)) from None
     reports = [r.to_dict() for r in fidelity_report(read_steps(args.output))]
     if args.json:
         print(json.dumps({"steps": run.steps, "seconds": round(run.seconds, 2), "output": str(args.output),
@@ -212,6 +241,7 @@ def _add_replay(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the fidelity per trajectory")
+    _add_ray_option(parser, "replay")
     parser.set_defaults(run=replay_command)
 
 
@@ -238,7 +268,12 @@ def build_command(args: argparse.Namespace) -> int:
     settings = TaskSettings(seed=args.split_seed, test_fraction=args.test_fraction,
                             output_sample_size=None if args.all_outputs else TaskSettings.output_sample_size)
     steps_default = args.output.with_name(args.output.name + ".steps.jsonl")
-    rows, source, extra = release_rows(inputs, steps_default)
+    from themisto.replay.replay import ReplayIncomplete
+
+    try:
+        rows, source, extra = release_rows(inputs, steps_default, runner=_replay_runner(args))
+    except ReplayIncomplete as exc:
+        raise CommandError(str(exc)) from None
     report = build_release(rows, args.output, settings, source=source, extra_settings=extra,
                            overwrite=args.overwrite, allow_missing_files=args.allow_missing_files)
     if args.json:
@@ -271,6 +306,7 @@ def _add_build(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
     parser.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="release folder to write")
     parser.add_argument("--json", action="store_true", help="print the build report as one JSON object")
+    _add_ray_option(parser, "replay")
     parser.set_defaults(run=build_command)
 
 
