@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from themisto.errors import InputError
+
 RAY_REQUIREMENT = "ray==2.60.0"
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001
@@ -23,7 +25,7 @@ _FORWARDED_PREFIXES = ("THEMISTO_",)
 _FORWARDED = ("HF_ALLOW_CODE_EVAL", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
-class ClusterError(ValueError):
+class ClusterError(InputError):
     """Ray cannot be used as asked: not installed, an address that does not answer, or workers unlike the driver."""
 
 
