@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from themisto.runtime.outputs import mask_addresses
+
 from themisto.errors import InputError
 
 # A prompt shows at most this many prior cells, each output cut to this many characters (then a marker).
@@ -102,7 +104,7 @@ def variable_row(info: Mapping) -> dict:
         "name": str(info["name"]),
         "type": None if info.get("type") is None else str(info["type"]),
         "size": None if size is None else int(size),
-        "repr": None if info.get("repr") is None else str(info["repr"]),
+        "repr": None if info.get("repr") is None else mask_addresses(str(info["repr"])),
         "hash": None if info.get("hash") is None else str(info["hash"]),
         "shape": None if shape is None else [int(x) for x in shape],
         "dtype": None if info.get("dtype") is None else str(info["dtype"]),
@@ -113,7 +115,9 @@ def variable_row(info: Mapping) -> dict:
 
 
 def trajectory_row(step, participant: str | None = None) -> dict:
-    """The `trajectories` row of one replayed `themisto.replay.replay.Step`."""
+    """The `trajectories` row of one replayed `themisto.replay.replay.Step`; object addresses in its output, error
+    message and variable reprs are masked (`themisto.runtime.outputs.mask_addresses`), so targets and history built
+    from it are the same in every build."""
     return {
         "kernel_id": step.kernel_id,
         "step": int(step.step),
@@ -126,8 +130,8 @@ def trajectory_row(step, participant: str | None = None) -> dict:
         "restarted_before": bool(step.restarted_before),
         "status": step.status,
         "ename": step.ename,
-        "evalue": step.evalue,
-        "output": step.output,
+        "evalue": None if step.evalue is None else mask_addresses(step.evalue),
+        "output": mask_addresses(step.output),
         "output_types": list(step.output_types),
         "execution_time": float(step.execution_time),
         "memory_bytes": step.memory_bytes,

@@ -18,6 +18,19 @@ import re
 from themisto.ingest.trajectory import OutputSummary
 
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+# `<Colorbar at 0x7f18c81afad0>`: an object's address is its identity, not its content; two runs of the same cell
+# (two builds, two forked branches) allocate at different addresses, so no target or prediction may keep one.
+ADDRESS_RE = re.compile(r"\b(at |id=)0x[0-9a-fA-F]{4,}\b")
+ADDRESS_MASK = "0x…"
+
+
+def mask_addresses(text: str) -> str:
+    """Replace object addresses by one mask: the single normalisation of targets, history and predictions.
+
+    >>> mask_addresses("<matplotlib.colorbar.Colorbar at 0x7f6b6822c490>")
+    '<matplotlib.colorbar.Colorbar at 0x…>'
+    """
+    return ADDRESS_RE.sub(r"\g<1>" + ADDRESS_MASK, text)
 
 
 def strip_ansi(text: str) -> str:

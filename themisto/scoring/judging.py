@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from themisto.scoring.records import ADDRESS_RE, REASON_CHARS, ExampleRecord, PredictionRecord, ScoreSettings, pass_at_k
+from themisto.scoring.records import REASON_CHARS, ExampleRecord, PredictionRecord, ScoreSettings, pass_at_k
 
 
 def compared_output(outputs: list[dict]) -> str:
@@ -16,10 +16,10 @@ def compared_output(outputs: list[dict]) -> str:
     ...                   "data": {"text/plain": "<Colorbar at 0x7f18c81afad0>", "image/png": "iVBORw0KGgo="}}])
     '<Colorbar at 0x…>\\n<image/png 8 bytes>'
     """
-    from themisto.runtime.outputs import output_text, rich_outputs
+    from themisto.runtime.outputs import mask_addresses, output_text, rich_outputs
     from themisto.scoring.equivalence import image_placeholder
 
-    text = ADDRESS_RE.sub(r"\g<1>0x…", output_text(outputs))
+    text = mask_addresses(output_text(outputs))
     images = [image_placeholder(r["mime"], r["bytes"]) for r in rich_outputs(outputs) if "bytes" in r]
     return "\n".join([text, *images]) if images else text
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Mapping, Sequence
 
@@ -25,9 +24,6 @@ REFERENCE_RUNS = 2
 # the cell took in the release's replay, for the reference and the predictions alike.
 SLOW_REFERENCE_FACTOR = 3.0
 REASON_CHARS = 300
-# `<Colorbar at 0x7f18c81afad0>`: an object's address is its identity, not its content, and two forked runs of the
-# same cell allocate at different addresses.
-ADDRESS_RE = re.compile(r"\b(at |id=)0x[0-9a-fA-F]{4,}\b")
 
 
 class ScoreError(InputError):
@@ -199,18 +195,21 @@ def make_examples(predictions: Sequence, references: Sequence, ids: Sequence[str
 
 def text_records(examples: Sequence[Example], settings: ScoreSettings) -> list[PredictionRecord]:
     """One record per prediction with its exact match, ROUGE-L, chrF (and output equivalence for output_prediction)."""
+    from themisto.runtime.outputs import mask_addresses
     from themisto.scoring.equivalence import outputs_equivalent
 
     records = []
     for example in examples:
+        # Outputs are compared with object addresses masked, as the release masks them in targets and history.
+        outputs = settings.task == "output_prediction"
+        reference = mask_addresses(example.reference) if outputs else example.reference
         for index, prediction in enumerate(example.predictions):
+            text = mask_addresses(prediction) if outputs else prediction
             record = PredictionRecord(
-                id=example.id, index=index, prediction=prediction,
-                exact_match=exact_match(prediction, example.reference),
-                rouge_l=rouge_l(prediction, example.reference), chrf=chrf(prediction, example.reference))
-            if settings.task == "output_prediction":
-                verdict = outputs_equivalent(prediction, example.reference, rel_tol=settings.rel_tol,
-                                             abs_tol=settings.abs_tol)
+                id=example.id, index=index, prediction=prediction, exact_match=exact_match(text, reference),
+                rouge_l=rouge_l(text, reference), chrf=chrf(text, reference))
+            if outputs:
+                verdict = outputs_equivalent(text, reference, rel_tol=settings.rel_tol, abs_tol=settings.abs_tol)
                 record.output_equivalent, record.equivalence_rule = verdict.equal, verdict.rule
             records.append(record)
     return records
