@@ -66,7 +66,9 @@ table.board th, table.board td { border-bottom: 1px solid #ddd; padding: 0.3rem 
 table.board th { cursor: pointer; background: #f4f4f8; user-select: none; }
 table.board th[aria-sort=ascending]::after { content: " ▲"; }
 table.board th[aria-sort=descending]::after { content: " ▼"; }
-table.board td.text, table.board th.text { text-align: left; }
+table.board td { white-space: nowrap; }
+table.board td.text, table.board th.text { text-align: left; white-space: normal; max-width: 16rem;
+                                          overflow-wrap: anywhere; }
 tr.baseline td { color: #555; font-style: italic; }
 .ci { color: #777; font-size: 0.8em; }
 code { font-size: 0.85em; }
