@@ -59,7 +59,7 @@ document.querySelectorAll("table.board").forEach(function (table) {
 """
 
 _STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 72rem;
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 90rem;
        padding: 0 1rem; color: #1d1d1f; }
 table.board { border-collapse: collapse; margin: 0.5rem 0 2rem; font-size: 0.9rem; }
 table.board th, table.board td { border-bottom: 1px solid #ddd; padding: 0.3rem 0.6rem; text-align: right; }
@@ -67,8 +67,9 @@ table.board th { cursor: pointer; background: #f4f4f8; user-select: none; }
 table.board th[aria-sort=ascending]::after { content: " ▲"; }
 table.board th[aria-sort=descending]::after { content: " ▼"; }
 table.board td { white-space: nowrap; }
-table.board td.text, table.board th.text { text-align: left; white-space: normal; max-width: 16rem;
-                                          overflow-wrap: anywhere; }
+table.board td.text, table.board th.text { text-align: left; }
+table.board td.name { white-space: normal; min-width: 10rem; max-width: 18rem; overflow-wrap: break-word; }
+div.scroll { overflow-x: auto; }
 tr.baseline td { color: #555; font-style: italic; }
 .ci { color: #777; font-size: 0.8em; }
 code { font-size: 0.85em; }
@@ -91,7 +92,7 @@ def _score_cell(value: dict | None, key: str = "mean") -> str:
 
 
 def _row_html(rank: int, row: Row, table: Table) -> str:
-    cells = [_cell(str(rank), rank), _cell(escape(row.model), row.model, "text"), _cell(escape(row.kind), row.kind,
+    cells = [_cell(str(rank), rank), _cell(escape(row.model), row.model, "text name"), _cell(escape(row.kind), row.kind,
                                                                                         "text")]
     cells += [_score_cell(row.values.get(column)) for column in table.columns]
     if table.context != "none":
@@ -109,8 +110,9 @@ def _table_html(table: Table) -> str:
     anchor = escape(f"{table.task}-{table.context}")
     return (f'<section id="{anchor}"><h2>{escape(table.task)} · context <code>{escape(table.context)}</code></h2>\n'
             f'<p>Sorted by {escape(table.lead)}; click a column header to sort by it.</p>\n'
-            f'<table class="board" data-task="{escape(table.task)}" data-context="{escape(table.context)}">'
-            f'<thead><tr>{"".join(heads)}</tr></thead>\n<tbody>\n{rows}\n</tbody></table></section>')
+            f'<div class="scroll"><table class="board" data-task="{escape(table.task)}" '
+            f'data-context="{escape(table.context)}"><thead><tr>{"".join(heads)}</tr></thead>\n<tbody>\n{rows}\n'
+            '</tbody></table></div></section>')
 
 
 def index_html(board: Board, tables: list[Table], plot_png: bytes | None) -> str:
