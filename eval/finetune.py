@@ -89,11 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _train_parser(subparsers)
     _merge_parser(subparsers)
     args = parser.parse_args(argv)
-    from themisto.training.finetune import FinetuneError
+    from themisto.errors import InputError
 
     try:
         return train(args) if args.command == "train" else merge(args)
-    except (FinetuneError, ValueError, OSError) as exc:
+    # Input errors (export folder, base model, settings) print one line; anything else is a bug with its traceback.
+    except (InputError, FileNotFoundError) as exc:
         print(f"finetune {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -19,7 +19,7 @@ import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from themisto.errors import InputError
 from themisto.generation.prompts import CONTEXT_MODES, TASKS, render_prompt, template_sha256
@@ -80,49 +80,38 @@ class ExportReport:
 # The release
 
 
-def release_content_hash(release: Path) -> str:
-    """The release's content hash as its build recorded it, or recomputed the same way from its Parquet files."""
-    from themisto.release.parquet import BUILD_FILE, content_hash, sha256_file
+@dataclass
+class _Release:
+    """The rows an export reads, exactly as a run reads its test rows (same loader, same history fields)."""
 
-    build = release / BUILD_FILE
-    if build.is_file():
-        recorded = json.loads(build.read_text(encoding="utf-8")).get("content_sha256")
-        if recorded:
-            return recorded
-    return content_hash({p.relative_to(release).as_posix(): sha256_file(p) for p in release.rglob("*.parquet")})
+    path: Path
+    content_hash: str
+    rows: dict[str, list[dict]]  # task -> rows of the split
+    trajectories: list[dict] | None  # the split's trajectories rows, when targets are verified
 
 
-def release_splits(release: Path) -> dict[str, set[str]]:
-    """The splits each config of a release declares in its card (README.md `configs:`)."""
-    from themisto.release.parquet import README, ReleaseError, split_card
+def read_release(release: Path, settings: ExportSettings) -> _Release:
+    """Each task's rows of `settings.split` through generation's loader; a missing split or snapshot is an error."""
+    from themisto.generation.release_rows import load_task_rows, read_rows, release_info
+    from themisto.release.parquet import parquet_name
 
-    card = release / README
-    if not card.is_file():
-        raise ExportError(f"{release}: not a release folder (no {README}; build one with `themisto build`)")
-    try:
-        data, _ = split_card(card.read_text(encoding="utf-8"))
-    except ReleaseError as exc:
-        raise ExportError(f"{card}: {exc}") from None
-    return {c.get("config_name"): {f.get("split") for f in c.get("data_files") or []}
-            for c in data.get("configs") or []}
-
-
-def _load(release: Path, config: str, split: str) -> list[dict]:
-    import datasets
-
-    return list(datasets.load_dataset(str(release), config, split=split))
-
-
-def _check_inputs(release: Path, settings: ExportSettings) -> None:
     if not release.is_dir():
         raise ExportError(f"{release}: no such release folder")
-    splits = release_splits(release)
-    needed = [*settings.tasks, *(["trajectories"] if settings.verify else [])]
-    for config in needed:
-        if settings.split not in splits.get(config, set()):
-            have = ", ".join(sorted(splits.get(config, set()))) or "none"
-            hint = " (verification reads it; --no-verify skips it)" if config == "trajectories" else ""
-            raise ExportError(f"{release}: config {config!r} has no `{settings.split}` split (it has: {have}){hint}")
+    for task in settings.tasks:
+        have = sorted({path.name.split("-")[0] for path in (release / task).glob("*.parquet")})
+        if have and settings.split not in have:
+            raise ExportError(f"{release}: {task} has no `{settings.split}` split (it has: {', '.join(have)})")
+    infos = {task: release_info(release, task, settings.split) for task in settings.tasks}
+    info = infos[settings.tasks[0]]
+    rows = {task: load_task_rows(infos[task], task, settings.contexts, split=settings.split)
+            for task in settings.tasks}
+    trajectories = None
+    if settings.verify:
+        if parquet_name("trajectories", settings.split) not in info.files:
+            raise ExportError(f"{release}: the trajectories config has no `{settings.split}` split, which "
+                              "verification reads (--no-verify exports without it)")
+        trajectories = read_rows(info, "trajectories", settings.split)
+    return _Release(release, info.content_hash, rows, trajectories)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -146,13 +135,6 @@ def _contexts_for(row: dict, settings: ExportSettings) -> tuple[str, ...]:
         return settings.contexts
     rng = random.Random(f"{settings.seed}/{row['id']}")
     return (rng.choice(settings.contexts),)
-
-
-def _fillable(rows: Sequence[dict], context: str, release: Path, split: str, task: str) -> None:
-    """A context mode that shows the state needs a snapshot in at least one row; a release without any cannot fill it."""
-    if context != "none" and rows and not any(row.get("state_hash_before") is not None for row in rows):
-        raise ExportError(f"{release}: context mode {context!r} shows the runtime state, and no {task}/{split} row "
-                          f"has a snapshot (state_hash_before is empty everywhere); export with --context none")
 
 
 @dataclass
@@ -180,15 +162,12 @@ def _add(collected: _Collected, row: dict, task: str, context: str, settings: Ex
                                "completion": completion})
 
 
-def collect_examples(release: Path, settings: ExportSettings,
+def collect_examples(release: _Release, settings: ExportSettings,
                      progress: Callable[[str], None] | None = None) -> _Collected:
     """Verify, render and de-duplicate the examples of every task and context mode asked for."""
-    verifier = Verifier(_load(release, "trajectories", settings.split)) if settings.verify else None
+    verifier = Verifier(release.trajectories) if release.trajectories is not None else None
     collected = _Collected()
-    for task in settings.tasks:
-        rows = _load(release, task, settings.split)
-        for context in settings.contexts:
-            _fillable(rows, context, release, settings.split, task)
+    for task, rows in release.rows.items():
         for row in rows:
             reason = verifier.problem(row, task) if verifier else None
             if reason is not None:
@@ -199,7 +178,7 @@ def collect_examples(release: Path, settings: ExportSettings,
         if progress:
             progress(f"{task}: {len(rows)} rows read")
     if not collected.examples:
-        raise ExportError(f"{release}: no example left to export from `{settings.split}` "
+        raise ExportError(f"{release.path}: no example left to export from `{settings.split}` "
                           f"({len(collected.dropped)} dropped: {_reason_summary(collected.dropped)})")
     return collected
 
@@ -236,7 +215,7 @@ def _counts(collected: _Collected, settings: ExportSettings) -> tuple[dict, dict
     return by_task_context, dropped
 
 
-def build_manifest(release: Path, settings: ExportSettings, collected: _Collected) -> dict:
+def build_manifest(release: _Release, settings: ExportSettings, collected: _Collected) -> dict:
     """The manifest: release and its hash, templates, settings, counts, dropped rows with reasons, augmentation."""
     import datasets
     import transformers
@@ -245,7 +224,7 @@ def build_manifest(release: Path, settings: ExportSettings, collected: _Collecte
     by_task_context, dropped = _counts(collected, settings)
     return {
         "format": 1,
-        "release": {"path": str(release.resolve()), "content_hash": release_content_hash(release)},
+        "release": {"path": str(release.path.resolve()), "content_hash": release.content_hash},
         "split": settings.split,
         "settings": asdict(settings),
         "templates": {t: {c: template_sha256(t, c) for c in settings.contexts} for t in settings.tasks},
@@ -289,9 +268,9 @@ def export_sft(release: str | Path, out: str | Path, settings: ExportSettings = 
     """Export `settings.split` of `release` into `out` (examples.jsonl, dataset/, manifest.json), whole or nothing."""
     release, out = Path(release), Path(out)
     _check_out(out, overwrite)
-    _check_inputs(release, settings)
-    collected = collect_examples(release, settings, progress)
-    manifest = build_manifest(release, settings, collected)
+    read = read_release(release, settings)
+    collected = collect_examples(read, settings, progress)
+    manifest = build_manifest(read, settings, collected)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private
