@@ -12,6 +12,8 @@ import re
 import tokenize
 from collections import Counter
 
+from themisto.errors import InputError
+
 BASELINES: tuple[str, ...] = ("previous-cell", "common-cell", "previous-output", "last-repr")
 _FOR_TASK: dict[str, tuple[str, ...]] = {
     "next_cell": ("previous-cell", "common-cell"),
@@ -20,12 +22,16 @@ _FOR_TASK: dict[str, tuple[str, ...]] = {
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+class BaselineError(InputError):
+    """An unknown baseline or task, or a baseline that does not apply to the task."""
+
+
 def baselines_for(task: str) -> tuple[str, ...]:
     """The baselines that make sense for one task."""
     try:
         return _FOR_TASK[task]
     except KeyError:
-        raise ValueError(f"unknown task {task!r} (expected one of {', '.join(_FOR_TASK)})") from None
+        raise BaselineError(f"unknown task {task!r} (expected one of {', '.join(_FOR_TASK)})") from None
 
 
 def _cells(row: dict) -> list[dict]:
@@ -81,9 +87,9 @@ _FUNCTIONS = {"previous-cell": previous_cell, "common-cell": common_cell, "previ
 
 
 def baseline_prediction(name: str, row: dict, task: str) -> str:
-    """One baseline's prediction for one row; a baseline that does not fit the task raises ValueError."""
+    """One baseline's prediction for one row; a baseline that does not fit the task raises BaselineError."""
     if name not in BASELINES:
-        raise ValueError(f"unknown baseline {name!r} (expected one of {', '.join(BASELINES)})")
+        raise BaselineError(f"unknown baseline {name!r} (expected one of {', '.join(BASELINES)})")
     if name not in baselines_for(task):
-        raise ValueError(f"baseline {name!r} does not apply to {task} (use one of {', '.join(baselines_for(task))})")
+        raise BaselineError(f"baseline {name!r} does not apply to {task} (use one of {', '.join(baselines_for(task))})")
     return _FUNCTIONS[name](row)
