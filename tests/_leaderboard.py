@@ -48,6 +48,15 @@ def write_run(folder: Path, release: Path, *, task: str = "next_cell", model: st
     return folder
 
 
+def baseline_run(folder: Path, release: Path, task: str, baseline: str) -> Path:
+    """A real run folder: `themisto generate`'s own code with the model-free baseline backend."""
+    from themisto.generation.runs import RunSettings, generate_run
+
+    generate_run(release, folder, RunSettings(task=task, contexts=("none", "variables"), backend="baseline",
+                                              model=baseline), progress=False)
+    return folder
+
+
 HOSTILE_MODEL = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 
 
@@ -63,8 +72,9 @@ def board_submissions(folder: Path, release: Path) -> dict[str, Path]:
                           finished="2026-12-01T02:00:00Z"),
         "earlier": write_run(folder / "earlier", release, model="org/good", finished="2026-11-30T00:00:00Z"),
         "hostile": write_run(folder / "hostile", release, model=HOSTILE_MODEL),
-        "baseline": write_run(folder / "baseline", release, model="previous-cell", backend="baseline"),
+        "baseline": baseline_run(folder / "baseline", release, "next_cell", "previous-cell"),
         "output": write_run(folder / "output", release, task="output_prediction", model="org/good"),
+        "output-baseline": baseline_run(folder / "output-baseline", release, "output_prediction", "last-repr"),
         "tampered": write_run(folder / "tampered", release, model="org/tampered", predict=lambda *a: ""),
         "missing": write_run(folder / "missing", release, model="org/missing"),
     }

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from _leaderboard import task_rows, write_run
+from _leaderboard import baseline_run, task_rows, write_run
 from themisto.leaderboard.submission import (SubmissionError, find_submissions, read_submission, release_info,
                                              submission_slug, write_submission)
 
@@ -35,6 +35,13 @@ def test_a_complete_run_is_accepted_with_every_id_once_per_context(run, release,
     assert sorted(r["id"] for r in sub.generations if r["context"] == "variables") == sorted(ids)
     assert sub.contexts == ("none", "variables") and sub.ignored == []
     assert len(sub.predictions_sha256) == 64
+
+
+@pytest.mark.parametrize("task,baseline", [("next_cell", "common-cell"), ("output_prediction", "previous-output")])
+def test_a_real_generate_run_is_a_valid_submission(tmp_path, release, small_release, task, baseline):
+    sub = read_submission(baseline_run(tmp_path / "run", small_release, task, baseline), release)
+    assert (sub.task, sub.model, sub.run["backend"], sub.ignored) == (task, baseline, "baseline", [])
+    assert len(sub.generations) == 2 * len(task_rows(small_release, task))
 
 
 def test_claimed_scores_are_ignored_and_reported(run, release, tmp_path):
