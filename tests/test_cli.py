@@ -1,7 +1,6 @@
 """The `themisto` command line: ingest on the real data, clean failures, and the workspace command."""
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -108,8 +107,6 @@ def test_help_lists_the_commands(capsys):
     assert "ingest" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("themisto.ingest.workspace") is None,
-                    reason="themisto/workspace.py (write_workspace) is written by another engineer and is absent")
 def test_workspace_command(tmp_path, capsys):
     dest = tmp_path / "ws"
     assert main(["workspace", "--task", "task2", "-o", str(dest), "--workspace-seed", "3", "--json"]) == 0

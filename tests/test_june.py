@@ -329,7 +329,8 @@ def test_table_without_the_columns_is_an_error(tmp_path):
 
 
 def test_table_written_by_pandas_reads_back(tmp_path):
-    pd = pytest.importorskip("pandas")
+    import pandas as pd
+
     raw = [_ev("execute", "c1", "x = 1", t=1), _ev("finished_execute", "c1", "x = 1", t=2, output=[]),
            _ev("kernel_restarting", "", t=3, cell_num=None)]
     frame = pd.DataFrame(_table_rows(raw, "u1"))

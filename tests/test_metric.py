@@ -50,15 +50,17 @@ def test_metric_card_examples(monkeypatch):
     assert result.attempted >= 3 and result.failed == 0
 
 
-def test_metric_gives_the_scorers_text_scores_without_network(no_network):
+def test_metric_text_scores_without_network(no_network):
     metric = evaluate.load(str(METRIC_DIR))
     predictions = ["df.groupby('a').sum()", "x = a + b", "print(df.shape)"]
     references = ["df.groupby('a').mean()", "x = a - b", "print(df.shape)"]
     results = metric.compute(predictions=predictions, references=references, return_records=True)
-    expected = sc.score(predictions, references)
-    for name in ("exact_match", "rouge_l", "chrf"):
-        assert results[name] == pytest.approx(expected.scores[name])
-    assert [r["rouge_l"] for r in results["records"]] == [p.rouge_l for p in expected.predictions]
+    assert results["exact_match"] == pytest.approx(1 / 3)
+    rouge = [r["rouge_l"] for r in results["records"]]
+    # Code-aware tokens: one changed method or operator out of several tokens costs part of the score, not all.
+    assert rouge[2] == 1.0 and 0.5 < rouge[0] < 1.0 and 0.5 < rouge[1] < 1.0
+    assert results["rouge_l"] == pytest.approx(sum(rouge) / 3)
+    assert 0 < results["chrf"] < 1 and [r["chrf"] for r in results["records"]][2] == pytest.approx(1.0)  # chrF in [0, 1]
     assert "functional_match" not in results
 
 

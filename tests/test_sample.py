@@ -161,7 +161,8 @@ def test_both_tasks_are_covered():
 
 
 def test_reader_agrees_with_the_pairing_rule():
-    june = pytest.importorskip("themisto.ingest.june")
+    from themisto.ingest import june
+
     for path in LOGS:
         runs = [r for r in _runs(_events(path)) if "restart" not in r]
         trajectory = june.read_june_log(path)

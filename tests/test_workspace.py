@@ -300,7 +300,7 @@ def test_dest_that_is_a_file_is_refused(tmp_path):
 
 
 def _run_final_notebook(path: Path, root: Path):
-    nbformat = pytest.importorskip("nbformat")
+    import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
