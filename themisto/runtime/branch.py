@@ -47,6 +47,10 @@ class BranchResult:
     workdir_changes: dict[str, list[str]] = field(default_factory=dict)  # added / deleted / modified paths
     workdir_restored: bool = True  # every workdir change was undone
     method: Literal["fork", "replay"] = "fork"
+    # The cells run after the candidate in its branch (a candidate given as a list of cells): each one's status,
+    # ename, evalue, outputs, duration_s and truncated; and content hashes of the asked names in the state they left.
+    continuation: list[dict] = field(default_factory=list)
+    continuation_state: dict[str, str] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,15 +75,44 @@ def _from_agent(raw: dict) -> BranchResult:
         added=raw.get("added") or {}, changed=raw.get("changed") or {}, deleted=raw.get("deleted") or {},
         state_hash_after=raw.get("state_hash_after"), truncated=bool(raw.get("truncated", False)),
         unverified=list(raw.get("unverified", [])), workdir_changes=changes,
-        workdir_restored=not workdir.get("unrestored"), method="fork")
+        workdir_restored=not workdir.get("unrestored"), method="fork",
+        continuation=_continuation_cells(raw.get("continuation")), continuation_state=_name_hashes(raw))
 
 
-def _fork_branches(session: Any, candidates: list[str], *, timeout_s: float, memory_bytes: int, output_bytes: int,
-                   protect_workdir: bool, delta: str) -> list[BranchResult]:
+_CELL_STATUSES = ("ok", "error", "timeout", "kernel_died")
+
+
+def _continuation_cells(raw: Any) -> list[dict]:
+    """The continuation's cell reports, each reduced to the fields the scorer reads; a malformed one becomes an
+    `error` cell (the report came from the candidate's process)."""
+    cells = []
+    for item in raw if isinstance(raw, list) else []:
+        ok = isinstance(item, dict) and item.get("status") in _CELL_STATUSES and isinstance(item.get("outputs"), list)
+        if not ok:
+            cells.append({"status": "error", "ename": "MalformedReport", "evalue": "a continuation cell's report "
+                          "was malformed", "outputs": [], "duration_s": 0.0, "truncated": False})
+            continue
+        cells.append({"status": item["status"], "ename": item.get("ename"), "evalue": item.get("evalue"),
+                      "outputs": item["outputs"], "duration_s": float(item.get("duration_s") or 0.0),
+                      "truncated": bool(item.get("truncated"))})
+    return cells
+
+
+def _name_hashes(raw: dict) -> dict[str, str] | None:
+    state = raw.get("continuation_state")
+    if not isinstance(state, dict):
+        return None
+    return {str(name): str(digest) for name, digest in state.items()}
+
+
+def _fork_branches(session: Any, candidates: list[list[str]], *, timeout_s: float, memory_bytes: int,
+                   output_bytes: int, protect_workdir: bool, delta: str,
+                   state_names: list[str] | None) -> list[BranchResult]:
     workdir = str(session.workdir) if protect_workdir else None
-    call = (f"branch({list(candidates)!r}, timeout_s={float(timeout_s)!r}, memory_bytes={int(memory_bytes)!r}, "
-            f"output_bytes={int(output_bytes)!r}, workdir={workdir!r}, delta={delta!r})")
-    budget = len(candidates) * (timeout_s + _SLACK_PER_CANDIDATE_S) + _SLACK_PER_CALL_S
+    call = (f"branch({candidates!r}, timeout_s={float(timeout_s)!r}, memory_bytes={int(memory_bytes)!r}, "
+            f"output_bytes={int(output_bytes)!r}, workdir={workdir!r}, delta={delta!r}, "
+            f"state_names={state_names!r})")
+    budget = sum(len(cells) * timeout_s + _SLACK_PER_CANDIDATE_S for cells in candidates) + _SLACK_PER_CALL_S
     try:
         answer = agent_call(session, call, timeout=budget)
     except AgentError as error:
@@ -96,8 +129,23 @@ def _replay_prefix(session: Any, prefix: list[str]) -> None:
                               "the pre-cell state cannot be rebuilt")
 
 
-def _replay_one(session: Any, index: int, code: str, prefix: list[str], *, timeout_s: float, memory_bytes: int,
-                guard: WorkdirGuard | None) -> BranchResult:
+def _replay_continuation(session: Any, cells: list[str], timeout_s: float,
+                         state_names: list[str] | None) -> tuple[list[dict], dict[str, str] | None]:
+    """The replay fallback's continuation: the cells in sequence after the candidate, then the asked names' hashes."""
+    reports = []
+    for code in cells:
+        cell = session.execute(code, timeout=timeout_s)
+        reports.append({"status": cell.status, "ename": cell.ename, "evalue": cell.evalue, "outputs": cell.outputs,
+                        "duration_s": cell.duration_s, "truncated": cell.truncated})
+        if cell.status in ("timeout", "kernel_died") or getattr(cell, "kernel_restarted", False):
+            return reports, None
+    hashes = take_snapshot(session).hashes()
+    return reports, {n: h for n, h in hashes.items() if state_names is None or n in state_names}
+
+
+def _replay_one(session: Any, index: int, cells: list[str], prefix: list[str], *, timeout_s: float,
+                memory_bytes: int, guard: WorkdirGuard | None, state_names: list[str] | None) -> BranchResult:
+    code = cells[0]
     _replay_prefix(session, prefix)
     before = take_snapshot(session)
     if guard is not None:
@@ -115,6 +163,9 @@ def _replay_one(session: Any, index: int, code: str, prefix: list[str], *, timeo
         result.changed = {n: h for n, h in post.items() if n in pre and pre[n] != h}
         result.deleted = {n: h for n, h in pre.items() if n not in post}
         result.state_hash_after = after.state_hash
+        if len(cells) > 1 and result.status != "timeout":
+            result.continuation, result.continuation_state = _replay_continuation(session, cells[1:], timeout_s,
+                                                                                  state_names)
     if guard is not None:
         changes = guard.check_and_restore()
         result.workdir_changes = {key: changes[key] for key in ("added", "deleted", "modified") if changes[key]}
@@ -122,12 +173,12 @@ def _replay_one(session: Any, index: int, code: str, prefix: list[str], *, timeo
     return result
 
 
-def _replay_branches(session: Any, candidates: list[str], prefix: list[str], *, timeout_s: float,
-                     memory_bytes: int, protect_workdir: bool) -> list[BranchResult]:
+def _replay_branches(session: Any, candidates: list[list[str]], prefix: list[str], *, timeout_s: float,
+                     memory_bytes: int, protect_workdir: bool, state_names: list[str] | None) -> list[BranchResult]:
     guard = WorkdirGuard(str(session.workdir)) if protect_workdir else None
     try:
-        results = [_replay_one(session, index, code, prefix, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                               guard=guard) for index, code in enumerate(candidates)]
+        results = [_replay_one(session, index, cells, prefix, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                               guard=guard, state_names=state_names) for index, cells in enumerate(candidates)]
     finally:
         if guard is not None:
             guard.close()
@@ -140,16 +191,23 @@ def fork_available() -> bool:
     return hasattr(os, "fork") and hasattr(os, "memfd_create")
 
 
-def run_branches(session: Any, candidates: list[str], *, timeout_s: float = 30.0, memory_bytes: int = 2**30,
+def run_branches(session: Any, candidates: list, *, timeout_s: float = 30.0, memory_bytes: int = 2**30,
                  output_bytes: int = 2**20, prefix: list[str] | None = None, use_fork: bool | None = None,
-                 protect_workdir: bool = True, delta: Literal["hash", "identity"] = "hash") -> list[BranchResult]:
+                 protect_workdir: bool = True, delta: Literal["hash", "identity"] = "hash",
+                 state_names: list[str] | None = None) -> list[BranchResult]:
     """Run each candidate cell in the session's current state and return one BranchResult per candidate.
 
+    A candidate given as a list of cells runs them in sequence in its branch: the first is the candidate (its
+    outputs and delta are the result's), the rest its continuation (`continuation`, and the hashes of
+    `state_names` — every user variable when None — in `continuation_state`); each cell gets `timeout_s`.
     `use_fork=None` forks where possible and replays otherwise; the replay fallback needs `prefix`, the cells that
     rebuild the state. `delta="identity"` trusts large objects that kept their identity and structure instead of
     rehashing them (much faster with big DataFrames; such names are listed in `unverified`).
     """
-    candidates = list(candidates)
+    candidates = [[c] if isinstance(c, str) else [str(cell) for cell in c] for c in candidates]
+    if any(not cells for cells in candidates):
+        raise ValueError("a candidate given as a list needs at least one cell")
+    state_names = None if state_names is None else sorted(str(n) for n in state_names)
     if not candidates:
         return []
     if delta not in ("hash", "identity"):
@@ -158,9 +216,10 @@ def run_branches(session: Any, candidates: list[str], *, timeout_s: float = 30.0
         use_fork = fork_available()
     if use_fork:
         return _fork_branches(session, candidates, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                              output_bytes=output_bytes, protect_workdir=protect_workdir, delta=delta)
+                              output_bytes=output_bytes, protect_workdir=protect_workdir, delta=delta,
+                              state_names=state_names)
     if prefix is None:
         raise BranchError("the replay fallback needs `prefix`: the cells that rebuild the pre-cell state")
     return _replay_branches(session, candidates, list(prefix), timeout_s=timeout_s, memory_bytes=memory_bytes,
-                            protect_workdir=protect_workdir)
+                            protect_workdir=protect_workdir, state_names=state_names)
 

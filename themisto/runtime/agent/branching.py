@@ -56,6 +56,8 @@ class _BranchPlan:
     pre_ids: dict[str, int]
     pre_prints: dict[str, Any]
     random_state: Any
+    # After a continuation (cells run after the candidate), hash only these names (None: every user variable).
+    state_names: frozenset[str] | None = None
 
 
 def _fingerprint(value: Any) -> Any:
@@ -122,8 +124,77 @@ def _send(fd: int, kind: bytes, payload: bytes) -> None:
         view = view[written:]
 
 
-def _unsafe_run_candidate(shell: Any, code: str, plan: _BranchPlan, wfd: int) -> None:
-    """The one place a candidate runs: in the grandchild, under its own memory cap and timer. Never returns."""
+def _run_cell(shell: Any, code: str, plan: _BranchPlan, fd_out: dict[int, int], timed_out: list[bool]) -> dict:
+    """Run one cell in the child under its own timer, outputs captured; its status, outputs, time and truncation."""
+    recorder = _Recorder(plan.output_bytes)
+    _install_capture(shell, recorder)
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        timed_out[0] = True
+        raise _BranchTimeout(f"the cell ran past its {plan.timeout_s:g} s timeout")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    # IPython decides whether to show the last expression by tokenizing the newest history entry; without
+    # history that is the previous cell, and one with a SyntaxError makes every candidate fail (TokenError).
+    # This is the child's own copy of the history, so the kernel's stays as it was.
+    history = getattr(shell, "history_manager", None)
+    if history is not None:
+        history.input_hist_raw.append(code)
+        history.input_hist_parsed.append(code)
+    started = time.perf_counter()
+    signal.setitimer(signal.ITIMER_REAL, plan.timeout_s)
+    try:
+        run = shell.run_cell(code, store_history=False, silent=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    duration = time.perf_counter() - started
+    try:
+        ctypes.CDLL(None).fflush(None)  # C-level stdio buffers would die with os._exit
+    except (OSError, AttributeError):
+        pass
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        recorder.stream(name, _read_fd_output(fd_out[fd], plan.output_bytes))
+        os.ftruncate(fd_out[fd], 0)  # the next cell of a continuation starts with empty fd output
+        os.lseek(fd_out[fd], 0, os.SEEK_SET)
+    error = run.error_before_exec or run.error_in_exec
+    if timed_out[0] or isinstance(error, _BranchTimeout):
+        recorder.outputs = [o for o in recorder.outputs if o.get("ename") != "_BranchTimeout"]
+        result = {"status": "timeout", "ename": "CellTimeout",
+                  "evalue": f"the cell ran past its {plan.timeout_s:g} s timeout"}
+    elif error is not None:
+        result = {"status": "error", "ename": type(error).__name__, "evalue": str(error)}
+    else:
+        result = {"status": "ok", "ename": None, "evalue": None}
+    result["duration_s"] = duration
+    result["truncated"] = recorder.truncated
+    result["outputs"] = recorder.finish()
+    return result
+
+
+def _run_continuation(shell: Any, cells: list[str], plan: _BranchPlan, fd_out: dict[int, int],
+                      timed_out: list[bool]) -> tuple[list[dict], dict[str, str]]:
+    """Run the cells the developer ran next, one after the other, after the candidate; each one's report, and the
+    content hashes of `plan.state_names` (all user variables when None) in the state they leave."""
+    reports: list[dict] = []
+    for code in cells:
+        try:
+            report = _run_cell(shell, code, plan, fd_out, timed_out)
+        except BaseException as error:  # noqa: BLE001 - reported as this cell's failure; the candidate's report stands
+            report = {"status": "timeout" if timed_out[0] else "error", "outputs": [], "duration_s": 0.0,
+                      "ename": "CellTimeout" if timed_out[0] else "BranchAgentError",
+                      "evalue": f"{type(error).__name__}: {error}"[:1000], "truncated": False}
+        reports.append(report)
+        if report["status"] == "timeout":
+            break  # the state is cut mid-cell: the cells after it would only measure the cut
+    names = plan.state_names
+    state = {name: _CACHE.kept_hash(value) or content_hash(value) for name, value in user_variables(shell).items()
+             if names is None or name in names}
+    return reports, state
+
+
+def _unsafe_run_candidate(shell: Any, cells: list[str], plan: _BranchPlan, wfd: int) -> None:
+    """The one place a candidate runs: in the grandchild, under its own memory cap and timer, followed by its
+    continuation cells (`cells[1:]`) when given. Never returns."""
     result: dict[str, Any] = {"status": "error", "ename": "BranchAgentError", "evalue": "the child failed to start"}
     timed_out = [False]
     try:
@@ -131,56 +202,20 @@ def _unsafe_run_candidate(shell: Any, code: str, plan: _BranchPlan, wfd: int) ->
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         random.setstate(plan.random_state)  # `random` reseeds itself after fork; the branch must see the parent's
-        recorder = _Recorder(plan.output_bytes)
         fd_out = {1: os.memfd_create("themisto-stdout"), 2: os.memfd_create("themisto-stderr")}
         for target, source in fd_out.items():
             os.dup2(source, target)  # fd-level output must not reach the kernel's capture pipe (it would leak)
-        _install_capture(shell, recorder)
         import resource
 
         limit, _ = _data_limit(plan.memory_bytes)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-        def on_alarm(signum: int, frame: Any) -> None:
-            timed_out[0] = True
-            raise _BranchTimeout(f"the cell ran past its {plan.timeout_s:g} s timeout")
-
-        signal.signal(signal.SIGALRM, on_alarm)
-        started = time.perf_counter()
-        signal.setitimer(signal.ITIMER_REAL, plan.timeout_s)
-        # IPython decides whether to show the last expression by tokenizing the newest history entry; without
-        # history that is the previous cell, and one with a SyntaxError makes every candidate fail (TokenError).
-        # This is the child's own copy of the history, so the kernel's stays as it was.
-        history = getattr(shell, "history_manager", None)
-        if history is not None:
-            history.input_hist_raw.append(code)
-            history.input_hist_parsed.append(code)
-        try:
-            run = shell.run_cell(code, store_history=False, silent=False)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        duration = time.perf_counter() - started
-        try:
-            ctypes.CDLL(None).fflush(None)  # C-level stdio buffers would die with os._exit
-        except (OSError, AttributeError):
-            pass
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            recorder.stream(name, _read_fd_output(fd_out[fd], plan.output_bytes))
-        error = run.error_before_exec or run.error_in_exec
-        if timed_out[0] or isinstance(error, _BranchTimeout):
-            recorder.outputs = [o for o in recorder.outputs if o.get("ename") != "_BranchTimeout"]
-            result = {"status": "timeout", "ename": "CellTimeout",
-                      "evalue": f"the cell ran past its {plan.timeout_s:g} s timeout"}
-        elif error is not None:
-            result = {"status": "error", "ename": type(error).__name__, "evalue": str(error)}
-        else:
-            result = {"status": "ok", "ename": None, "evalue": None}
-        result["duration_s"] = duration
-        result["truncated"] = recorder.truncated
-        result["outputs"] = recorder.finish()
+        result = _run_cell(shell, cells[0], plan, fd_out, timed_out)
         hashing = time.perf_counter()
         result.update(_delta(shell, plan))
         result["delta_s"] = time.perf_counter() - hashing
+        if len(cells) > 1 and not timed_out[0]:
+            result["continuation"], result["continuation_state"] = _run_continuation(shell, cells[1:], plan,
+                                                                                     fd_out, timed_out)
     except BaseException as error:  # noqa: BLE001 - the child reports whatever happened, then always exits
         result.setdefault("outputs", [])
         result.update({"status": "timeout" if timed_out[0] else "error",
@@ -193,7 +228,7 @@ def _unsafe_run_candidate(shell: Any, code: str, plan: _BranchPlan, wfd: int) ->
             os._exit(0)
 
 
-def _monitor(shell: Any, code: str, plan: _BranchPlan, wfd: int) -> None:
+def _monitor(shell: Any, cells: list[str], plan: _BranchPlan, wfd: int) -> None:
     """The kernel's child: a new session, the subreaper of the candidate's processes, and their reaper. Never returns.
 
     The candidate runs one level further down, so `os.kill(os.getppid(), 9)` in it hits this monitor, not the kernel.
@@ -207,7 +242,7 @@ def _monitor(shell: Any, code: str, plan: _BranchPlan, wfd: int) -> None:
             pass
         child = os.fork()
         if child == 0:
-            _unsafe_run_candidate(shell, code, plan, wfd)
+            _unsafe_run_candidate(shell, cells, plan, wfd)
         try:
             os.setpgid(child, child)
         except OSError:
@@ -281,17 +316,17 @@ def _wait_monitor(pid: int, until: float) -> int | None:
         time.sleep(0.002)
 
 
-def _run_one(shell: Any, code: str, plan: _BranchPlan, index: int) -> dict:
+def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dict:
     """Fork the monitor, collect the candidate's report until its deadline, then kill and reap everything."""
     rfd, wfd = os.pipe()
     started = time.monotonic()
-    deadline = started + plan.timeout_s + _GRACE_S
+    deadline = started + plan.timeout_s * len(cells) + _GRACE_S
     gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
     try:
         monitor = os.fork()
         if monitor == 0:
             os.close(rfd)
-            _monitor(shell, code, plan, wfd)
+            _monitor(shell, cells, plan, wfd)
     finally:
         gc.unfreeze()
     os.close(wfd)
@@ -388,12 +423,15 @@ def _death_reason(monitor_status: int | None) -> str:
     return f"the branch process exited with status {code} without a result"
 
 
-def branch(codes: list[str], timeout_s: float = 30.0, memory_bytes: int = 2**30, output_bytes: int = 2**20,
-           workdir: str | None = None, delta: str = "hash", shell: Any = None) -> str:
+def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, output_bytes: int = 2**20,
+           workdir: str | None = None, delta: str = "hash", shell: Any = None,
+           state_names: list[str] | None = None) -> str:
     """Run each candidate in a forked child of this kernel, in the exact current state; JSON list of results.
 
-    The kernel's own state is not changed: each candidate gets a fresh copy-on-write fork. Files under `workdir`
-    that a candidate added, changed or deleted are restored after it, and reported.
+    A candidate is a cell, or a list of cells run in sequence in one child (the candidate, then its continuation;
+    `state_names` picks the names hashed after the continuation). The kernel's own state is not changed: each
+    candidate gets a fresh copy-on-write fork. Files under `workdir` that a candidate added, changed or deleted are
+    restored after it, and reported.
     """
     if not hasattr(os, "fork"):
         raise OSError("os.fork is not available on this platform; use the replay fallback")
@@ -407,7 +445,7 @@ def branch(codes: list[str], timeout_s: float = 30.0, memory_bytes: int = 2**30,
         timeout_s=float(timeout_s), memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), delta=delta,
         pre_hashes=pre_hashes, pre_ids={name: id(value) for name, value in variables.items()},
         pre_prints={name: _fingerprint(value) for name, value in variables.items()} if delta == "identity" else {},
-        random_state=random.getstate())
+        random_state=random.getstate(), state_names=None if state_names is None else frozenset(state_names))
     del variables
     guard = None
     if workdir is not None:
@@ -417,7 +455,7 @@ def branch(codes: list[str], timeout_s: float = 30.0, memory_bytes: int = 2**30,
     prepared = time.perf_counter() - started
     results = []
     for index, code in enumerate(codes):
-        result = _run_one(shell, code, plan, index)
+        result = _run_one(shell, [code] if isinstance(code, str) else list(code), plan, index)
         if guard is not None:
             result["workdir"] = guard.check_and_restore()
         results.append(result)
