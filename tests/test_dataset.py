@@ -15,18 +15,10 @@ from huggingface_hub import DatasetCard
 from test_tasks import make_steps, rows_of
 
 from themisto.cli import main
-from themisto.release.parquet import (
-    BUILD_FILE,
-    CARD_TEMPLATE,
-    ReleaseError,
-    build_release,
-    check_release,
-    parquet_name,
-    push_release,
-    schema_module,
-    split_card,
-    upload_plan,
-)
+from themisto.release.card import split_card
+from themisto.release.check import check_release
+from themisto.release.parquet import BUILD_FILE, CARD_TEMPLATE, ReleaseError, build_release, parquet_name, schema_module
+from themisto.release.push import push_release, upload_plan
 from themisto.release.tasks import TaskSettings
 
 # themisto_dataset.py lies at the repository root, which is not on sys.path under every test runner.
@@ -204,7 +196,7 @@ class FakeHubApi_for_tests:
 def test_push_creates_the_dataset_repo_and_uploads_the_checked_files(release):
     out, report = release
     plan = upload_plan(out, "someone/themisto-sample", private=True)
-    assert set(plan.files) == {"README.md", BUILD_FILE, *report.files}
+    assert set(plan.files) == {"README.md", "eval.yaml", BUILD_FILE, *report.files}
     assert plan.commit_message.endswith(report.content_sha256[:12])
     api = FakeHubApi_for_tests()
     assert push_release(plan, api) == "commit-1"
@@ -280,7 +272,7 @@ def test_cli_build_replays_a_notebook_in_a_real_kernel_and_the_release_loads(tmp
 
 
 def test_size_category_follows_the_hub_buckets():
-    from themisto.release.parquet import size_category
+    from themisto.release.card import size_category
 
     assert [size_category(n) for n in (0, 999, 1000, 54_321, 2_000_000)] == [
         "n<1K", "n<1K", "1K<n<10K", "10K<n<100K", "1M<n<10M"]

@@ -312,7 +312,7 @@ def _add_build(subparsers: argparse._SubParsersAction) -> None:
 
 def check_command(args: argparse.Namespace) -> int:
     """Check a release folder: configs, splits, files, schema vs the declared Features; exit 1 on a problem."""
-    from themisto.release.parquet import check_release
+    from themisto.release.check import check_release
 
     report = check_release(args.folder)
     if args.json:
@@ -337,7 +337,7 @@ def push_command(args: argparse.Namespace) -> int:
     """Upload a checked release folder to a Hub dataset repository (huggingface_hub; needs network and a token)."""
     from dataclasses import asdict
 
-    from themisto.release.parquet import push_release, upload_plan
+    from themisto.release.push import push_release, upload_plan
 
     plan = upload_plan(args.folder, args.repo_id, private=args.private, revision=args.revision,
                        commit_message=args.message)

@@ -26,7 +26,8 @@ class Release:
 def _parquet_rows(folder: Path, config: str) -> list[dict]:
     import pyarrow.parquet as pq
 
-    from themisto.release.parquet import README, split_card
+    from themisto.release.card import split_card
+    from themisto.release.parquet import README
 
     card = folder / README
     if not card.is_file():

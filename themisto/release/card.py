@@ -1,0 +1,124 @@
+"""The release card: README.md rendered from the dataset_card.md template, with the YAML front matter that makes a
+release folder load with no script.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from themisto.release.tasks import RULES
+from themisto.release.parquet import CARD_TEMPLATE, BuildReport, ReleaseError, parquet_name, schema_module
+
+PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n", re.S)
+
+
+
+def split_card(text: str) -> tuple[dict, str]:
+    """The card's YAML header (as a dict) and its body; a card without a header is an error."""
+    import yaml
+
+    match = FRONT_MATTER.match(text)
+    if not match:
+        raise ReleaseError("the card has no YAML header between '---' lines")
+    data = yaml.safe_load(match.group(1)) or {}
+    if not isinstance(data, dict):
+        raise ReleaseError("the card's YAML header is not a mapping")
+    return data, text[match.end():]
+
+
+def card_yaml(data: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
+
+
+def _sizes_table(report: BuildReport) -> str:
+    lines = ["| config | test | train |", "| --- | ---: | ---: |"]
+    for config, splits in report.sizes.items():
+        lines.append(f"| `{config}` | {splits.get('test', 0):,} | {splits.get('train', 0):,} |")
+    return "\n".join(lines)
+
+
+def _rules_table(report: BuildReport) -> str:
+    lines = ["| rule | next_cell removed | output_prediction removed |", "| --- | ---: | ---: |"]
+    for rule, sentence in RULES.items():
+        counts = [report.tasks.get(t, {}).get("removed", {}).get(rule, 0) for t in ("next_cell", "output_prediction")]
+        lines.append(f"| {sentence} | {counts[0]:,} | {counts[1]:,} |")
+    cands = [report.tasks.get(t, {}).get("candidates", 0) for t in ("next_cell", "output_prediction")]
+    lines.append(f"| (candidate targets before the rules) | {cands[0]:,} | {cands[1]:,} |")
+    return "\n".join(lines)
+
+
+def _settings_list(report: BuildReport) -> str:
+    return "\n".join(f"- `{key}`: `{json.dumps(value)}`" for key, value in sorted(report.settings.items()))
+
+
+def _source_text(source: dict) -> str:
+    lines = [f"- kind: `{source.get('kind', 'unknown')}`"]
+    for item in source.get("inputs", []):
+        lines.append(f"- input `{item.get('name')}` (sha256 `{item.get('sha256', '?')}`)")
+    for key, value in sorted(source.items()):
+        if key not in ("kind", "inputs"):
+            lines.append(f"- {key}: `{json.dumps(value, sort_keys=True)}`")
+    return "\n".join(lines)
+
+
+def size_category(rows: int) -> str:
+    """The Hub's size bucket for a number of rows (`n<1K`, `1K<n<10K`, ...).
+
+    >>> [size_category(n) for n in (999, 1000, 54_321, 2_000_000)]
+    ['n<1K', '1K<n<10K', '10K<n<100K', '1M<n<10M']
+    """
+    for name, upper in _SIZE_BUCKETS:
+        if rows < upper:
+            return name
+    return "n>1B"
+
+
+_SIZE_BUCKETS = (("n<1K", 10**3), ("1K<n<10K", 10**4), ("10K<n<100K", 10**5), ("100K<n<1M", 10**6),
+                 ("1M<n<10M", 10**7), ("10M<n<100M", 10**8), ("100M<n<1B", 10**9))
+
+
+def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[str, int]], folder: Path) -> str:
+    """The release README: the template's YAML with this build's configs and sizes, the body's {{…}} filled."""
+    schema = schema_module()
+    data, body = split_card(template)
+    configs, infos = [], []
+    for config in schema.CONFIGS:
+        splits = [s for s in schema.SPLITS if report.sizes[config].get(s)]
+        configs.append({"config_name": config,
+                        "data_files": [{"split": s, "path": parquet_name(config, s)} for s in splits]})
+        if config == schema.DEFAULT_CONFIG:
+            configs[-1]["default"] = True
+        download = sum((folder / parquet_name(config, s)).stat().st_size for s in splits)
+        infos.append({
+            "config_name": config,
+            "features": schema.features_yaml(config),
+            "splits": [{"name": s, "num_bytes": num_bytes[config][s], "num_examples": report.sizes[config][s]}
+                       for s in splits],
+            "download_size": download,
+            "dataset_size": sum(num_bytes[config][s] for s in splits),
+        })
+    data["configs"] = configs
+    data["dataset_info"] = infos
+    data["size_categories"] = [size_category(max(sum(splits.values()) for splits in report.sizes.values()))]
+    if report.source.get("kind") != "shipped-sample":
+        # The sample is authored by the project (MIT); the JuNE logs' redistribution terms are not stated.
+        data["license"] = "other"
+        data["license_name"] = "unclear-june-logs"
+    values = {
+        "sizes_table": _sizes_table(report),
+        "rules_table": _rules_table(report),
+        "build_settings": _settings_list(report),
+        "source": _source_text(report.source),
+        "content_sha256": report.content_sha256,
+        "notes": "\n".join(f"- {n}" for n in report.notes) or "- none",
+    }
+    unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(body)} - set(values))
+    if unknown:
+        raise ReleaseError(f"{CARD_TEMPLATE}: unknown placeholder(s) {unknown} (known: {sorted(values)})")
+    body = PLACEHOLDER.sub(lambda m: values[m.group(1)], body)
+    return f"---\n{card_yaml(data)}---\n{body}"

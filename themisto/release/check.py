@@ -1,0 +1,150 @@
+"""Checks of a release folder before anyone trains on it: configs, splits and files, the schema against the declared
+Features, eval.yaml, and trajectories that leak between splits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from themisto.release.card import split_card
+from themisto.release.parquet import BUILD_FILE, README, ReleaseError, schema_module, sha256_file
+
+
+@dataclass
+class CheckReport:
+    """Problems found in a release folder (empty when it is sound) and the rows per config and split."""
+
+    folder: Path
+    problems: list[str] = field(default_factory=list)
+    sizes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"folder": str(self.folder), "ok": self.ok, "problems": self.problems, "sizes": self.sizes}
+
+
+def _schema_diff(actual, expected) -> list[str]:
+    diffs = []
+    names_a, names_e = actual.names, expected.names
+    for name in names_e:
+        if name not in names_a:
+            diffs.append(f"column {name!r} is missing")
+        elif not actual.field(name).type.equals(expected.field(name).type):
+            diffs.append(f"column {name!r} is {actual.field(name).type}, declared {expected.field(name).type}")
+    diffs += [f"column {name!r} is not declared" for name in names_a if name not in names_e]
+    if not diffs and names_a != names_e:
+        diffs.append(f"columns are in another order than declared ({names_a})")
+    return diffs
+
+
+def check_release(folder: str | Path) -> CheckReport:
+    """Report a missing config or split, a missing file, a schema or size mismatch, or a changed file."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    report = CheckReport(folder)
+    problems = report.problems
+    readme = folder / README
+    if not readme.is_file():
+        problems.append(f"{readme}: missing (the card declares the configs)")
+        return report
+    try:
+        data, _ = split_card(readme.read_text(encoding="utf-8"))
+    except (ReleaseError, ValueError) as exc:
+        problems.append(f"{readme}: {exc}")
+        return report
+    schema = schema_module()
+    declared = {c.get("config_name"): c for c in data.get("configs") or []}
+    infos = {i.get("config_name"): i for i in data.get("dataset_info") or []}
+    recorded = {}
+    kernels: dict[str, dict[str, set[str]]] = {}
+    if (folder / BUILD_FILE).is_file():
+        recorded = json.loads((folder / BUILD_FILE).read_text(encoding="utf-8")).get("files", {})
+    for config in schema.CONFIGS:
+        if config not in declared:
+            problems.append(f"{readme}: config {config!r} is missing from `configs:`")
+            continue
+        expected = schema.features_for(config)
+        info = infos.get(config)
+        if info is None:
+            problems.append(f"{readme}: config {config!r} has no `dataset_info` entry")
+        elif datasets.Features._from_yaml_list(info.get("features") or []) != expected:
+            problems.append(f"{readme}: the `dataset_info` features of {config!r} differ from themisto_dataset.py")
+        expected_rows = {s["name"]: s.get("num_examples") for s in (info or {}).get("splits") or []}
+        files = {f.get("split"): f.get("path") for f in declared[config].get("data_files") or []}
+        if "test" not in files:
+            problems.append(f"{readme}: config {config!r} declares no `test` split")
+        for split, pattern in files.items():
+            matches = sorted(folder.glob(pattern)) if pattern else []
+            if not matches:
+                problems.append(f"{config}/{split}: no file matches {pattern!r}")
+                continue
+            rows = 0
+            for path in matches:
+                rel = path.relative_to(folder).as_posix()
+                try:
+                    meta = pq.ParquetFile(path)
+                except (OSError, ValueError) as exc:
+                    problems.append(f"{rel}: not a readable Parquet file ({exc})")
+                    continue
+                rows += meta.metadata.num_rows
+                for diff in _schema_diff(meta.schema_arrow, expected.arrow_schema):
+                    problems.append(f"{rel}: schema mismatch: {diff}")
+                if rel in recorded and recorded[rel] != sha256_file(path):
+                    problems.append(f"{rel}: sha256 differs from {BUILD_FILE} (changed after the build)")
+            report.sizes.setdefault(config, {})[split] = rows
+            if split in expected_rows and expected_rows[split] != rows:
+                problems.append(f"{config}/{split}: {rows} rows, the card says {expected_rows[split]}")
+            kernels.setdefault(config, {})[split] = _kernel_ids(matches)
+    problems += _split_problems(kernels)
+    problems += _eval_yaml_problems(folder, report.sizes)
+    return report
+
+
+def _eval_yaml_problems(folder: Path, sizes: dict[str, dict[str, int]]) -> list[str]:
+    """eval.yaml (when present) follows the Hub's schema and declares only configs with a `test` split."""
+    from themisto.release.eval_yaml import EVAL_FILE, EvalYamlError, read_eval_yaml
+
+    if not (folder / EVAL_FILE).is_file():
+        return []  # releases built before eval.yaml existed
+    try:
+        tasks = read_eval_yaml(folder)["tasks"]
+    except EvalYamlError as exc:
+        return [str(exc)]
+    return [f"{EVAL_FILE}: task {t['id']!r} names {t['config']}/{t['split']}, which the release does not have"
+            for t in tasks if not sizes.get(t["config"], {}).get(t["split"])]
+
+
+def _kernel_ids(paths: list[Path]) -> set[str]:
+    import pyarrow.parquet as pq
+
+    ids: set[str] = set()
+    for path in paths:
+        try:
+            ids.update(pq.read_table(path, columns=["kernel_id"]).column("kernel_id").to_pylist())
+        except (OSError, ValueError, KeyError):
+            pass  # an unreadable file or a missing column is reported by the schema check
+    return ids
+
+
+def _split_problems(kernels: dict[str, dict[str, set[str]]]) -> list[str]:
+    """A trajectory in both splits, or a task row whose trajectory is not in the same split of `trajectories`."""
+    problems = []
+    steps = kernels.get("trajectories", {})
+    both = sorted(steps.get("test", set()) & steps.get("train", set()))
+    if both:
+        problems.append(f"trajectories {both[:3]} are in both `test` and `train`")
+    for config, splits in kernels.items():
+        if config == "trajectories" or not steps:
+            continue
+        for split, ids in splits.items():
+            orphans = sorted(ids - steps.get(split, set()))
+            if orphans:
+                problems.append(f"{config}/{split}: trajectories {orphans[:3]} are not in trajectories/{split}")
+    return problems
