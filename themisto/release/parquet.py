@@ -1,8 +1,8 @@
 """Write a Themisto release: Parquet per config and split, a README.md card (`card`), a build report.
 
 The schema comes from `themisto_dataset.py` and the card from `dataset_card.md` (both at the repository root).
-`check` checks a release folder and `push` uploads it. A release folder loads with `datasets.load_dataset(folder, config)` offline, because the card's YAML lists
-each config's data files. Same rows and settings give byte-identical Parquet files (no timestamps are written).
+`check` checks a release folder and `push` uploads it. A release folder loads with
+`datasets.load_dataset(folder, config)` offline, because the card's YAML lists each config's data files. Same rows and settings give byte-identical Parquet files (no timestamps are written).
 """
 
 from __future__ import annotations
