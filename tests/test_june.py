@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from themisto.ingest.june import JuneFormatError, read_june_log, read_june_logs, read_june_table
+from themisto.ingest.june import JuneFormatError, read_june_log, read_june_logs
+from themisto.ingest.june_table import read_june_table
 from themisto.ingest.june_format import decode_log_line, encode_log_line
 from themisto.ingest.trajectory import anonymize
 

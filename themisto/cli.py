@@ -65,7 +65,8 @@ def _print_summary(traj_id: str, summary: dict) -> None:
 
 def read_trajectories(paths: Sequence[str], *, skip_bad_lines: bool = False) -> list:
     """Read every input (.log, JuNE table .csv, .ipynb, or directories of them) into trajectories, ids unique."""
-    from themisto.ingest.june import read_june_logs, read_june_table
+    from themisto.ingest.june import read_june_logs
+    from themisto.ingest.june_table import read_june_table
     from themisto.ingest.notebook import read_notebook
 
     inputs = _ingest_inputs(paths)

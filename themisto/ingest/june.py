@@ -34,22 +34,16 @@ them "<unknown>") and 220 = 180 + 40 (task 2, one with code "").
 
 from __future__ import annotations
 
-import csv
 import json
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from themisto.errors import InputError
 from themisto.ingest.june_format import LogLineError, decode_log_line
 from themisto.ingest.trajectory import Execution, KernelEvent, OutputSummary, Trajectory, anonymize, task_of
 
-TABLE_COLUMNS: tuple[str, ...] = (
-    "action_id", "time", "session_id", "kernel_id", "notebook_name", "event", "cell_index", "cell_num",
-    "cell_type", "cell_source", "cell_output", "user_id",
-)
 KERNEL_EVENTS: dict[str, str] = {"kernel_restarting": "restart", "kernel_interrupting": "interrupt"}
 # Events the extension logs that never are executions; counted under their own name.
 NON_EXECUTION_EVENTS: frozenset[str] = frozenset(
@@ -85,7 +79,7 @@ def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def _event_from_record(record: dict) -> JuneEvent:
+def event_from_record(record: dict) -> JuneEvent:
     """Validate one raw record (log line or table row); raise ValueError saying what was expected."""
     for key in ("time", "kernel_id", "event"):
         if not _text(record.get(key)):
@@ -261,7 +255,7 @@ def trajectory_from_events(
     return traj
 
 
-def _group_by_kernel(
+def group_by_kernel(
     events: Iterable[JuneEvent], bad_lines: dict[str, int], *, source: str
 ) -> list[Trajectory]:
     groups: dict[str, list[JuneEvent]] = {}
@@ -297,7 +291,7 @@ def _read_log_events(path: Path, *, skip_bad_lines: bool) -> _FileEvents:
         if not raw.strip():
             continue
         try:
-            event = _event_from_record(decode_log_line(_decode_line(raw)))
+            event = event_from_record(decode_log_line(_decode_line(raw)))
         except (LogLineError, ValueError) as exc:
             if not skip_bad_lines:
                 raise JuneFormatError(f"{path}:{lineno}: {exc}") from exc
@@ -340,7 +334,7 @@ def read_june_logs(paths: Iterable[str | Path], *, skip_bad_lines: bool = False)
         bad.update(read.bad_lines)
     # A stable sort keeps the file order of events logged in the same millisecond (finished, then its error).
     events.sort(key=lambda ev: ev.time)
-    return _group_by_kernel(events, dict(bad), source="june-log")
+    return group_by_kernel(events, dict(bad), source="june-log")
 
 
 def read_june_log(path: str | Path, *, skip_bad_lines: bool = False) -> Trajectory:
@@ -359,91 +353,3 @@ def read_june_log(path: str | Path, *, skip_bad_lines: bool = False) -> Trajecto
                 "(expected one kernel per file; read_june_logs groups several)"
             )
     return trajectory_from_events(read.events, source="june-log", bad_lines=read.bad_lines.get(first.kernel_id, 0))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The JuNE table (dataset.csv)
-
-
-def _iter_table_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
-    """Yield (line, row dict) or (line, error) for each CSV record; the header is checked here."""
-    data = path.read_bytes()
-    if not data.strip():
-        raise JuneFormatError(f"{path}:1: empty file, expected a CSV header with {', '.join(TABLE_COLUMNS)}")
-    # surrogateescape keeps bad bytes visible per record, so one bad row does not condemn the whole file.
-    text = data.decode("utf-8", errors="surrogateescape")
-    # save_notebook rows hold whole notebooks: far beyond csv's default 128 KiB field limit.
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    reader = csv.reader(text.splitlines(keepends=True))
-    try:
-        header = next(reader)
-    except csv.Error as exc:
-        raise JuneFormatError(f"{path}:1: expected a CSV header ({exc})") from exc
-    missing = [c for c in TABLE_COLUMNS if c not in header and c != "user_id"]
-    if missing:
-        raise JuneFormatError(f"{path}:1: expected the columns {', '.join(missing)} in the CSV header")
-    start = reader.line_num + 1
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            yield start, ValueError(f"expected a CSV record ({exc})")
-            start = reader.line_num + 1
-            continue
-        line, start = start, reader.line_num + 1
-        if not row or all(not cell for cell in row):
-            continue
-        if len(row) != len(header):
-            yield line, ValueError(f"expected {len(header)} fields, got {len(row)}")
-            continue
-        bad = next((cell for cell in row if any("\udc80" <= ch <= "\udcff" for ch in cell)), None)
-        if bad is not None:
-            yield line, ValueError("expected UTF-8 text, found undecodable bytes")
-            continue
-        yield line, dict(zip(header, row))
-
-
-def _action_number(value: str | None) -> float:
-    if value is None or value == "":
-        return float("inf")  # rows without an id sort after those with one at the same time
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"expected a numeric action_id, got {value!r}") from None
-
-
-def read_june_table(path: str | Path, *, skip_bad_lines: bool = False) -> list[Trajectory]:
-    """Read the JuNE table CSV: one trajectory per kernel id, events ordered by time then action_id.
-
-    Bad records raise JuneFormatError naming file and line, or with `skip_bad_lines` are counted in
-    `ignored["bad_line"]` of the trajectory of the previous good record.
-    """
-    path = Path(path)
-    keyed: list[tuple[str, float, JuneEvent]] = []
-    bad: Counter[str] = Counter()
-    orphans = 0
-    for line, row in _iter_table_rows(path):
-        try:
-            if isinstance(row, Exception):
-                raise row
-            event = _event_from_record(row)
-            action = _action_number(row.get("action_id"))
-        except ValueError as exc:
-            if not skip_bad_lines:
-                raise JuneFormatError(f"{path}:{line}: {exc}") from exc
-            if keyed:
-                bad[keyed[-1][2].kernel_id] += 1
-            else:
-                orphans += 1
-            continue
-        event.origin = f"{path}:{line}"
-        if orphans:
-            bad[event.kernel_id] += orphans
-            orphans = 0
-        keyed.append((event.time, action, event))
-    if not keyed:
-        raise JuneFormatError(f"{path}:2: no readable JuNE event in the table")
-    keyed.sort(key=lambda item: (item[0], item[1]))
-    return _group_by_kernel((ev for _, _, ev in keyed), dict(bad), source="june-table")

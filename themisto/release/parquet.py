@@ -259,7 +259,7 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
 
         trajectories += read_june_logs(logs)
     if inputs.table is not None:
-        from themisto.ingest.june import read_june_table
+        from themisto.ingest.june_table import read_june_table
 
         trajectories += read_june_table(inputs.table)
     if inputs.notebooks:
