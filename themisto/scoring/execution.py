@@ -10,6 +10,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from themisto.scoring.continuation import (continuation_rows, judge_continuation, reference_continuation_problem,
+                                           state_names)
 from themisto.scoring.gate import ExecutionPermit
 from themisto.scoring.judging import clip, finish_example, judge, reference_problem, refuse
 from themisto.scoring.records import (
@@ -97,30 +99,48 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
                 example_records[example.id].state_differences = differing[:20]
     # The reference runs as replay ran it: after the same cleaning; predictions get the same cleaning.
     reference = clean_for_replay(rows[step]["code"]).code
-    codes = [reference] * REFERENCE_RUNS + [clean_for_replay(r.prediction).code for r in ready]
-    timeout = max(settings.timeout_s, SLOW_REFERENCE_FACTOR * float(row.get("execution_time") or 0.0))
     # The replay fallback (no fork) rebuilds the state from the cells since the last restart.
     prefix = [clean_for_replay(r["code"]).code for r in rows[_life_start(rows, step):step] if not r["kernel_restarted"]]
+    # Each branch runs its cell, then the developer's next cells (the continuation), in sequence.
+    following = continuation_rows(rows, step, settings.continuation_cells) if settings.continuation_cells else []
+    after = [clean_for_replay(r["code"]).code for r in following]
+    names = state_names(reference, after, prefix) if settings.continuation_cells else None
+    codes = [[reference, *after]] * REFERENCE_RUNS + [[clean_for_replay(r.prediction).code, *after] for r in ready]
+    slowest = max(float(r.get("execution_time") or 0.0) for r in [row, *following])
+    timeout = max(settings.timeout_s, SLOW_REFERENCE_FACTOR * slowest)
     began = time.perf_counter()
     results = _run_isolated(session, codes, rebuild, timeout_s=timeout, memory_bytes=settings.memory_bytes,
-                            output_bytes=settings.output_bytes, prefix=prefix, use_fork=settings.use_fork)
+                            output_bytes=settings.output_bytes, prefix=prefix, use_fork=settings.use_fork,
+                            state_names=names)
     wall = time.perf_counter() - began
     first, second = results[0], results[1]
     problem = reference_problem(first, second, row, settings)
+    # Why continuation_match stays None for this example ("" when it is judged; None when it is off).
+    unjudged = None
+    if settings.continuation_cells:
+        unjudged = reference_continuation_problem(first, second, names, len(after), settings) or ""
     for record, result in zip(ready, results[REFERENCE_RUNS:]):
         judge(record, first, result, settings)
+        if unjudged == "":
+            judge_continuation(record, first, result, names, len(after), settings)
     for example in examples:
         summary = example_records[example.id]
         summary.reference_status, summary.branch_wall_s = first.status, round(wall, 6)
         summary.reference_durations_s = [round(float(r.duration_s), 6) for r in results[:REFERENCE_RUNS]]
+        if unjudged is not None:
+            summary.continuation_cells, summary.continuation_problem = len(after), unjudged
         if problem is not None:
             summary.status, summary.reason = problem
             for record in records[example.id]:
                 if record.outcome != "refused":
                     record.exec_ok = record.output_match = record.state_match = record.functional_match = None
+                    record.continuation_match = None
         else:
             summary.status = "scored"
             finish_example(summary, records[example.id], settings)
+            for record in records[example.id]:
+                if record.outcome == "refused" and unjudged == "":
+                    record.continuation_match = False
 
 
 def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_id: str, examples: Sequence[Example],

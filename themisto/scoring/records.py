@@ -18,7 +18,10 @@ ExampleStatus = Literal["text_only", "scored", "nondeterministic", "reference_un
                         "refused"]
 EXAMPLE_STATUSES: tuple[str, ...] = ("text_only", "scored", "nondeterministic", "reference_unfinished",
                                      "reference_diverged", "refused")
-EXECUTION_SCORES: tuple[str, ...] = ("exec_ok", "output_match", "state_match", "functional_match")
+EXECUTION_SCORES: tuple[str, ...] = ("exec_ok", "output_match", "state_match", "functional_match",
+                                     "continuation_match")
+# How many logged cells after the target run after each prediction and reference (themisto.scoring.continuation).
+CONTINUATION_CELLS = 3
 REFERENCE_RUNS = 2
 # A slow reference cell (model training) keeps its full time: the branch timeout grows to this many times the time
 # the cell took in the release's replay, for the reference and the predictions alike.
@@ -48,6 +51,7 @@ class ScoreSettings:
     abs_tol: float = 1e-9
     use_fork: bool | None = None  # None: fork where the platform can, replay the prefix otherwise
     verify_state: bool = True  # compare the rebuilt state's hash with the release's state_hash_before
+    continuation_cells: int = CONTINUATION_CELLS  # k for continuation_match; 0 turns it off (no extra cells)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -58,6 +62,9 @@ class ScoreSettings:
         object.__setattr__(self, "k", tuple(sorted(set(ks))))
         if not self.timeout_s > 0:
             raise ScoreError(f"timeout_s must be positive, got {self.timeout_s!r}")
+        if isinstance(self.continuation_cells, bool) or not isinstance(self.continuation_cells, int) \
+                or self.continuation_cells < 0:
+            raise ScoreError(f"continuation_cells must be an integer >= 0, got {self.continuation_cells!r}")
 
 
 @dataclass
@@ -87,6 +94,7 @@ class PredictionRecord:
     output_match: bool | None = None
     state_match: bool | None = None
     functional_match: bool | None = None
+    continuation_match: bool | None = None  # judged by the next logged cells (themisto.scoring.continuation)
     duration_s: float | None = None  # the prediction's own run time in its branch
 
     @classmethod
@@ -111,6 +119,8 @@ class ExampleRecord:
     state_differences: list[str] = field(default_factory=list)  # variables whose rebuilt hash differs (first 20)
     branch_wall_s: float | None = None  # wall time of the step's branch call (references + predictions)
     reference_durations_s: list[float] = field(default_factory=list)  # the reference's own time in each run
+    continuation_cells: int | None = None  # logged cells run after each prediction (fewer than k near a restart)
+    continuation_problem: str = ""  # why continuation_match is undefined for this example ("" when defined)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ExampleRecord:

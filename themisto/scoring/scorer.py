@@ -80,6 +80,12 @@ def aggregate(examples: Sequence[ExampleRecord], predictions: Sequence[Predictio
         if ids:
             notes.append(f"{len(ids)} example(s) {status.replace('_', ' ')}, not in the functional scores: "
                          + ", ".join(ids[:10]) + (" ..." if len(ids) > 10 else ""))
+    if settings.continuation_cells:
+        undefined = [e.id for e in scored if e.continuation_problem]
+        scores["continuation_undefined_examples"] = len(undefined)
+        if undefined:
+            notes.append(f"{len(undefined)} scored example(s) have no continuation_match (their continuation "
+                         "differs between two reference runs or did not finish): " + ", ".join(undefined[:10]))
     unverified = [e.id for e in examples if e.state_verified is False]
     scores["state_mismatch_examples"] = len(unverified)
     if unverified:
