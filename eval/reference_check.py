@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCORES = ("exact_match", "rouge_l", "chrf", "exec_ok", "output_match", "state_match", "functional_match", "pass@1",
-          "scored_examples", "nondeterministic_examples", "reference_diverged_examples", "refused_examples",
-          "examples")
+SCORES = ("exact_match", "rouge_l", "chrf", "exec_ok", "output_match", "state_match", "functional_match",
+          "continuation_match", "pass@1", "scored_examples", "nondeterministic_examples", "reference_diverged_examples",
+          "refused_examples", "continuation_undefined_examples", "examples")
 
 
 def main() -> int:
@@ -35,19 +35,28 @@ def main() -> int:
     ids = [row["id"] for row in rows]
     references = [row["target"] for row in rows]
     previous = [row["history"][-1]["code"] if row["history"] else "" for row in rows]
-    tables = {}
+    tables, disagree = {}, {}
     for name, predictions in (("reference cell", references), ("previous cell", previous)):
         print(f"scoring {len(rows)} examples: {name} ...", file=sys.stderr, flush=True)
         result = metric.compute(predictions=predictions, references=references, ids=ids, release=str(args.release),
-                                execute=True)
+                                execute=True, return_records=True)
         tables[name] = {score: result.get(score) for score in SCORES}
+        disagree[name] = [{"id": r["id"], "state_match": r["state_match"], "functional_match": r["functional_match"],
+                           "continuation_match": r["continuation_match"], "reason": r["reason"]}
+                          for r in result["records"] if r["continuation_match"] is not None
+                          and r["state_match"] is not None and r["continuation_match"] != r["state_match"]]
     if args.json:
-        print(json.dumps(tables))
+        print(json.dumps({"scores": tables, "state_vs_continuation": disagree}))
         return 0
     print(f"{'score':<28}" + "".join(f"{name:>18}" for name in tables))
     for score in SCORES:
         cells = "".join(f"{_fmt(tables[name][score]):>18}" for name in tables)
         print(f"{score:<28}{cells}")
+    for name, found in disagree.items():
+        print(f"\n{name}: state_match and continuation_match disagree on {len(found)} prediction(s)")
+        for item in found:
+            print(f"  {item['id']}: state {item['state_match']}, continuation {item['continuation_match']}, "
+                  f"functional {item['functional_match']} - {item['reason'][:160]}")
     return 0
 
 

@@ -41,12 +41,15 @@ Args:
     k: the k of pass@k (default [1]).
     timeout_s: seconds per prediction (default 30; raised for reference cells that took long in replay).
     memory_bytes: what one prediction may allocate beyond the kernel's current use (default 1 GiB).
+    continuation_cells: how many logged cells after the target run after each prediction for continuation_match
+        (default 3; 0 turns it off).
     return_records: also return one record per prediction and per example (outcomes and reasons).
 Returns:
     exact_match, rouge_l, chrf: means over examples of the mean over each example's predictions (0-1).
     output_equivalent: (output_prediction) the share of predictions equivalent to the reference output.
     examples, predictions: how many were scored.
-    With execution: exec_ok, output_match, state_match, functional_match (means over the scored examples),
+    With execution: exec_ok, output_match, state_match, functional_match, continuation_match (the headline;
+    means over the scored examples), continuation_undefined_examples,
     pass@k for each k, scored_examples, nondeterministic_examples, reference_unfinished_examples,
     reference_diverged_examples, refused_examples, state_mismatch_examples, outcomes (predictions per outcome: ok,
     error, timeout, kernel_died, refused); notes; with return_records also `records` and `example_records`.
@@ -96,13 +99,13 @@ class Themisto(evaluate.Metric):
         )
 
     def _compute(self, predictions, references, ids=None, release=None, workspace=None, execute=False, k=(1,),
-                 timeout_s=30.0, memory_bytes=2**30, return_records=False):
+                 timeout_s=30.0, memory_bytes=2**30, continuation_cells=3, return_records=False):
         from dataclasses import asdict
 
         from themisto.scoring.scorer import ScoreSettings, score
 
         settings = ScoreSettings(task=self.config_name, k=k, timeout_s=float(timeout_s),
-                                 memory_bytes=int(memory_bytes))
+                                 memory_bytes=int(memory_bytes), continuation_cells=int(continuation_cells))
         result = score(predictions, references, ids=ids, settings=settings, execute=execute, release=release,
                        workspace=workspace)
         out = dict(result.scores)
