@@ -28,6 +28,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from themisto.resume import (LineWriter, ResumeError, folder_fingerprint, read_lines, settings_difference,
+                             write_text_atomic)
 from themisto.scoring.execution import execute_examples
 from themisto.scoring.gate import permit as gate_permit
 from themisto.scoring.records import (
@@ -186,24 +188,43 @@ def _partial_path(out: Path) -> Path:
 
 
 def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> dict[str, TrajectoryScore]:
-    """Trajectories an interrupted run with the same settings finished; a cut last line ends what is trusted."""
-    if not partial.exists():
-        return {}
-    lines = partial.read_text(encoding="utf-8").splitlines()
+    """Trajectories an interrupted run with the same header finished (themisto.resume); otherwise say which setting
+    differs and start over. A torn last line is cut off."""
     try:
-        if not lines or json.loads(lines[0]) != header:
-            say(f"{partial}: written with other settings or predictions; starting over")
-            return {}
-    except json.JSONDecodeError:
+        lines, _ = read_lines(partial)
+    except ResumeError as error:
+        say(f"{error}; starting over")
+        return {}
+    if not lines:
+        return {}
+    difference = settings_difference(lines[0], header) if isinstance(lines[0], dict) else "no settings header"
+    if difference is not None:
+        say(f"{partial}: written by another run ({difference}); starting over")
         return {}
     done: dict[str, TrajectoryScore] = {}
     for line in lines[1:]:
         try:
-            item = TrajectoryScore.from_dict(json.loads(line))
-        except (json.JSONDecodeError, KeyError, TypeError):
+            item = TrajectoryScore.from_dict(line)
+        except (KeyError, TypeError, AttributeError):
             break
         done[item.kernel_id] = item
     return done
+
+
+def resume_header(release: str | Path, ids: list[str], texts: list, settings: ScoreSettings,
+                  workspace: str | Path | None) -> dict:
+    """Everything that changes an execution run's records: settings, predictions, the release's content and the
+    workspace the states are rebuilt over."""
+    import hashlib
+
+    from themisto.scoring.run_files import release_content_hash
+
+    digest = hashlib.sha256(json.dumps([ids, texts], ensure_ascii=False).encode("utf-8")).hexdigest()
+    folder = Path(release)
+    return {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
+            "release": str(release),
+            "release_content_sha256": release_content_hash(folder) if folder.is_dir() else None,
+            "workspace": folder_fingerprint(workspace)}
 
 
 def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
@@ -213,10 +234,9 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
     """Score a predictions JSONL against a release's targets and write the results JSON to `out`.
 
     With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
-    same settings and predictions keeps those trajectories; `out` appears whole when everything is scored.
+    same settings, predictions, release and workspace keeps those trajectories; `out` appears whole when everything
+    is scored. A text-only run never touches the partial file.
     """
-    import hashlib
-
     started = time.perf_counter()
     out = Path(out)
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -230,30 +250,24 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
                          + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
     references = [loaded.task_rows[i]["target"] for i in ids]
     partial = _partial_path(out)
-    digest = hashlib.sha256(json.dumps([ids, texts], ensure_ascii=False).encode("utf-8")).hexdigest()
-    header = {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
-              "release": str(release)}
-    done = _load_partial(partial, header, say) if resume and execute else {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer, done = None, {}
     if execute:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        kept = [json.dumps(header, sort_keys=True)]
-        kept += [json.dumps(t.to_dict(), ensure_ascii=False) for t in done.values()]
-        partial.write_text("\n".join(kept) + "\n", encoding="utf-8")
-    fh = partial.open("a", encoding="utf-8") if execute else None
-
-    def write(item: TrajectoryScore) -> None:
-        fh.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
-        fh.flush()
-
+        header = resume_header(release, ids, texts, settings, workspace)
+        done = _load_partial(partial, header, say) if resume else {}
+        kept = [json.dumps(header, sort_keys=True)] + [json.dumps(t.to_dict(), ensure_ascii=False)
+                                                       for t in done.values()]
+        write_text_atomic(partial, "\n".join(kept) + "\n")
+        writer = LineWriter(partial)
     try:
         result = score(texts, references, ids=ids, settings=settings, execute=execute, release=loaded,
-                       workspace=workspace, done=done, on_trajectory=write if fh else None, progress=say)
+                       workspace=workspace, done=done,
+                       on_trajectory=(lambda item: writer.write(item.to_dict())) if writer else None, progress=say)
     finally:
-        if fh is not None:
-            fh.close()
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(out)
-    partial.unlink(missing_ok=True)
+        if writer is not None:
+            writer.close()
+    write_text_atomic(out, json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n")
+    if execute:  # only an execution run owns the partial file; a text-only run leaves an earlier one alone
+        partial.unlink(missing_ok=True)
     return ScoreRun(result, out, sorted(done), time.perf_counter() - started)
 

@@ -1,0 +1,126 @@
+"""Resumable output: the one scheme the scorer, replay and generation share.
+
+A long run records the settings that change its results (a header), appends one JSON line per finished unit, and
+flushes each line. A later run compares its own header with the recorded one field by field (`settings_difference`
+names the first that differs, so the caller can refuse or start over and say why), keeps the complete lines, and cuts
+a torn last line (the process died mid-write). Whole files are written to a temp file beside them and renamed.
+
+>>> settings_difference({"timeout_s": 30, "workspace": "/a"}, {"timeout_s": 30, "workspace": "/b"})
+'workspace is "/a" there, "/b" here'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+_ABSENT = object()
+
+
+class ResumeError(ValueError):
+    """An output file that cannot be resumed: a corrupt line (named by file and number) or other settings."""
+
+
+def settings_difference(recorded: Mapping, current: Mapping, *, prefix: str = "") -> str | None:
+    """The first setting (dotted path, in sorted order) whose value differs, as a sentence; None when all agree."""
+    for key in sorted(set(recorded) | set(current), key=str):
+        old, new = recorded.get(key, _ABSENT), current.get(key, _ABSENT)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            found = settings_difference(old, new, prefix=f"{prefix}{key}.")
+            if found is not None:
+                return found
+        elif _plain(old) != _plain(new):
+            return f"{prefix}{key} is {_shown(old)} there, {_shown(new)} here"
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """Tuples and lists compare alike (a header read back from JSON has lists where the run had tuples)."""
+    return value if value is _ABSENT else json.loads(json.dumps(value, default=str))
+
+
+def _shown(value: Any) -> str:
+    return "unset" if value is _ABSENT else json.dumps(value, default=str, ensure_ascii=False)
+
+
+def read_lines(path: Path, *, repair: bool = True) -> tuple[list[Any], bool]:
+    """The JSON values of a JSONL file's complete lines, and whether a torn last line was found (and cut off, with
+    `repair`). A corrupt complete line raises ResumeError naming the file and line; the file is left as it is."""
+    if not path.exists():
+        return [], False
+    data = path.read_bytes()
+    complete, _, tail = data.rpartition(b"\n")
+    values = []
+    for lineno, raw in enumerate(complete.split(b"\n") if complete else [], start=1):
+        if not raw.strip():
+            continue
+        try:
+            values.append(json.loads(raw))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ResumeError(f"{path}:{lineno}: corrupt line (not JSON); the file is left as it is — remove or "
+                              "fix that line, then rerun") from None
+    if tail and repair:
+        with path.open("r+b") as fh:
+            fh.truncate(len(data) - len(tail))
+    return values, bool(tail)
+
+
+class LineWriter:
+    """Appends one JSON value per line and flushes it, so a killed run loses at most the line being written."""
+
+    def __init__(self, path: Path, *, sort_keys: bool = False) -> None:
+        self.path = Path(path)
+        self._sort_keys = sort_keys
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def write(self, value: Any) -> None:
+        self._fh.write(json.dumps(value, ensure_ascii=False, sort_keys=self._sort_keys) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh.closed:
+            return
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+
+    def __enter__(self) -> LineWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` whole: a temp file beside it, then a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` as indented JSON to `path` whole (temp file, then rename)."""
+    write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def folder_fingerprint(folder: str | Path | None) -> dict | None:
+    """What identifies an input folder for a resume: its resolved path and a digest of every file's relative path,
+    size and modification time (cheap: nothing is read). None for no folder."""
+    if folder is None:
+        return None
+    root = Path(folder).resolve()
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return {"path": str(root), "files_sha256": digest.hexdigest()}
