@@ -214,17 +214,18 @@ def _resume_point(work: Path, settings: FinetuneSettings, overwrite: bool) -> st
     recorded = work / SETTINGS_FILE
     if overwrite and work.exists():
         shutil.rmtree(work)
-    if not work.is_dir():
-        work.mkdir(parents=True)
+    last = get_last_checkpoint(str(work)) if work.is_dir() else None
+    if last is None:  # nothing to resume: (re)start with these settings
+        work.mkdir(parents=True, exist_ok=True)
         recorded.write_text(json.dumps(settings.resumable(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return None
-    previous = json.loads(recorded.read_text(encoding="utf-8")) if recorded.is_file() else None
+    previous = json.loads(recorded.read_text(encoding="utf-8")) if recorded.is_file() else {}
     if previous != settings.resumable():
-        changed = sorted(k for k in set(previous or {}) | set(settings.resumable())
-                         if (previous or {}).get(k) != settings.resumable().get(k))
+        changed = sorted(k for k in set(previous) | set(settings.resumable())
+                         if previous.get(k) != settings.resumable().get(k))
         raise FinetuneError(f"{work}: holds checkpoints of a run with other settings (differs in {changed[:5]}); "
                             "pass --overwrite to start over")
-    return get_last_checkpoint(str(work))
+    return last
 
 
 def _losses(log_history: list[dict]) -> list[float]:
@@ -249,12 +250,12 @@ def finetune(settings: FinetuneSettings, *, overwrite: bool = False, callbacks: 
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise FinetuneError(f"{out}: exists and is not an empty folder (pass --overwrite to replace it)")
     dataset, manifest = load_export(data, settings)
+    work = checkpoints_folder(out)
+    resume = _resume_point(work, settings, overwrite)
     model, tokenizer = load_base(settings)
     dataset, too_long = _within_length(dataset, tokenizer, settings)
     if len(dataset) == 0:
         raise FinetuneError(f"{data}: every example is longer than --max-length {settings.max_length} tokens")
-    work = checkpoints_folder(out)
-    resume = _resume_point(work, settings, overwrite)
     trainer = SFTTrainer(model=model, args=_sft_config(settings, work), train_dataset=dataset,
                          processing_class=tokenizer, callbacks=list(callbacks),
                          peft_config=_lora_config(settings) if settings.method == "lora" else None)
