@@ -113,14 +113,21 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
-def folder_fingerprint(folder: str | Path | None) -> dict | None:
+def folder_fingerprint(folder: str | Path | None, *, output: Path | None = None) -> dict | None:
     """What identifies an input folder for a resume: its resolved path and a digest of every file's relative path,
-    size and modification time (cheap: nothing is read). None for no folder."""
+    size and modification time (cheap: nothing is read); the run's own `output` files (it and its `.partial`,
+    `.progress.json`, temp files beside it) are left out when they lie inside. None for no folder."""
     if folder is None:
         return None
     root = Path(folder).resolve()
+    own = None if output is None else Path(output).resolve()
+
+    def is_input(path: Path) -> bool:
+        return path.is_file() and not (own is not None and path.parent == own.parent
+                                       and path.name.lstrip(".").startswith(own.name))
+
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if is_input(p)):
         stat = path.stat()
         digest.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return {"path": str(root), "files_sha256": digest.hexdigest()}

@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 from themisto.ingest.cleaning import clean_for_replay
 from themisto.ingest.trajectory import Execution, Trajectory
+from themisto.resume import LineWriter, write_json_atomic
 
 # Called before step `i` runs, with the trajectory, `i` and the live session (the exact pre-step state).
 BeforeStep = Callable[[Trajectory, int, "KernelSession"], None]  # noqa: F821 (imported lazily)
@@ -263,24 +264,45 @@ def _partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
-def _load_progress(out: Path) -> tuple[list[str], int]:
-    """Trajectories finished by an earlier interrupted run; partial lines of unfinished ones are dropped."""
+def _digest(trajectory: Trajectory) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(asdict(trajectory), sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def _resume_header(workspace: str | Path | None, settings: ReplaySettings, out: Path) -> dict:
+    """What changes a replay's steps besides the trajectory itself: the settings and the workspace's files."""
+    from themisto.resume import folder_fingerprint
+
+    return {"settings": asdict(settings), "workspace": folder_fingerprint(workspace, output=out)}
+
+
+def _load_progress(out: Path, header: dict, digests: dict[str, str],
+                   say: Callable[[str], None]) -> tuple[list[str], int]:
+    """Trajectories an earlier interrupted run finished with the same settings, workspace and trajectory content
+    (themisto.resume); partial lines of the others are dropped, and a changed setting starts everything anew."""
+    from themisto.resume import ResumeError, read_lines, settings_difference, write_text_atomic
+
     progress, partial = _progress_path(out), _partial_path(out)
-    if not progress.exists() or not partial.exists():
+    recorded = json.loads(progress.read_text(encoding="utf-8")) if progress.exists() and partial.exists() else None
+    difference = None if recorded is None else settings_difference(recorded.get("header") or {}, header)
+    try:
+        lines = read_lines(partial)[0] if recorded is not None and difference is None else []
+    except ResumeError as error:
+        difference = str(error)
+    if recorded is None or difference is not None:
+        if difference is not None:
+            say(f"{out}: the earlier replay cannot be resumed ({difference}); replaying every trajectory anew")
         partial.unlink(missing_ok=True)
         progress.unlink(missing_ok=True)
         return [], 0
-    done = json.loads(progress.read_text(encoding="utf-8"))["done"]
-    kept: list[str] = []
-    with partial.open(encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                if json.loads(line)["kernel_id"] in done:
-                    kept.append(line)
-            except (json.JSONDecodeError, KeyError):
-                break  # a line cut by the interruption ends what can be trusted
-    partial.write_text("".join(kept), encoding="utf-8")
-    return list(done), len(kept)
+    earlier = recorded.get("digests") or {}
+    done = [t for t in recorded["done"] if t in digests and earlier.get(t) == digests[t]]
+    for changed in sorted(set(recorded["done"]) - set(done)):
+        say(f"{changed}: the trajectory differs from the one replayed earlier (or is no longer given); replayed anew")
+    kept = [line for line in lines if isinstance(line, dict) and line.get("kernel_id") in done]
+    write_text_atomic(partial, "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n" for line in kept))
+    return done, len(kept)
 
 
 def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspace: str | Path | None,
@@ -290,6 +312,7 @@ def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspac
 
     An interrupted run leaves `<out>.partial` and `<out>.progress.json`; the next run with `resume=True` keeps the
     trajectories that finished and replays the rest (a trajectory is replayed whole: its state needs its prefix).
+    A run with other settings or another workspace replays everything anew and says which setting differs.
     Trajectories may finish in any order (`runner`); the final file lists them in input order, so it is the same
     whichever runner wrote it. A trajectory the runner reports failed raises ReplayIncomplete once the rest is done.
     """
@@ -297,32 +320,33 @@ def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspac
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     trajectories = list(trajectories)
-    done, steps = _load_progress(out) if resume else ([], 0)
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    header, digests = _resume_header(workspace, settings, out), {t.id: _digest(t) for t in trajectories}
+    done, steps = _load_progress(out, header, digests, say) if resume else ([], 0)
     if not resume:
         _partial_path(out).unlink(missing_ok=True)
         _progress_path(out).unlink(missing_ok=True)
     resumed = list(done)
     replayed: list[str] = []
     failed: dict[str, str] = {}
-    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     for trajectory in trajectories:
         if trajectory.id in done:
             say(f"{trajectory.id}: already replayed, kept from the earlier run")
     pending = [t for t in trajectories if t.id not in done]
     results = (runner or local_runner)(pending, workspace, settings, say)
     try:
-        with _partial_path(out).open("a", encoding="utf-8") as fh:
+        with LineWriter(_partial_path(out), sort_keys=True) as writer:
             for trajectory_id, result in results:
                 if isinstance(result, ReplayFailure):
                     failed[trajectory_id] = result.reason
                 else:
                     for step in result:
-                        fh.write(json.dumps(step.to_dict(), ensure_ascii=False, sort_keys=True) + "\n")
-                        fh.flush()
+                        writer.write(step.to_dict())
                         steps += 1
                     done.append(trajectory_id)
                     replayed.append(trajectory_id)
-                _progress_path(out).write_text(json.dumps({"done": done, "failed": failed}), encoding="utf-8")
+                write_json_atomic(_progress_path(out), {"header": header, "done": done, "failed": failed,
+                                                        "digests": {t: digests[t] for t in done}})
     finally:
         # A runner holding workers (Ray tasks and their kernels) releases them here, also on Ctrl-C.
         close = getattr(results, "close", None)

@@ -212,7 +212,7 @@ def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> di
 
 
 def resume_header(release: str | Path, ids: list[str], texts: list, settings: ScoreSettings,
-                  workspace: str | Path | None) -> dict:
+                  workspace: str | Path | None, out: Path) -> dict:
     """Everything that changes an execution run's records: settings, predictions, the release's content and the
     workspace the states are rebuilt over."""
     import hashlib
@@ -224,7 +224,7 @@ def resume_header(release: str | Path, ids: list[str], texts: list, settings: Sc
     return {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
             "release": str(release),
             "release_content_sha256": release_content_hash(folder) if folder.is_dir() else None,
-            "workspace": folder_fingerprint(workspace)}
+            "workspace": folder_fingerprint(workspace, output=out)}
 
 
 def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
@@ -253,7 +253,7 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     writer, done = None, {}
     if execute:
-        header = resume_header(release, ids, texts, settings, workspace)
+        header = resume_header(release, ids, texts, settings, workspace, out)
         done = _load_partial(partial, header, say) if resume else {}
         kept = [json.dumps(header, sort_keys=True)] + [json.dumps(t.to_dict(), ensure_ascii=False)
                                                        for t in done.values()]
