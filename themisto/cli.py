@@ -453,6 +453,8 @@ def sft_export_command(args: argparse.Namespace) -> int:
         dropped = {reason: n for reason, n in report.dropped[task].items() if n}
         print(f"{task}: " + ", ".join(f"{context} {n}" for context, n in contexts.items())
               + f"; dropped: {_format_counts(dropped)}")
+    for note in report.manifest["notes"]:
+        print(f"note: {note}")
     print(f"wrote {report.examples} examples to {args.output}")
     return 0
 

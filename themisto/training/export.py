@@ -240,6 +240,8 @@ def build_manifest(release: _Release, settings: ExportSettings, collected: _Coll
         "drop_reasons": EXPORT_DROP_REASONS,
         "dropped_examples": collected.dropped,
         "augmentation": _augmentation(settings),
+        "notes": ["the test split is the benchmark: a model trained on it cannot be scored on it"]
+        if settings.split == "test" else [],
         "packages": {"datasets": datasets.__version__, "transformers": transformers.__version__,
                      "trl": trl.__version__},
     }

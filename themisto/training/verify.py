@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from themisto.errors import InputError
 from themisto.runtime.agent import OUTPUT_CAP_MARKER
 
 # Why a row is left out, in the order the rules are checked; the manifest counts each.
@@ -31,6 +32,10 @@ LOGGED_OUTCOMES = ("ok", "error")
 UNFINISHED = ("timeout", "kernel_died")
 # The cap marker's fixed head: every capped output contains it, whatever the sizes formatted into it.
 _CAP_HEAD = OUTPUT_CAP_MARKER.split("{", 1)[0]
+
+
+class VerificationError(InputError):
+    """A task row whose step the release's trajectories config lacks."""
 
 
 @dataclass(frozen=True)
@@ -88,15 +93,13 @@ class Verifier:
                 if row.get("kernel_restarted"):
                     diverged = True  # the replay's kernel died and was restarted: its state was rebuilt, not lived
 
-    def __contains__(self, key: StepKey) -> bool:
-        return key in self._rows
-
     def problem(self, task_row: Mapping, task: str) -> str | None:
         """The DROP_REASONS key that leaves this task row out, or None when its target is verified."""
         key = StepKey(task_row["kernel_id"], int(task_row["step"]))
         step = self._rows.get(key)
         if step is None:
-            raise KeyError(f"example {task_row['id']}: its step is not in the release's trajectories config")
+            raise VerificationError(f"example {task_row['id']}: its step is not in the release's trajectories "
+                                    "config, so its target cannot be checked against the log")
         problem = step_problem(step)
         if problem is None and task == "output_prediction":
             problem = output_problem(step)
