@@ -18,10 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from themisto.errors import InputError
+
 _ABSENT = object()
 
 
-class ResumeError(ValueError):
+class ResumeError(InputError):
     """An output file that cannot be resumed: a corrupt line (named by file and number) or other settings."""
 
 
@@ -55,9 +57,8 @@ def read_lines(path: Path, *, repair: bool = True) -> tuple[list[Any], bool]:
     data = path.read_bytes()
     complete, _, tail = data.rpartition(b"\n")
     values = []
-    for lineno, raw in enumerate(complete.split(b"\n") if complete else [], start=1):
-        if not raw.strip():
-            continue
+    # Strict: a blank line is corrupt too, so the i-th value is line i + 1 (callers name lines by number).
+    for lineno, raw in enumerate(complete.split(b"\n") if complete or data.startswith(b"\n") else [], start=1):
         try:
             values.append(json.loads(raw))
         except (json.JSONDecodeError, UnicodeDecodeError):

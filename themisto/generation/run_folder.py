@@ -7,12 +7,11 @@ corrupt or duplicated line anywhere else stops the run with its line number, and
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from themisto.errors import InputError
+from themisto.resume import LineWriter, ResumeError, read_lines, write_json_atomic
 
 RUN_FILE = "run.json"
 GENERATIONS_FILE = "generations.jsonl"
@@ -29,19 +28,6 @@ SAME_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 class RunFolderError(InputError):
     """A run folder that cannot be resumed: other settings or release, or a corrupt line (named by number)."""
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write `data` to `path` whole: a temp file beside it, then a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_run_json(folder: Path) -> dict | None:
@@ -93,55 +79,25 @@ class Existing:
 
 
 def read_generations(folder: Path, *, repair: bool = True) -> Existing:
-    """Read generations.jsonl; a torn last line is cut off (with `repair`), any other bad line raises."""
+    """Read generations.jsonl (themisto.resume): a torn last line is cut off (with `repair`), any other bad line
+    raises naming its number."""
     path = folder / GENERATIONS_FILE
-    if not path.exists():
-        return Existing({})
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    # Everything before the last newline is complete lines; what follows it was being written when the run died.
-    complete, tail = lines[:-1], lines[-1]
+    try:
+        values, torn = read_lines(path, repair=repair)
+    except ResumeError as error:
+        raise RunFolderError(str(error)) from None
     records: dict[tuple[str, str, int], dict] = {}
-    for lineno, raw in enumerate(complete, start=1):
-        try:
-            record = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RunFolderError(f"{path}:{lineno}: corrupt line (not JSON); the file is left as it is — "
-                                 f"remove or fix that line, then rerun") from None
+    for lineno, record in enumerate(values, start=1):
         key = _check_record(record, lineno, path)
         if key in records:
             raise RunFolderError(f"{path}:{lineno}: a second record for {key}")
         records[key] = record
-    if tail:
-        return _cut(path, data, len(data) - len(tail), records, repair)
-    return Existing(records)
+    return Existing(records, torn_line_dropped=torn)
 
 
-def _cut(path: Path, data: bytes, keep: int, records: dict, repair: bool) -> Existing:
-    if repair:
-        with path.open("r+b") as fh:
-            fh.truncate(keep)
-    return Existing(records, torn_line_dropped=True)
-
-
-class GenerationWriter:
+class GenerationWriter(LineWriter):
     """Appends one record per line and flushes it, so a killed run loses at most the line being written."""
 
     def __init__(self, folder: Path) -> None:
-        self.path = folder / GENERATIONS_FILE
-        self._fh = self.path.open("a", encoding="utf-8")
+        super().__init__(folder / GENERATIONS_FILE)
 
-    def write(self, record: dict) -> None:
-        self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._fh.flush()
-
-    def close(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-
-    def __enter__(self) -> "GenerationWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
