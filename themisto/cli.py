@@ -394,7 +394,8 @@ def score_command(args: argparse.Namespace) -> int:
         return _score_run_folder(args)
     if args.release is None or args.predictions is None or args.output is None:
         raise CommandError("give a run folder (themisto score RUN/), or --release, --predictions and -o")
-    settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.prediction_timeout)
+    settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.prediction_timeout,
+                             continuation_cells=args.continuation_cells)
     run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,
                         workspace=args.workspace, resume=not args.no_resume)
     scores = run.result.scores
@@ -427,6 +428,8 @@ def _add_score(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--k", nargs="+", type=int, default=[1], help="pass@k for each k (default: 1)")
     parser.add_argument("--prediction-timeout", type=float, default=30.0,
                         help="seconds each executed prediction may run (grown for slow reference cells)")
+    parser.add_argument("--continuation-cells", type=int, default=3, metavar="K",
+                        help="logged cells run after each prediction for continuation_match (default 3; 0: off)")
     parser.add_argument("--workspace", type=Path, help="the release's replay inputs, if it was built with a given one")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("-o", "--output", type=Path, help="results JSON to write (a run folder: RUN/results.json)")
