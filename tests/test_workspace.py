@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from themisto.ingest import workspace as ws_mod
-from themisto.ingest.workspace import (
-    JETNET_LOG, LABEL_COLUMNS, SIZE_SPECS, STAND_IN_MODULE, TEST_FEATURES, TRAIN_FEATURES, VALIDATION_FEATURES,
-    WorkspaceError, write_workspace,
-)
+from themisto.ingest.lookalike_features import LABEL_COLUMNS
+from themisto.ingest.lookalike_spec import SIZE_SPECS
+from themisto.ingest.workspace import (JETNET_LOG, STAND_IN_MODULE, TEST_FEATURES, TRAIN_FEATURES,
+                                       VALIDATION_FEATURES, WorkspaceError, write_workspace)
 
 ALL_FILES = {STAND_IN_MODULE, JETNET_LOG, TRAIN_FEATURES, VALIDATION_FEATURES, TEST_FEATURES}
 

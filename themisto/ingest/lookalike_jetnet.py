@@ -1,0 +1,145 @@
+"""Task 1 look-alike: the JetNet action log (sessions of actions with times and END markers, some lines dirty),
+with the format and shares read off the participant's outputs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Iterator
+
+import numpy as np
+
+from themisto.ingest.lookalike_spec import SizeSpec, seed_for
+
+# The action vocabulary and its shares, read off the participant's bar chart of action counts.
+ACTION_SHARES: dict[str, float] = {
+    "Action_0": 0.078, "Action_1": 0.074, "Action_2": 0.010, "Action_3": 0.158, "Action_4": 0.130,
+    "Action_5": 0.014, "Action_6": 0.072, "Action_7": 0.236, "Action_8": 0.062, "Action_9": 0.038,
+    "Action_10": 0.128,
+}
+FIRST_ACTION = datetime(2019, 9, 20, 13, 44, 16)  # earliest action time in the real data
+LAST_ACTION = datetime(2021, 7, 28, 15, 41, 31)  # time of the real file's last END
+MEAN_ACTION_GAP_S = 31 * 60
+SESSION_ACTIONS = (10, 35)  # inclusive range of actions per session; the real mean is ~22.5
+NO_END_SHARE = 0.101  # 87,572 sessions, 78,731 END rows: a tenth of the lines end in " -> " with no END
+LONG_ARROW_SHARE = 0.04  # a few separators are " --> " (both real lines the participant pasted have one)
+OUT_OF_ORDER_SHARE = 0.2  # logged times within a session are not monotonic in the real file
+DIRTY_ACTION_SHARE = 0.0015  # 3,045 of 1,974,979 non-END rows were dropped by the participant's dropna()
+CLEAN_FIRST_LINES = 50  # drafts parsing data[:30], data[:40] and data[:50] found no dirty action
+
+
+# ---------------------------------------------------------------------------------------------- task 1
+
+
+def jetnet_log_lines(spec: SizeSpec, seed: int, chunk_sessions: int = 4096) -> Iterator[str]:
+    """Yield the JetNet log text in chunks: one `@User<id>: Action_k (dd/mm/yy | HH:MM:SS) -> … -> END (…)` line
+    per session, with the kinds of dirt the participant's parser had to survive (see the module constants)."""
+    ss = seed_for(seed, "task1")
+    rng = np.random.default_rng(ss)
+    n = spec.sessions
+    user_ids = np.sort(rng.choice(143, size=spec.users, replace=False)) if spec.users < 143 \
+        else np.arange(spec.users)
+    # Heavy-ish tailed activity per user; every user gets at least one session.
+    weights = rng.lognormal(0.0, 0.5, size=spec.users)
+    owner = np.concatenate([rng.permutation(spec.users),
+                            rng.choice(spec.users, size=max(n - spec.users, 0), p=weights / weights.sum())])[:n]
+    n_actions = rng.integers(SESSION_ACTIONS[0], SESSION_ACTIONS[1] + 1, size=n)
+    has_end = rng.random(n) >= NO_END_SHARE
+    has_end[:2] = True  # the first and last sessions by time pin the date range (below)
+    total = int(n_actions.sum())
+    names = rng.choice(len(ACTION_SHARES), size=total, p=np.array(list(ACTION_SHARES.values())))
+    # Gaps before each action and before END; the first action of a session has gap 0.
+    gaps = rng.exponential(MEAN_ACTION_GAP_S, size=total).astype(np.int64) + 5
+    first = np.concatenate([[0], np.cumsum(n_actions)[:-1]])
+    gaps[first] = 0
+    elapsed = np.cumsum(gaps)
+    elapsed -= np.repeat(elapsed[first], n_actions)
+    last = first + n_actions - 1
+    end_gap = rng.exponential(MEAN_ACTION_GAP_S, size=n).astype(np.int64) + 5
+    duration = elapsed[last] + end_gap
+
+    span = int((LAST_ACTION - FIRST_ACTION).total_seconds())
+    if spec.active_days is None:
+        start = (rng.random(n) * np.maximum(span - duration, 0)).astype(np.int64)
+    else:
+        n_days = span // 86400
+        days = np.concatenate([[0, n_days], rng.choice(np.arange(1, n_days), size=spec.active_days - 2,
+                                                        replace=False)])
+        start = rng.choice(days, size=n) * 86400 + rng.integers(0, 86400, size=n)
+        start = np.clip(start, 0, np.maximum(span - duration, 0))
+    start[0] = 0
+    start[1] = span - duration[1]
+
+    # Shown times: some actions (never the first two of a session) are logged earlier than their position.
+    shown = elapsed.copy()
+    pos = np.arange(total) - np.repeat(first, n_actions)
+    jitter = (rng.random(total) < OUT_OF_ORDER_SHARE) & (pos >= 2)
+    shown[jitter] -= (rng.random(int(jitter.sum())) * 1.5 * gaps[jitter]).astype(np.int64)
+    shown = np.maximum(shown, 0) + np.repeat(start, n_actions)
+    end_at = start + duration
+
+    long_arrow = rng.random(total) < LONG_ARROW_SHARE
+    order = rng.permutation(n)  # sessions appear in the file in no particular order
+    if order[0] < 2:  # the first line has no END (below); the two sessions that pin the dates need theirs
+        order[[0, 2]] = order[[2, 0]]
+    has_end[order[0]] = False
+    # The real file's first CLEAN_FIRST_LINES lines had no dirt: drafts that parsed only data[:30] with a
+    # strict regex succeeded. The first action of the earliest session pins the start date: keep it too.
+    dirty_ok = np.ones(total, dtype=bool)
+    dirty_ok[0] = False
+    for s in order[:CLEAN_FIRST_LINES].tolist():
+        dirty_ok[first[s]:first[s] + n_actions[s]] = False
+    dirty = np.flatnonzero((rng.random(total) < DIRTY_ACTION_SHARE) & dirty_ok)
+    dirt_at = dict(zip(dirty.tolist(), rng.integers(0, len(_DIRT), size=len(dirty)).tolist()))
+
+    clock = _Clock(FIRST_ACTION)
+    action_names = list(ACTION_SHARES)
+    # Plain lists: indexing numpy arrays one element at a time is several times slower.
+    names, shown, long_arrow = names.tolist(), shown.tolist(), long_arrow.tolist()
+    for lo in range(0, n, chunk_sessions):
+        lines = []
+        for s in order[lo:lo + chunk_sessions].tolist():
+            a, b = int(first[s]), int(first[s] + n_actions[s])
+            tokens = []
+            for i in range(a, b):
+                name = action_names[names[i]]
+                date, time = clock.parts(shown[i])
+                kind = dirt_at.get(i)
+                tokens.append(f"{name} ({date} | {time})" if kind is None else _DIRT[kind](name, date, time))
+                tokens.append(" --> " if long_arrow[i] else " -> ")
+            if has_end[s]:
+                date, time = clock.parts(int(end_at[s]))
+                tokens.append(f"END ({date} | {time})")
+            else:
+                tokens[-1] = " -> "  # the line stops after a separator, as the real file's first line does
+            lines.append(f"@User{user_ids[owner[s]]}: {''.join(tokens)}\n")
+        yield "".join(lines)
+
+
+# Dirty action tokens: each keeps the line parseable by the participant's final parser (no "@", "-> ", ": "
+# or newline inside) but yields a NaN name or a NaT time there, which its dropna() removes.
+_DIRT = (
+    lambda name, date, time: f"{name} ()",  # no timestamp
+    lambda name, date, time: f"{name} ({date} | )",  # no time of day
+    lambda name, date, time: f"{name} ({date} | {time[:5]})",  # truncated time
+    lambda name, date, time: f"{name.lower()} ({date} | {time})",  # name in the wrong case
+    lambda name, date, time: f"Action_ ({date} | {time})",  # name without its number
+    lambda name, date, time: f"({date} | {time})",  # no name
+)
+
+
+class _Clock:
+    """Formats seconds after the first day's midnight as ("dd/mm/yy", "HH:MM:SS"), with cached day strings."""
+
+    def __init__(self, first: datetime):
+        self.midnight = first.replace(hour=0, minute=0, second=0)
+        self.offset = int((first - self.midnight).total_seconds())
+        self.days: dict[int, str] = {}
+
+    def parts(self, seconds_after_first: int) -> tuple[str, str]:
+        day, tod = divmod(seconds_after_first + self.offset, 86400)
+        date = self.days.get(day)
+        if date is None:
+            date = self.days[day] = (self.midnight + timedelta(days=day)).strftime("%d/%m/%y")
+        hours, rest = divmod(tod, 3600)
+        return date, f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
