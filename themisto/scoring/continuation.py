@@ -94,7 +94,7 @@ def cell_names(code: str) -> frozenset[str] | None:
             if found is None:
                 return None
             names |= found
-    return frozenset(names)
+    return frozenset(names - {"get_ipython"})  # IPython's own accessor, spelled by the magics' transforms
 
 
 def _definitions(codes: Sequence[str]) -> dict[str, frozenset[str]]:
