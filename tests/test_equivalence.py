@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from themisto.scoring.equivalence import _parse_table, image_placeholder, outputs_equivalent
+from themisto.scoring.equivalence import image_placeholder, outputs_equivalent
+from themisto.scoring.frame_text import parse_table
 from themisto.runtime.outputs import output_text, rich_outputs
 
 
@@ -118,7 +119,7 @@ def test_layouts_pandas_prints(frame):
     dates = frame[["when", "mean"]].rename(columns={"mean": "average per day"})
     _same(_repr(dates, **{"display.max_rows": 8, "display.min_rows": 8}), _repr(dates, **{"display.max_rows": 10}),
           "table")
-    table = _parse_table(repr(dates.head(3)))
+    table = parse_table(repr(dates.head(3)))
     assert table.cells[("2", 1, "when", 1)] == "2019-09-20 02:00:00"
     assert table.cells[("2", 1, "average per day", 1)] == "51.0"
     for columns in (12, 1200):
@@ -127,7 +128,7 @@ def test_layouts_pandas_prints(frame):
         header, first = text.split("\n")[:2]
         shift = len(str(columns - 1)) - 1
         assert header.index(" 0 ") + 1 + shift == first.index("0.000000") + 7  # label "0" ends left of its cells
-        table = _parse_table(text)
+        table = parse_table(text)
         last = 3 * columns - 1
         assert table.shape == (3, columns) and table.cells[("2", 1, str(columns - 1), 1)] == f"{last / 7:.6f}"
         assert "cell ['0', '0']" in _different(text.replace("0.000000", "0.000001", 1), text, "table").reason
@@ -143,7 +144,7 @@ def test_series(frame):
     assert repr(small).endswith("Name: x, dtype: int64")
     _same("0   1\n1   2\n2   3\nName: x, dtype: int64", repr(small), "numbers")
     _different(repr(small.astype(float)), repr(small))  # the dtype line differs
-    assert _parse_table(repr(small)).shape == (3, 1)
+    assert parse_table(repr(small)).shape == (3, 1)
 
 
 def test_malformed_tables_fall_back_to_string_rules():
@@ -268,7 +269,7 @@ def _real_outputs(june_dir):
 
 
 def test_real_tables_parse(june_dir):
-    tables = [t for t in map(_parse_table, _real_outputs(june_dir)) if t is not None]
+    tables = [t for t in map(parse_table, _real_outputs(june_dir)) if t is not None]
     # Task 1: three truncated frames and one frame wrapped in two blocks; task 2: three Series.
     assert sorted((t.kind, t.shape) for t in tables) == [
         ("DataFrame", (10, 7)), ("DataFrame", (143, 1)), ("DataFrame", (1974979, 4)), ("DataFrame", (2053710, 4)),
