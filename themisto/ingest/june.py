@@ -164,6 +164,69 @@ def _close_unfinished(execution: Execution, pending: _Pending) -> None:
     execution.status = "interrupted" if pending.kernel_event_seen else "unknown"
 
 
+class _Pairing:
+    """The pairing rules of the module docstring, applied event by event to one kernel's trajectory."""
+
+    def __init__(self, traj: Trajectory, ignored: Counter):
+        self.traj, self.ignored = traj, ignored
+        self.executions = traj.executions
+        self.pending: dict[str, _Pending] = {}
+        self.last_finished: dict[str, tuple[str, list[OutputSummary]]] = {}
+
+    def execute(self, ev: JuneEvent) -> None:  # rule 1
+        if ev.cell_index in self.pending:
+            old = self.pending.pop(ev.cell_index)
+            _close_unfinished(self.executions[old.index], old)
+        self.pending[ev.cell_index] = _Pending(len(self.executions))
+        self.executions.append(Execution(cell_id=ev.cell_index, code=ev.cell_source, status="unknown",
+                                         started_at=ev.time, cell_num=ev.cell_num))
+
+    def finished(self, ev: JuneEvent, nxt: JuneEvent | None) -> bool:
+        """Rules 2-4; True when the next event (this run's `error` event) was consumed too."""
+        outputs = ev.outputs or []
+        errored = any(o.output_type == "error" for o in outputs)
+        error = nxt.error if nxt is not None and nxt.event == "error" and nxt.cell_index == ev.cell_index else None
+        previous = self.last_finished.get(ev.cell_index)
+        self.last_finished[ev.cell_index] = (ev.cell_source, outputs)
+        ename, evalue = error if error else (None, None)
+        if ev.cell_index in self.pending:
+            execution = self.executions[self.pending.pop(ev.cell_index).index]
+            execution.status = "error" if (errored or error) else "ok"
+            execution.ename, execution.evalue = ename, evalue
+            execution.outputs = outputs
+            execution.finished_at = ev.time
+        elif error is None and previous == (ev.cell_source, outputs):
+            self.ignored["duplicate_finished_execute"] += 1
+        elif error is not None or errored:
+            self.executions.append(Execution(cell_id=ev.cell_index, code=ev.cell_source, status="error",
+                                             ename=ename, evalue=evalue, outputs=outputs, finished_at=ev.time,
+                                             cell_num=ev.cell_num))
+        else:
+            self.ignored["finished_without_execute"] += 1
+        return error is not None
+
+    def error(self, ev: JuneEvent) -> None:
+        # Rule 5: its finished_execute line is missing, so the code that raised is unknown.
+        ename, evalue = ev.error or (None, None)
+        if ev.cell_index in self.pending:
+            execution = self.executions[self.pending.pop(ev.cell_index).index]
+            execution.status, execution.ename, execution.evalue = "error", ename, evalue
+            execution.finished_at = ev.time
+        else:
+            self.executions.append(Execution(cell_id=ev.cell_index, code="", status="error", ename=ename,
+                                             evalue=evalue, finished_at=ev.time, cell_num=ev.cell_num))
+
+    def kernel_event(self, ev: JuneEvent) -> None:  # rule 7
+        self.traj.events.append(KernelEvent(kind=KERNEL_EVENTS[ev.event], before=len(self.executions),
+                                            time=ev.time))
+        for item in self.pending.values():
+            item.kernel_event_seen = True
+
+    def close(self) -> None:  # rule 6
+        for item in self.pending.values():
+            _close_unfinished(self.executions[item.index], item)
+
+
 def trajectory_from_events(
     events: list[JuneEvent], *, source: str, bad_lines: int = 0
 ) -> Trajectory:
@@ -181,75 +244,25 @@ def trajectory_from_events(
         participant=anonymize(user_ids[0]) if user_ids else None,
         task=task_of(first.notebook_name),
     )
-    ignored: Counter[str] = Counter()
-    if bad_lines:
-        ignored[BAD_LINE] = bad_lines
-    pending: dict[str, _Pending] = {}
-    last_finished: dict[str, tuple[str, list[OutputSummary]]] = {}
-    executions = traj.executions
-
+    ignored: Counter[str] = Counter({BAD_LINE: bad_lines} if bad_lines else {})
+    pairing = _Pairing(traj, ignored)
     i = 0
     while i < len(events):
         ev = events[i]
-        nxt = events[i + 1] if i + 1 < len(events) else None
         i += 1
         if ev.event == "execute":
-            if ev.cell_index in pending:
-                old = pending.pop(ev.cell_index)
-                _close_unfinished(executions[old.index], old)
-            pending[ev.cell_index] = _Pending(len(executions))
-            executions.append(Execution(
-                cell_id=ev.cell_index, code=ev.cell_source, status="unknown", started_at=ev.time,
-                cell_num=ev.cell_num,
-            ))
+            pairing.execute(ev)
         elif ev.event == "finished_execute":
-            outputs = ev.outputs or []
-            errored = any(o.output_type == "error" for o in outputs)
-            error = None
-            if nxt is not None and nxt.event == "error" and nxt.cell_index == ev.cell_index:
-                error = nxt.error
-                i += 1  # the error event belongs to this finish
-            previous = last_finished.get(ev.cell_index)
-            last_finished[ev.cell_index] = (ev.cell_source, outputs)
-            status = "error" if (errored or error) else "ok"
-            ename, evalue = error if error else (None, None)
-            if ev.cell_index in pending:
-                execution = executions[pending.pop(ev.cell_index).index]
-                execution.status = status
-                execution.ename, execution.evalue = ename, evalue
-                execution.outputs = outputs
-                execution.finished_at = ev.time
-            elif error is None and previous == (ev.cell_source, outputs):
-                ignored["duplicate_finished_execute"] += 1
-            elif error is not None or errored:
-                executions.append(Execution(
-                    cell_id=ev.cell_index, code=ev.cell_source, status="error", ename=ename, evalue=evalue,
-                    outputs=outputs, finished_at=ev.time, cell_num=ev.cell_num,
-                ))
-            else:
-                ignored["finished_without_execute"] += 1
+            i += pairing.finished(ev, events[i] if i < len(events) else None)
         elif ev.event == "error":
-            # Rule 5: its finished_execute line is missing, so the code that raised is unknown.
-            ename, evalue = ev.error or (None, None)
-            if ev.cell_index in pending:
-                execution = executions[pending.pop(ev.cell_index).index]
-                execution.status, execution.ename, execution.evalue = "error", ename, evalue
-                execution.finished_at = ev.time
-            else:
-                executions.append(Execution(
-                    cell_id=ev.cell_index, code="", status="error", ename=ename, evalue=evalue,
-                    finished_at=ev.time, cell_num=ev.cell_num,
-                ))
+            pairing.error(ev)
         elif ev.event in KERNEL_EVENTS:
-            traj.events.append(KernelEvent(kind=KERNEL_EVENTS[ev.event], before=len(executions), time=ev.time))
-            for item in pending.values():
-                item.kernel_event_seen = True
+            pairing.kernel_event(ev)
         elif ev.event in NON_EXECUTION_EVENTS:
             ignored[ev.event] += 1
         else:
             ignored[f"unknown:{ev.event}"] += 1
-    for item in pending.values():
-        _close_unfinished(executions[item.index], item)
+    pairing.close()
     traj.ignored = dict(sorted(ignored.items()))
     traj.logged_events = dict(sorted(Counter(ev.event for ev in events).items()))
     return traj
