@@ -263,6 +263,54 @@ def _hash_index(index: Any, h: Any) -> bool:
     return _hash_values(index._values, h)
 
 
+# Raw buffers at least this large are where a Footprint stands their address for their bytes (smaller ones are cheap
+# to hash, and share their pages with other objects).
+SPAN_BYTES = 1 << 16
+
+
+class Footprint:
+    """A hash sink for frames and arrays: the content hash (when asked) and a fingerprint that holds everything the
+    content hash reads except large raw buffers, for which it takes their address and layout, listing where they lie.
+
+    Equal fingerprints and unwritten spans mean equal content (themisto.runtime.agent.pages says which are unwritten).
+    """
+
+    def __init__(self, content: bool = True):
+        self.content = hashlib.sha256() if content else None
+        self.print = hashlib.sha256()
+        self.spans: list[tuple[int, int]] = []
+
+    def update(self, data: Any) -> None:
+        if self.content is not None:
+            self.content.update(data)
+        self.print.update(data)
+
+    def raw(self, values: Any) -> None:
+        """Feed a numpy array's raw bytes: in full where small, else its place in memory to the fingerprint."""
+        if values.nbytes < SPAN_BYTES:
+            self.update(_raw_bytes(values))
+            return
+        if self.content is not None:
+            self.content.update(_raw_bytes(values))
+        address = values.__array_interface__["data"][0]
+        low = high = 0
+        for size, stride in zip(values.shape, values.strides):
+            low, high = low + min(0, stride * (size - 1)), high + max(0, stride * (size - 1))
+        self.print.update(repr(("span", address, values.shape, values.strides, values.dtype.str)).encode())
+        self.spans.append((address + low, address + high + values.itemsize))
+
+    def hexdigest(self) -> str:
+        return (self.content or self.print).hexdigest()
+
+
+def _feed_raw(h: Any, values: Any) -> None:
+    raw = getattr(h, "raw", None)  # a Footprint; a plain sha256 takes the bytes
+    if raw is not None:
+        raw(values)
+    else:
+        h.update(_raw_bytes(values))
+
+
 def _raw_bytes(values: Any) -> memoryview:
     """The array's bytes without a copy where it is contiguous; as uint8, since datetimes refuse the buffer protocol."""
     import numpy as np
@@ -282,7 +330,7 @@ def _hash_values(values: Any, h: Any) -> bool:
             kinds = set(map(type, items))
             _hash_builtin(h, items, kinds)  # tells None from NaN and 1 from "1", unlike pandas' hashes
             return values.ndim == 1 and kinds <= _pickle_leaves()
-        h.update(_raw_bytes(values))
+        _feed_raw(h, values)
         return True
     h.update(_qualname(values).encode() + _dtype_text(values.dtype).encode())
     parts = None
@@ -313,7 +361,7 @@ def _hash_array(value: Any, h: Any) -> bool:
         items = value.tolist()
         _canonical(h, items, [_CANON_NODES], set())
         return value.ndim == 1 and set(map(type, items)) <= _pickle_leaves()
-    h.update(_raw_bytes(value))
+    _feed_raw(h, value)
     return True
 
 
@@ -334,9 +382,24 @@ def content_hash(value: Any) -> str:
     return _content_hash(value)[0]
 
 
-def _content_hash(value: Any) -> tuple[str, bool]:
-    """The content hash, and whether the value is a frame or array of plain values (whose record the hash fixes)."""
-    h = hashlib.sha256()
+def footprint(value: Any, content: bool = True) -> tuple[str | None, str, tuple] | None:
+    """A frame's or array's (content hash or None when not asked, fingerprint, spans of its large raw buffers);
+    None for any other value and for one that cannot be hashed."""
+    module = type(value).__module__ or ""
+    if not ((module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES)
+            or (module == "numpy" and type(value).__name__ == "ndarray")):
+        return None
+    sink = Footprint(content)
+    digest = _content_hash(value, sink)[0]
+    if digest.startswith((UNHASHABLE, "repr:")):
+        return None
+    return (digest if content else None), sink.print.hexdigest()[:HASH_CHARS], tuple(sink.spans)
+
+
+def _content_hash(value: Any, sink: Any = None) -> tuple[str, bool]:
+    """The content hash, and whether the value is a frame or array of plain values (whose record the hash fixes).
+    `sink`: a Footprint to feed instead of a plain sha256."""
+    h = hashlib.sha256() if sink is None else sink
     module = type(value).__module__ or ""
     plain = False
     try:
