@@ -2,7 +2,8 @@
 
 The schema comes from `themisto_dataset.py` and the card from `dataset_card.md` (both at the repository root).
 `check` checks a release folder and `push` uploads it. A release folder loads with
-`datasets.load_dataset(folder, config)` offline, because the card's YAML lists each config's data files. Same rows and settings give byte-identical Parquet files (no timestamps are written).
+`datasets.load_dataset(folder, config)` offline, because the card's YAML lists each config's data files. Same rows
+and settings give byte-identical Parquet files (no timestamps are written).
 """
 
 from __future__ import annotations
@@ -237,20 +238,11 @@ def _described(paths: Iterable[Path]) -> list[dict]:
     return [{"name": p.name, "sha256": sha256_file(p)} for p in sorted(paths, key=lambda p: p.name)]
 
 
-def release_rows(inputs: BuildInputs, steps_default: Path,
-                 progress=None, runner=None) -> tuple[list[dict], dict, dict]:
-    """Read, and replay where needed (with `runner`, see `replay_to_file`), the inputs into `trajectories` rows;
-    returns (rows, source, settings)."""
-    from themisto.release.tasks import trajectory_rows
-
-    if inputs.paper is not None:
-        from themisto.release.paper_rows import read_paper_release
-
-        return read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])}, {}
+def _read_trajectories(inputs: BuildInputs) -> tuple[list[Path], list]:
+    """The logs read (the shipped sample's when no input is named) and the trajectories of every input; ids unique."""
     trajectories = []
     logs = list(inputs.logs)
-    sample = not (logs or inputs.table or inputs.notebooks or inputs.steps)
-    if sample:
+    if not (logs or inputs.table or inputs.notebooks or inputs.steps):
         logs = sorted(SAMPLE_DIR.glob("*.log"))
         if not logs:
             raise ReleaseError(f"{SAMPLE_DIR}: no .log file (generate the sample with `python data/make_sample.py`)")
@@ -271,6 +263,22 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
         if traj.id in seen:
             raise ReleaseError(f"trajectory {traj.id} is read twice from the inputs")
         seen.add(traj.id)
+    return logs, trajectories
+
+
+def release_rows(inputs: BuildInputs, steps_default: Path,
+                 progress=None, runner=None) -> tuple[list[dict], dict, dict]:
+    """Read, and replay where needed (with `runner`, see `replay_to_file`), the inputs into `trajectories` rows;
+    returns (rows, source, settings)."""
+    from themisto.release.tasks import trajectory_rows
+
+    if inputs.paper is not None:
+        from themisto.release.paper_rows import read_paper_release
+
+        return read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])}, {}
+    logs, trajectories = _read_trajectories(inputs)
+    seen = {t.id for t in trajectories}
+    sample = not (inputs.logs or inputs.table or inputs.notebooks or inputs.steps)
     read = [*logs, *([inputs.table] if inputs.table else []), *inputs.notebooks]
     # Logs named explicitly are still the shipped sample when they all lie in data/sample (authored, MIT).
     sample = sample or (bool(logs) and not inputs.table and not inputs.notebooks
