@@ -45,7 +45,6 @@ def _schema_diff(actual, expected) -> list[str]:
 def check_release(folder: str | Path) -> CheckReport:
     """Report a missing config or split, a missing file, a schema or size mismatch, or a changed file."""
     import datasets
-    import pyarrow.parquet as pq
 
     folder = Path(folder)
     report = CheckReport(folder)
@@ -85,19 +84,7 @@ def check_release(folder: str | Path) -> CheckReport:
             if not matches:
                 problems.append(f"{config}/{split}: no file matches {pattern!r}")
                 continue
-            rows = 0
-            for path in matches:
-                rel = path.relative_to(folder).as_posix()
-                try:
-                    meta = pq.ParquetFile(path)
-                except (OSError, ValueError) as exc:
-                    problems.append(f"{rel}: not a readable Parquet file ({exc})")
-                    continue
-                rows += meta.metadata.num_rows
-                for diff in _schema_diff(meta.schema_arrow, expected.arrow_schema):
-                    problems.append(f"{rel}: schema mismatch: {diff}")
-                if rel in recorded and recorded[rel] != sha256_file(path):
-                    problems.append(f"{rel}: sha256 differs from {BUILD_FILE} (changed after the build)")
+            rows = sum(_check_file(folder, path, expected, recorded, problems) for path in matches)
             report.sizes.setdefault(config, {})[split] = rows
             if split in expected_rows and expected_rows[split] != rows:
                 problems.append(f"{config}/{split}: {rows} rows, the card says {expected_rows[split]}")
@@ -105,6 +92,23 @@ def check_release(folder: str | Path) -> CheckReport:
     problems += _split_problems(kernels)
     problems += _eval_yaml_problems(folder, report.sizes)
     return report
+
+
+def _check_file(folder: Path, path: Path, expected, recorded: dict[str, str], problems: list[str]) -> int:
+    """Check one Parquet file against the declared schema and the build's recorded hash; return its row count."""
+    import pyarrow.parquet as pq
+
+    rel = path.relative_to(folder).as_posix()
+    try:
+        meta = pq.ParquetFile(path)
+    except (OSError, ValueError) as exc:
+        problems.append(f"{rel}: not a readable Parquet file ({exc})")
+        return 0
+    for diff in _schema_diff(meta.schema_arrow, expected.arrow_schema):
+        problems.append(f"{rel}: schema mismatch: {diff}")
+    if rel in recorded and recorded[rel] != sha256_file(path):
+        problems.append(f"{rel}: sha256 differs from {BUILD_FILE} (changed after the build)")
+    return meta.metadata.num_rows
 
 
 def _eval_yaml_problems(folder: Path, sizes: dict[str, dict[str, int]]) -> list[str]:
