@@ -90,6 +90,12 @@ def forwarded_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_PREFIXES) or k in _FORWARDED}
 
 
+def remote(ray, function, **options):
+    """`function` as a Ray task whose workers read the driver's Themisto settings (set per task, so that a Ray
+    started before those settings, or by someone else, still gets them)."""
+    return ray.remote(runtime_env={"env_vars": forwarded_environment()}, **options)(function)
+
+
 @contextmanager
 def ray_session(target: RayTarget) -> Iterator[Any]:
     """Ray, connected as `target` says and shut down afterwards; a Ray this process already runs is used as is."""
@@ -97,13 +103,10 @@ def ray_session(target: RayTarget) -> Iterator[Any]:
     if ray.is_initialized():  # the caller (a test, a notebook) started or joined Ray: use it, leave it running
         yield ray
         return
-    runtime_env = {"env_vars": forwarded_environment()}
     if target.address is None:
-        ray.init(num_cpus=target.num_cpus, include_dashboard=False, _temp_dir=target.temp_dir,
-                 runtime_env=runtime_env, log_to_driver=False)
+        ray.init(num_cpus=target.num_cpus, include_dashboard=False, _temp_dir=target.temp_dir, log_to_driver=False)
     else:
-        address = check_reachable(target.address, target.temp_dir)
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        ray.init(address=check_reachable(target.address, target.temp_dir), log_to_driver=False)
     try:
         check_workers(ray)
         yield ray
@@ -147,7 +150,7 @@ def check_workers(ray) -> list[dict]:
     """Run `worker_environment` once on every alive node; ClusterError naming the node where kernels would differ."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    probe = ray.remote(num_cpus=0)(worker_environment)
+    probe = remote(ray, worker_environment, num_cpus=0)
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
     refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
             for n in nodes]

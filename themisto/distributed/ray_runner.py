@@ -13,7 +13,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable, Iterator
 
-from themisto.distributed.cluster import RayTarget, check_reachable, ray_session
+from themisto.distributed.cluster import RayTarget, check_reachable, ray_session, remote
 from themisto.distributed.tasks import TaskFailed, run_tasks
 from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplayFailure, ReplaySettings, Runner, Step
@@ -43,10 +43,14 @@ def replay_runner(target: RayTarget) -> Runner:
         if not pending:
             return
         with ray_session(target) as ray:
-            task = ray.remote(num_cpus=1, max_retries=target.max_retries)(replay_one)
+            task = remote(ray, replay_one, num_cpus=1, max_retries=target.max_retries)
             folder = None if workspace is None else str(workspace)
             say(f"Ray: {len(pending)} trajectories over {int(ray.cluster_resources().get('CPU', 0))} CPUs")
-            results = run_tasks(ray, lambda t: task.remote(t, folder, settings), pending,
+            # longest first, so that no long trajectory starts last and keeps one worker busy alone at the end
+            # (the final file's order does not depend on it)
+            ordered = sorted(pending, key=lambda t: len(t.executions), reverse=True)
+            # the task's name is the worker's process title while it runs (`ray::replay <id>`), and Ray's listings'
+            results = run_tasks(ray, lambda t: task.options(name=f"replay {t.id}").remote(t, folder, settings), ordered,
                                 tries=1 + target.max_retries)
             # closed before Ray shuts down: tasks still running are cancelled while Ray can still reach them
             with closing(results):

@@ -1,0 +1,247 @@
+"""Replay, build and scoring on a local Ray (2 CPUs, started by these tests in their own folder): the same files as a
+local run, a worker killed mid-run costs nothing, a trajectory whose worker dies twice is recorded as failed and
+resumed later, Ctrl-C cleans the kernels up, and nothing imports Ray without --ray."""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from themisto.cli import main
+from themisto.distributed.cluster import ClusterError, RayTarget, check_workers, environment_problems
+from themisto.distributed.ray_runner import replay_runner
+from themisto.ingest.trajectory import Execution, Trajectory
+from themisto.replay.replay import ReplayIncomplete, ReplaySettings, read_steps, replay_to_file
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "data" / "sample"
+# A task1 and a task2 trajectory, cut to their first 30 log lines (12-13 executions each).
+SHORT_LOGS = ("e50c32e4-ef80-44d3-9535-36a5662816af.log", "2851258b-9d31-4a50-b2ec-a96ac55e075c.log")
+FAST = ReplaySettings(cell_timeout_s=20.0, interrupted_timeout_s=2.0)
+# What differs between two replays of the same cells: timings, memory, and object addresses in reprs.
+_VOLATILE = ("execution_time", "memory_bytes")
+_ADDRESS = re.compile(r"0x[0-9a-f]{6,}")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray with 2 CPUs in its own folder (never /tmp/ray), shut down after the module."""
+    ray = pytest.importorskip("ray")
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def short_logs(tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("logs")
+    paths = []
+    for name in SHORT_LOGS:
+        lines = (SAMPLE / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (folder / name).write_text("".join(lines[:30]), encoding="utf-8")
+        paths.append(folder / name)
+    return paths
+
+
+def _traj(tid: str, codes: list[str]) -> Trajectory:
+    return Trajectory(id=tid, notebook="nb.ipynb", source="test",
+                      executions=[Execution(cell_id=f"c{i}", code=code, status="ok") for i, code in enumerate(codes)])
+
+
+def _worker_processes(trajectory_id: str | None = None) -> list[psutil.Process]:
+    """Ray workers of this test process now replaying `trajectory_id` (any, if None): Ray titles a worker with the
+    running task's name, `ray::replay <id>`."""
+    title = "ray::replay " + (trajectory_id or "")
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmdline = proc.cmdline()
+        except psutil.Error:
+            continue
+        if cmdline and (cmdline[0] == title if trajectory_id else cmdline[0].startswith(title)):
+            found.append(proc)
+    return found
+
+
+def _with_kernel(proc: psutil.Process) -> bool:
+    """Whether a worker holds a kernel (its sandbox and kernel processes are the worker's children)."""
+    try:
+        return bool(proc.children(recursive=True))
+    except psutil.Error:
+        return False
+
+
+def _comparable(step) -> dict:
+    data = {k: v for k, v in step.to_dict().items() if k not in _VOLATILE}
+    return json.loads(_ADDRESS.sub("0x…", json.dumps(data, sort_keys=True)))
+
+
+def test_build_on_ray_equals_a_local_build_from_the_same_steps(local_ray, short_logs, tmp_path):
+    on_ray = tmp_path / "A"
+    assert main(["build", *map(str, short_logs), "-o", str(on_ray), "--json", "--ray"]) == 0
+    steps_file = tmp_path / "A.steps.jsonl"
+    steps = read_steps(steps_file)
+    # the steps file lists trajectories in input order, each one's steps in order, whatever order Ray finished them
+    ids = [p.stem for p in short_logs]
+    assert [(s.kernel_id, s.step) for s in steps] == [(i, n) for i in ids for n in range(len(
+        [s for s in steps if s.kernel_id == i]))]
+    assert {s.kernel_id for s in steps} == set(ids) and len(steps) >= 24
+    # a local build (no Ray: it must not even be imported) from those steps writes byte-identical Parquet files
+    local = tmp_path / "B"
+    code = ("import sys; from themisto.cli import main; "
+            f"rc = main(['build', '--steps', {str(steps_file)!r}, '-o', {str(local)!r}]); "
+            "assert 'ray' not in sys.modules, 'a build without --ray imported ray'; sys.exit(rc)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, capture_output=True)
+    parquet = sorted(p.relative_to(on_ray) for p in on_ray.rglob("*.parquet"))
+    assert parquet and parquet == sorted(p.relative_to(local) for p in local.rglob("*.parquet"))
+    for rel in parquet:
+        assert hashlib.sha256((on_ray / rel).read_bytes()).digest() == hashlib.sha256((local / rel).read_bytes()).digest()
+    build_a = json.loads((on_ray / "themisto_build.json").read_text())
+    build_b = json.loads((local / "themisto_build.json").read_text())
+    assert build_a["content_sha256"] == build_b["content_sha256"]
+    # and the Ray workers replayed exactly what a local replay does (the same sandbox, kernel and cells)
+    local_steps = tmp_path / "local.steps.jsonl"
+    assert main(["replay", *map(str, short_logs), "-o", str(local_steps), "--json"]) == 0
+    assert [_comparable(s) for s in read_steps(local_steps)] == [_comparable(s) for s in steps]
+
+
+class WorkerKiller(threading.Thread):
+    """Kills (SIGKILL) the Ray worker replaying `trajectory_id` `count` times, each `after_s` after its kernel
+    appeared (so mid-trajectory)."""
+
+    def __init__(self, trajectory_id: str, count: int, after_s: float = 1.0):
+        super().__init__(daemon=True)
+        self.trajectory_id, self.count, self.after_s, self.killed = trajectory_id, count, after_s, []
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(self.killed) < self.count:
+            for proc in _worker_processes(self.trajectory_id):
+                if proc.pid not in self.killed and _with_kernel(proc):
+                    time.sleep(self.after_s)
+                    proc.send_signal(signal.SIGKILL)
+                    self.killed.append(proc.pid)
+                    break
+            time.sleep(0.05)
+
+
+def test_a_killed_worker_is_retried_and_every_trajectory_is_kept(local_ray, tmp_path):
+    trajectories = [_traj("slow", ["import time", "time.sleep(4)", "x = 1", "x"]),
+                    _traj("quick", ["y = 2", "y * 21"])]
+    killer = WorkerKiller("slow", count=1)  # during `slow`'s 4 s cell
+    killer.start()
+    out = tmp_path / "steps.jsonl"
+    run = replay_to_file(trajectories, out, tmp_path, FAST, runner=replay_runner(RayTarget()),
+                         progress=lambda msg: None)
+    killer.join(timeout=5)
+    assert len(killer.killed) == 1, "no Ray worker was killed"
+    assert sorted(run.replayed) == ["quick", "slow"]
+    steps = read_steps(out)
+    assert [(s.kernel_id, s.step) for s in steps] == [("slow", 0), ("slow", 1), ("slow", 2), ("slow", 3),
+                                                      ("quick", 0), ("quick", 1)]
+    assert steps[3].output.strip() == "1" and steps[5].output.strip() == "42"
+
+
+def test_a_trajectory_whose_worker_dies_twice_is_recorded_failed_and_resumed(local_ray, tmp_path):
+    doomed = _traj("doomed", ["import time", "time.sleep(4)", "z = 3"])
+    trajectories = [_traj("fine", ["a = 1"]), doomed]
+    killer = WorkerKiller("doomed", count=2)  # on both tries
+    killer.start()
+    out = tmp_path / "steps.jsonl"
+    with pytest.raises(ReplayIncomplete, match=r"doomed: WorkerCrashedError") as raised:
+        replay_to_file(trajectories, out, tmp_path, FAST, runner=replay_runner(RayTarget()),
+                       progress=lambda msg: None)
+    killer.join(timeout=5)
+    assert len(killer.killed) == 2 and list(raised.value.failed) == ["doomed"]
+    assert "after 2 tries" in raised.value.failed["doomed"]
+    assert not out.exists()  # nothing half-written under the final name
+    progress = json.loads((tmp_path / "steps.jsonl.progress.json").read_text())
+    assert progress["done"] == ["fine"] and list(progress["failed"]) == ["doomed"]
+    # the rerun keeps `fine` and replays only `doomed`
+    run = replay_to_file(trajectories, out, tmp_path, FAST, runner=replay_runner(RayTarget()),
+                         progress=lambda msg: None)
+    assert run.resumed == ["fine"] and run.replayed == ["doomed"]
+    assert [(s.kernel_id, s.step) for s in read_steps(out)] == [("fine", 0), ("doomed", 0), ("doomed", 1),
+                                                               ("doomed", 2)]
+
+
+def test_ctrl_c_cancels_the_tasks_cleans_their_kernels_and_the_run_resumes(local_ray, tmp_path):
+    trajectories = [_traj("short", ["s = 1"]), _traj("long", ["import time", "time.sleep(30)", "t = 2"])]
+    out = tmp_path / "steps.jsonl"
+    progress = tmp_path / "steps.jsonl.progress.json"
+
+    def press_ctrl_c_once_short_is_written() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if progress.exists() and "short" in progress.read_text():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=press_ctrl_c_once_short_is_written, daemon=True).start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        replay_to_file(trajectories, out, tmp_path, FAST, runner=replay_runner(RayTarget()),
+                       progress=lambda msg: None)
+    assert time.monotonic() - began < 25  # the 30 s cell was interrupted, not waited for
+    deadline = time.monotonic() + 10
+    while any(_with_kernel(p) for p in _worker_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_with_kernel(p) for p in _worker_processes()), "a cancelled task kept its kernel"
+    assert not out.exists()
+    quick = [trajectories[0], _traj("long", ["t = 2"])]  # same ids; `short` must not run again
+    run = replay_to_file(quick, out, tmp_path, FAST, runner=replay_runner(RayTarget()), progress=lambda m: None)
+    assert run.resumed == ["short"] and run.replayed == ["long"]
+
+
+def test_workers_match_the_driver_and_a_different_worker_is_named(local_ray):
+    (found,) = check_workers(local_ray)
+    assert found["themisto"] == str((REPO / "themisto").resolve())  # workers import this working tree
+    driver = dict(found)
+    assert environment_problems(driver, found) == []
+    other = {**found, "sandbox": False, "kernel": {**found["kernel"], "numpy": "2.0.0"}}
+    problems = environment_problems({**driver, "sandbox": True}, other)
+    assert any("bwrap" in p for p in problems) and any("numpy 2.0.0" in p for p in problems)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_address_is_refused_before_anything_starts(tmp_path, capsys):
+    address = f"127.0.0.1:{_free_port()}"  # nobody listens there
+    with pytest.raises(ClusterError, match=re.escape(address)):
+        replay_runner(RayTarget(address=address))
+    assert main(["build", "-o", str(tmp_path / "rel"), "--ray", address]) == 2
+    assert address in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # no steps, no release, no temporary folder
+
+
+def test_nothing_imports_ray_without_the_flag():
+    code = ("import sys, themisto, themisto.cli, themisto.replay.replay, themisto.release.parquet, "
+            "themisto.scoring.scorer, themisto.distributed, themisto.distributed.ray_runner; "
+            "from themisto.cli import build_parser; build_parser().parse_args(['build', '-o', 'x']); "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    found = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+    assert found == "[]"
