@@ -14,6 +14,7 @@ best-effort guard for replaying notebooks and scoring model-written code, not a 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import shutil
@@ -620,6 +621,10 @@ class KernelSession:
             raise RuntimeError("the kernel session is not started (call start() or use it as a context manager)")
         future = asyncio.run_coroutine_threadsafe(coroutine_function(*args, **kwargs), self._loop)
         try:
+            # Timed waits: an interrupt that only sets Python's flag (a cancelled Ray task, _thread.interrupt_main)
+            # is raised here within a quarter second; an untimed wait would sleep through it until the cell ends.
+            while not future.done():
+                concurrent.futures.wait([future], timeout=0.25)
             return future.result()
         except KeyboardInterrupt:
             future.cancel()
