@@ -119,6 +119,7 @@ def test_sys_exit_is_an_error(session):
 def test_killing_the_parent_does_not_reach_the_kernel(session):
     result = _run_hostile(session, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('alive')")
     assert result.status == "ok" and result.outputs[0]["text"] == "alive\n"
+    assert result.suspicious == ["os.kill"]
 
 
 @pytest.mark.parametrize("code", ["print('x' * 200_000_000)", "import os\nos.write(1, b'y' * 200_000_000)"],
@@ -185,3 +186,63 @@ def test_reset_clears_the_child_only(session):
 def test_input_is_refused(session):
     result = _run_hostile(session, "answer = input('name? ')")
     assert (result.status, result.ename) == ("error", "StdinNotImplementedError")
+
+
+# ----- forging attempts: each ends not-ok or flagged suspicious, never a clean `ok` --------------------------------
+
+_FAKE_OK = ('{"status": "ok", "ename": null, "evalue": null, "outputs": [], "duration_s": 0.0, "added": {}, '
+            '"changed": {}, "deleted": {}, "state_hash_after": "0" , "unverified": []}')
+
+
+def _clean_ok(result) -> bool:
+    return result.status == "ok" and not result.suspicious
+
+
+def test_a_fake_report_written_to_every_descriptor_is_not_a_clean_ok(session):
+    code = ("import os, struct\nfake = " + repr(_FAKE_OK) + ".encode()\n"
+            "for fd in range(3, 1024):\n    try:\n        os.write(fd, struct.pack('>cQ', b'R', len(fake)) + fake)\n"
+            "    except OSError:\n        pass\nos._exit(0)")
+    result = _run_hostile(session, code)
+    assert not _clean_ok(result) and result.status == "kernel_died"
+    assert "os._exit" in result.suspicious
+
+
+def test_a_fake_report_written_into_the_report_mapping_is_flagged(session):
+    code = ("import gc, mmap, os\nfake = " + repr(_FAKE_OK) + ".encode()\n"
+            "for obj in gc.get_objects():\n    if isinstance(obj, mmap.mmap) and len(obj) > 2**20:\n"
+            "        obj[8:8 + len(fake)] = fake\n        obj[:8] = len(fake).to_bytes(8, 'big')\nos._exit(0)")
+    result = _run_hostile(session, code)
+    assert not _clean_ok(result)
+    assert "gc.get_objects" in result.suspicious
+
+
+def test_a_patched_hash_function_is_flagged_and_not_used(session):
+    code = ("import sys\nhashing = sys.modules['themisto.runtime.agent.hashing']\n"
+            "hashing.content_hash = lambda value: 'forged'\nhashing.state_hash = lambda hashes: 'forged'\n"
+            "words = ['changed']")
+    result = _run_hostile(session, code)
+    assert result.status == "ok" and any("hashing.content_hash" in s for s in result.suspicious)
+    assert result.changed["words"] != "forged" and result.state_hash_after != "forged"
+
+
+def test_a_monkeypatched_json_dumps_is_flagged_and_the_report_still_arrives(session):
+    # Before the fix the scorer crashed here (`KeyError: 'status'`): the report was written with the patched dumps.
+    result = _run_hostile(session, "import json\njson.dumps = lambda *args, **kwargs: '{}'\nwords = ['x']")
+    assert result.status == "ok" and "words" in result.changed
+    assert result.suspicious == ["patched json.dumps"]
+
+
+def test_garbage_on_inherited_descriptors_costs_only_the_candidate(session):
+    # Before the fix the branch inherited the kernel's zmq sockets, and this hung the scorer.
+    code = "import os\nfor fd in range(3, 1024):\n    try:\n        os.write(fd, b'garbage' * 1000)\n    except OSError:\n        pass\nprint('done')"
+    result = _run_hostile(session, code)
+    assert result.outputs[0]["text"] == "done\n"
+    assert result.suspicious  # the alarm pipe is the one descriptor left, and anything on it is reported
+
+
+def test_ordinary_cells_are_not_suspicious(session):
+    code = ("import matplotlib.pyplot as plt\nimport pandas as pd\nfig = plt.figure()\nplt.plot([1, 2])\nplt.show()\n"
+            "summary = frame.describe()\ntry:\n    1 / 0\nexcept ZeroDivisionError as error:\n    note = str(error)\n"
+            "summary")
+    result = _run_hostile(session, code, timeout_s=30)  # importing matplotlib takes a second or two
+    assert result.status == "ok" and result.suspicious == []

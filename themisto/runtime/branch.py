@@ -8,6 +8,7 @@ return the same BranchResult record. Like the kernel sandbox, this is a best-eff
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,9 @@ class BranchResult:
     # ename, evalue, outputs, duration_s and truncated; and content hashes of the asked names in the state they left.
     continuation: list[dict] = field(default_factory=list)
     continuation_state: dict[str, str] | None = None
+    # What the candidate touched in the machinery (gc walks, ctypes, /proc, signals, patched modules, a malformed
+    # report), as its branch's monitor saw it; empty when nothing. A leaderboard audits these.
+    suspicious: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,18 +69,90 @@ def _traceback(outputs: list[dict]) -> list[str]:
     return [_ANSI_RE.sub("", line) for line in errors[-1].get("traceback", [])] if errors else []
 
 
-def _from_agent(raw: dict) -> BranchResult:
+def _from_agent(raw: Any, index: int, output_bytes: int) -> BranchResult:
+    """A BranchResult from one branch report; a report that fails `_report_problem` becomes that candidate's
+    `error` (it came from the candidate's own process, which may have forged or broken it)."""
+    problem = _report_problem(raw, output_bytes)
+    if problem is not None:
+        suspicious = raw.get("suspicious") if isinstance(raw, dict) else None
+        return BranchResult(index=index, status="error", outputs=[], ename="MalformedReport",
+                            evalue=f"the branch's report was malformed: {problem}",
+                            suspicious=_strings(suspicious) + ["malformed report"], method="fork")
     workdir = raw.get("workdir") or {}
     changes = {key: list(workdir.get(key, [])) for key in ("added", "deleted", "modified") if workdir.get(key)}
     outputs = raw.get("outputs", [])
     return BranchResult(
-        index=int(raw["index"]), status=raw["status"], outputs=outputs, ename=raw.get("ename"),
+        index=index, status=raw["status"], outputs=outputs, ename=raw.get("ename"),
         evalue=raw.get("evalue"), traceback=_traceback(outputs), duration_s=float(raw.get("duration_s", 0.0)),
         added=raw.get("added") or {}, changed=raw.get("changed") or {}, deleted=raw.get("deleted") or {},
         state_hash_after=raw.get("state_hash_after"), truncated=bool(raw.get("truncated", False)),
         unverified=list(raw.get("unverified", [])), workdir_changes=changes,
         workdir_restored=not workdir.get("unrestored"), method="fork",
-        continuation=_continuation_cells(raw.get("continuation")), continuation_state=_name_hashes(raw))
+        continuation=_continuation_cells(raw.get("continuation")), continuation_state=_name_hashes(raw),
+        suspicious=_strings(raw.get("suspicious")))
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(item)[:200] for item in value[:32]] if isinstance(value, list) else []
+
+
+_OUTPUT_FIELDS = {"stream": {"name": str, "text": str}, "display_data": {"data": dict, "metadata": dict},
+                  "execute_result": {"data": dict, "metadata": dict}, "error": {"ename": str, "evalue": str,
+                                                                               "traceback": list}}
+# Room in a report beyond the outputs' own cap: the cap marker, error tracebacks, JSON quoting.
+_REPORT_SLACK_BYTES = 1 << 20
+_HASH_CHARS_MAX = 128
+
+
+def _output_problem(output: Any) -> str | None:
+    if not isinstance(output, dict) or output.get("output_type") not in _OUTPUT_FIELDS:
+        return "an output that is not an nbformat output"
+    for key, kind in _OUTPUT_FIELDS[output["output_type"]].items():
+        if not isinstance(output.get(key), kind):
+            return f"a {output['output_type']} output whose {key!r} is not a {kind.__name__}"
+    if output["output_type"] == "error" and not all(isinstance(line, str) for line in output["traceback"]):
+        return "an error output whose traceback is not a list of str"
+    return None
+
+
+def _hashes_problem(raw: dict, key: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(n, str) and isinstance(h, str) and len(h) <= _HASH_CHARS_MAX
+                                              for n, h in value.items()):
+        return f"{key!r} is not a map of names to hashes"
+    return None
+
+
+def _report_problem(raw: Any, output_bytes: int) -> str | None:
+    """What is wrong with a branch report's shape, types or size, or None when it can be used."""
+    if not isinstance(raw, dict):
+        return f"a {type(raw).__name__}, not an object"
+    if raw.get("status") not in _CELL_STATUSES:
+        return f"status {str(raw.get('status'))[:40]!r}"
+    for key in ("ename", "evalue", "state_hash_after"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            return f"{key!r} is not a string"
+    if not isinstance(raw.get("duration_s", 0.0), (int, float)) or isinstance(raw.get("duration_s"), bool):
+        return "'duration_s' is not a number"
+    outputs = raw.get("outputs", [])
+    if not isinstance(outputs, list):
+        return "'outputs' is not a list"
+    for output in outputs:
+        problem = _output_problem(output)
+        if problem is not None:
+            return problem
+    size = len(json.dumps(outputs, default=str))
+    if size > 2 * output_bytes + _REPORT_SLACK_BYTES:
+        return f"its outputs take {size:,} bytes, over the output cap of {output_bytes:,}"
+    for key in ("added", "changed", "deleted", "continuation_state"):
+        problem = _hashes_problem(raw, key)
+        if problem is not None:
+            return problem
+    if not isinstance(raw.get("unverified", []), list) or not isinstance(raw.get("workdir") or {}, dict):
+        return "'unverified' or 'workdir' has the wrong type"
+    return None
 
 
 _CELL_STATUSES = ("ok", "error", "timeout", "kernel_died")
@@ -117,7 +193,10 @@ def _fork_branches(session: Any, candidates: list[list[str]], *, timeout_s: floa
         answer = agent_call(session, call, timeout=budget)
     except AgentError as error:
         raise BranchError(f"fork branches of {len(candidates)} candidate(s) failed: {error}") from error
-    return [_from_agent(raw) for raw in answer["results"]]
+    reports = answer.get("results") if isinstance(answer, dict) else None
+    if not isinstance(reports, list) or len(reports) != len(candidates):
+        raise BranchError(f"fork branches of {len(candidates)} candidate(s): the kernel's answer was malformed")
+    return [_from_agent(raw, index, output_bytes) for index, raw in enumerate(reports)]
 
 
 def _replay_prefix(session: Any, prefix: list[str]) -> None:

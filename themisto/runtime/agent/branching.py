@@ -10,10 +10,12 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import mmap
 import os
 import random
 import select
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from themisto.runtime.agent.namespace import (_GRACE_S, _MAX_MESSAGE, _MONITOR_R
 from themisto.runtime.agent.hashing import content_hash, state_hash
 from themisto.runtime.agent.snapshots import _CACHE
 from themisto.runtime.agent.workdir import WorkdirGuard, _GUARDS
+from themisto.runtime.agent.integrity import Guard, close_inherited, json_encoder, read_alarms, seal, sealed_method
 from themisto.runtime.agent.capture import _BranchTimeout, _Recorder, _install_capture, _read_fd_output
 
 
@@ -58,6 +61,7 @@ class _BranchPlan:
     random_state: Any
     # After a continuation (cells run after the candidate), hash only these names (None: every user variable).
     state_names: frozenset[str] | None = None
+    guard: Any = None  # the child's own Guard (integrity), armed while candidate code runs
 
 
 def _fingerprint(value: Any) -> Any:
@@ -144,8 +148,12 @@ def _run_cell(shell: Any, code: str, plan: _BranchPlan, fd_out: dict[int, int], 
     started = time.perf_counter()
     signal.setitimer(signal.ITIMER_REAL, plan.timeout_s)
     try:
+        if plan.guard is not None:
+            plan.guard.arm()
         run = shell.run_cell(code, store_history=False, silent=False)
     finally:
+        if plan.guard is not None:
+            plan.guard.disarm()
         signal.setitimer(signal.ITIMER_REAL, 0)
     duration = time.perf_counter() - started
     try:
@@ -192,11 +200,36 @@ def _run_continuation(shell: Any, cells: list[str], plan: _BranchPlan, fd_out: d
     return reports, state
 
 
-def _unsafe_run_candidate(shell: Any, cells: list[str], plan: _BranchPlan, wfd: int) -> None:
+# The report channel: an anonymous shared mapping the monitor makes before forking the candidate (no descriptor,
+# no module global); a length prefix written last says the report is complete.
+_REPORT_BYTES = 32 * 2**20  # on top of four times the output cap
+_ALARM_BYTES = 16384
+_SEALED = ("themisto.runtime.agent.namespace", "themisto.runtime.agent.hashing", "themisto.runtime.agent.snapshots",
+           "themisto.runtime.agent.branching")
+
+
+@dataclass(frozen=True)
+class _SealedCache:
+    """The snapshot cache's lookup as the hashing code of a branch child sees it: bound before the candidate ran."""
+
+    kept_hash: Any
+
+
+def _write_report(channel: mmap.mmap, data: bytes) -> None:
+    if len(data) > len(channel) - 8:
+        data = b'{"status": "error", "ename": "BranchAgentError", "evalue": "the report was over its size limit"}'
+    channel[8:8 + len(data)] = data
+    channel[:8] = len(data).to_bytes(8, "big")
+
+
+def _unsafe_run_candidate(shell: Any, cells: list[str], plan: _BranchPlan, channel: mmap.mmap,
+                          alarm_fd: int) -> None:
     """The one place a candidate runs: in the grandchild, under its own memory cap and timer, followed by its
-    continuation cells (`cells[1:]`) when given. Never returns."""
+    continuation cells (`cells[1:]`) when given. Its only descriptors: stdin, the output files, the alarm pipe; it
+    hashes and reports with code sealed before the candidate ran. Never returns."""
     result: dict[str, Any] = {"status": "error", "ename": "BranchAgentError", "evalue": "the child failed to start"}
     timed_out = [False]
+    exit_now, encode = os._exit, None
     try:
         os.setpgid(0, 0)  # its own process group, so the kernel can kill it with everything it forks
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -205,17 +238,26 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: _BranchPlan, wfd: 
         fd_out = {1: os.memfd_create("themisto-stdout"), 2: os.memfd_create("themisto-stderr")}
         for target, source in fd_out.items():
             os.dup2(source, target)  # fd-level output must not reach the kernel's capture pipe (it would leak)
+        fd_out = {1: 1, 2: 2}  # read back through 1 and 2: the candidate gets no other descriptor to them
+        close_inherited({0, 1, 2, alarm_fd})  # the kernel's zmq sockets and pipes included
+        encode = json_encoder()
+        spaces = seal([sys.modules[name] for name in _SEALED])
+        space = spaces["themisto.runtime.agent.branching"]
+        space["_CACHE"] = _SealedCache(sealed_method(_CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
+        plan.guard = Guard(alarm_fd)
         import resource
 
         limit, _ = _data_limit(plan.memory_bytes)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-        result = _run_cell(shell, cells[0], plan, fd_out, timed_out)
+        result = space["_run_cell"](shell, cells[0], plan, fd_out, timed_out)
+        plan.guard.check()
         hashing = time.perf_counter()
-        result.update(_delta(shell, plan))
+        result.update(space["_delta"](shell, plan))
         result["delta_s"] = time.perf_counter() - hashing
         if len(cells) > 1 and not timed_out[0]:
-            result["continuation"], result["continuation_state"] = _run_continuation(shell, cells[1:], plan,
-                                                                                     fd_out, timed_out)
+            result["continuation"], result["continuation_state"] = space["_run_continuation"](
+                shell, cells[1:], plan, fd_out, timed_out)
+            plan.guard.check()
     except BaseException as error:  # noqa: BLE001 - the child reports whatever happened, then always exits
         result.setdefault("outputs", [])
         result.update({"status": "timeout" if timed_out[0] else "error",
@@ -223,16 +265,20 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: _BranchPlan, wfd: 
                        "evalue": f"{type(error).__name__}: {error}"[:1000]})
     finally:
         try:
-            _send(wfd, b"R", json.dumps(result, default=str).encode("utf-8", "replace"))
+            try:
+                data = encode(result) if encode is not None else json.dumps(result, default=str)
+            except BaseException as error:  # noqa: BLE001 - an unencodable report is still a report
+                data = encode({"status": "error", "ename": "BranchAgentError", "outputs": [],
+                               "evalue": f"the report could not be encoded: {type(error).__name__}"[:1000]})
+            _write_report(channel, data.encode("utf-8", "replace"))
         finally:
-            os._exit(0)
+            exit_now(0)
 
 
-def _monitor(shell: Any, cells: list[str], plan: _BranchPlan, wfd: int) -> None:
-    """The kernel's child: a new session, the subreaper of the candidate's processes, and their reaper. Never returns.
-
-    The candidate runs one level further down, so `os.kill(os.getppid(), 9)` in it hits this monitor, not the kernel.
-    """
+def _monitor(shell: Any, cells: list[str], plan: _BranchPlan, wfd: int, channel: mmap.mmap, alarm_w: int) -> None:
+    """The kernel's child: a new session, the subreaper of the candidate's processes, and their reaper; it tells the
+    kernel the candidate's pid ("P") and when it ended ("D"). Never returns. The candidate runs one level further
+    down, so `os.kill(os.getppid(), 9)` in it hits this monitor, not the kernel."""
     code_out = 97
     try:
         os.setsid()
@@ -242,19 +288,21 @@ def _monitor(shell: Any, cells: list[str], plan: _BranchPlan, wfd: int) -> None:
             pass
         child = os.fork()
         if child == 0:
-            _unsafe_run_candidate(shell, cells, plan, wfd)
+            _unsafe_run_candidate(shell, cells, plan, channel, alarm_w)
+        os.close(alarm_w)
         try:
             os.setpgid(child, child)
         except OSError:
             pass  # the child already did it, or already exited
         _send(wfd, b"P", str(child).encode())
-        os.close(wfd)
         while True:
             pid, status = os.waitpid(-1, 0)
             if pid == child:
                 exit_code = os.waitstatus_to_exitcode(status)
                 code_out = min(exit_code, 99) if exit_code >= 0 else 100 - exit_code  # 100 + signal number
                 break
+        _send(wfd, b"D", str(code_out).encode())
+        os.close(wfd)
         # Whatever the candidate left behind (sleeping children, a fork storm) dies with its group; orphans that
         # left the group were reparented to this subreaper and are killed one by one.
         try:
@@ -316,9 +364,36 @@ def _wait_monitor(pid: int, until: float) -> int | None:
         time.sleep(0.002)
 
 
+def _candidate_exit(pid: int, until: float) -> None:
+    """Wait (until `until`) for a process that is not our child to end: the candidate whose monitor it killed."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return
+    try:
+        select.select([pidfd], [], [], max(0.0, until - time.monotonic()))
+    finally:
+        os.close(pidfd)
+
+
+def _read_alarms(fd: int, alarms: bytearray) -> bool:
+    """Read what is ready on the alarm pipe into `alarms` (bounded); False at end of file or when nothing is ready."""
+    try:
+        chunk = os.read(fd, 65536)
+    except BlockingIOError:
+        return False
+    alarms += chunk[:_ALARM_BYTES - len(alarms)]
+    return bool(chunk)
+
+
 def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dict:
-    """Fork the monitor, collect the candidate's report until its deadline, then kill and reap everything."""
+    """Fork the monitor, collect the candidate's alarms and report until its deadline, then kill and reap everything.
+
+    The kernel holds the candidate's channels itself (the report's shared mapping, the alarm pipe), so a candidate
+    that kills its monitor still reports, and is still seen."""
     rfd, wfd = os.pipe()
+    alarm_r, alarm_w = os.pipe()
+    channel = mmap.mmap(-1, 4 * plan.output_bytes + _REPORT_BYTES)  # shared, anonymous: pages cost once written
     started = time.monotonic()
     deadline = started + plan.timeout_s * len(cells) + _GRACE_S
     gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
@@ -326,12 +401,14 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
         monitor = os.fork()
         if monitor == 0:
             os.close(rfd)
-            _monitor(shell, cells, plan, wfd)
+            os.close(alarm_r)
+            _monitor(shell, cells, plan, wfd, channel, alarm_w)
     finally:
         gc.unfreeze()
     os.close(wfd)
+    os.close(alarm_w)
     messages: dict[bytes, bytes] = {}
-    buffer = bytearray()
+    buffer, alarms = bytearray(), bytearray()
     monitor_status: int | None = None
     timed_out = False
     try:
@@ -341,16 +418,19 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
     try:
         poller = select.poll()
         poller.register(rfd, select.POLLIN | select.POLLHUP)
+        poller.register(alarm_r, select.POLLIN | select.POLLHUP)
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)
         eof = False
-        while b"R" not in messages:
+        while b"D" not in messages:
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
             wait_ms = left * 1000 if pidfd is not None else min(left * 1000, 20)
             for fd, _ in poller.poll(max(1, int(wait_ms))):
+                if fd == alarm_r and not _read_alarms(alarm_r, alarms):
+                    poller.unregister(alarm_r)
                 if fd == rfd:
                     chunk = os.read(rfd, 1 << 20)
                     if chunk:
@@ -365,25 +445,16 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
                     monitor_status = status
                     if pidfd is not None:
                         poller.unregister(pidfd)
-            if b"R" in messages:
-                break
-            if monitor_status is not None and os.WIFEXITED(monitor_status):
-                # The monitor reaped the candidate: everything it wrote is in the pipe already.
-                os.set_blocking(rfd, False)
-                try:
-                    while chunk := os.read(rfd, 1 << 20):
-                        buffer += chunk
-                except BlockingIOError:
-                    pass
-                _parse_messages(buffer, messages)
-                break
-            if eof and monitor_status is not None:
+            if b"D" in messages or (eof and monitor_status is not None):
                 break
             if eof and pidfd is None:
                 time.sleep(0.002)
+        if b"D" not in messages and b"P" in messages and not timed_out:
+            _candidate_exit(int(messages[b"P"]), deadline)  # its monitor died first: the candidate may still report
+            timed_out = time.monotonic() >= deadline
     finally:
         child = int(messages[b"P"]) if b"P" in messages else None
-        if child is not None and (timed_out or b"R" not in messages or monitor_status is not None):
+        if child is not None and (timed_out or b"D" not in messages or monitor_status is not None):
             for kill in (os.killpg, os.kill):
                 try:
                     kill(child, signal.SIGKILL)
@@ -394,12 +465,19 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
         if monitor_status is None:
             os.kill(monitor, signal.SIGKILL)
             _, monitor_status = os.waitpid(monitor, 0)
+        os.set_blocking(alarm_r, False)
+        while len(alarms) < _ALARM_BYTES and _read_alarms(alarm_r, alarms):
+            pass
         os.close(rfd)
+        os.close(alarm_r)
         if pidfd is not None:
             os.close(pidfd)
     elapsed = time.monotonic() - started
-    if b"R" in messages:
-        result = json.loads(messages[b"R"].decode("utf-8"))
+    length = int.from_bytes(channel[:8], "big")
+    result = _decode_report(channel[8:8 + length]) if 0 < length <= len(channel) - 8 else None
+    channel.close()
+    if result is not None:
+        pass
     elif timed_out:
         result = {"status": "timeout", "ename": "CellTimeout",
                   "evalue": f"the cell ran past its {plan.timeout_s:g} s timeout; the branch was killed",
@@ -409,7 +487,21 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
                   "outputs": [], "duration_s": elapsed}
     result["index"] = index
     result["wall_s"] = elapsed
+    # The kernel's word, not the candidate's: what the candidate touched while it ran.
+    result["suspicious"] = read_alarms(bytes(alarms))
     return result
+
+
+def _decode_report(data: bytes) -> dict:
+    """The candidate's report as a dict; a report that is not a JSON object is that candidate's `error`."""
+    try:
+        report = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        report = f"{type(error).__name__}"
+    if not isinstance(report, dict):
+        return {"status": "error", "ename": "MalformedReport", "outputs": [],
+                "evalue": f"the branch's report is not a JSON object ({str(report)[:80]})"}
+    return report
 
 
 def _death_reason(monitor_status: int | None) -> str:
