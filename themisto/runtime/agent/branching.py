@@ -204,8 +204,7 @@ def _run_continuation(shell: Any, cells: list[str], plan: _BranchPlan, fd_out: d
 # no module global); a length prefix written last says the report is complete.
 _REPORT_BYTES = 32 * 2**20  # on top of four times the output cap
 _ALARM_BYTES = 16384
-_SEALED = ("themisto.runtime.agent.namespace", "themisto.runtime.agent.hashing", "themisto.runtime.agent.snapshots",
-           "themisto.runtime.agent.branching")
+_AGENT = "themisto.runtime.agent."
 
 
 @dataclass(frozen=True)
@@ -241,7 +240,8 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: _BranchPlan, chann
         fd_out = {1: 1, 2: 2}  # read back through 1 and 2: the candidate gets no other descriptor to them
         close_inherited({0, 1, 2, alarm_fd})  # the kernel's zmq sockets and pipes included
         encode = json_encoder()
-        spaces = seal([sys.modules[name] for name in _SEALED])
+        # Every agent module, so the hashing and delta code the child runs after the candidate is the sealed copy.
+        spaces = seal([module for name, module in list(sys.modules.items()) if name.startswith(_AGENT)])
         space = spaces["themisto.runtime.agent.branching"]
         space["_CACHE"] = _SealedCache(sealed_method(_CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
         plan.guard = Guard(alarm_fd)
