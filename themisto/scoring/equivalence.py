@@ -17,9 +17,9 @@ import math
 import re
 from dataclasses import dataclass
 
-from themisto.scoring.text_scores import normalize_whitespace
-
 from themisto.scoring.frame_text import aligned, parse_table
+from themisto.scoring.text_scores import clip, normalize_whitespace
+
 __all__ = ["Verdict", "outputs_equivalent", "image_placeholder"]
 
 
@@ -71,8 +71,8 @@ def _int_text(number: str) -> str:
     return f"-{digits}" if number.startswith("-") and digits != "0" else digits
 
 
-def _clip(text: str, width: int = 60) -> str:
-    return text if len(text) <= width else f"{text[:width - 3]}..."
+def _shown(text: str) -> str:
+    return clip(text, 60)  # a value quoted in a reason
 
 
 def _numbers_close(a: str, b: str, tol: _Tolerance) -> bool:
@@ -92,7 +92,7 @@ def _numbers_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
         return None
     for index, (a, b) in enumerate(zip(pred_numbers, ref_numbers)):
         if not _numbers_close(a, b, tol):
-            return Verdict(False, "numbers", f"number {index + 1} differs: {_clip(a)} vs {_clip(b)}")
+            return Verdict(False, "numbers", f"number {index + 1} differs: {_shown(a)} vs {_shown(b)}")
     return Verdict(True, "numbers", f"{len(ref_numbers)} number(s) agree within tolerance")
 
 
@@ -123,7 +123,7 @@ def _table_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
     for key in sorted(common, key=str):
         if not _cells_equal(a.cells[key], b.cells[key], tol):
             return Verdict(False, "table", f"cell [{key[0]!r}, {key[2]!r}] differs: "
-                                           f"{_clip(a.cells[key])} vs {_clip(b.cells[key])}")
+                                           f"{_shown(a.cells[key])} vs {_shown(b.cells[key])}")
     return Verdict(True, "table", f"{len(common)} visible cell(s) agree; shape {a.shape[0]} x {a.shape[1]}")
 
 
@@ -179,7 +179,7 @@ def _error_rule(pred: str, ref: str, tol: _Tolerance) -> Verdict | None:
     if a[1] != b[1]:
         return Verdict(False, "error", f"different errors: {a[1]} vs {b[1]}")
     if a[2] != b[2]:
-        return Verdict(False, "error", f"{a[1]} with different messages: {_clip(a[2])!r} vs {_clip(b[2])!r}")
+        return Verdict(False, "error", f"{a[1]} with different messages: {_shown(a[2])!r} vs {_shown(b[2])!r}")
     if a[0] != b[0] and not _cells_equal(a[0], b[0], tol):
         return Verdict(False, "error", f"same {a[1]}, but the output printed before it differs")
     return Verdict(True, "error", f"same {a[1]} and message")
@@ -213,7 +213,7 @@ def _first_difference(pred: str, ref: str) -> str:
     pred_lines, ref_lines = pred.split("\n"), ref.split("\n")
     for number, (a, b) in enumerate(zip(pred_lines, ref_lines), start=1):
         if a != b:
-            return f"line {number} differs: {_clip(a)!r} vs {_clip(b)!r}"
+            return f"line {number} differs: {_shown(a)!r} vs {_shown(b)!r}"
     return f"{len(pred_lines)} line(s) vs {len(ref_lines)} line(s)"
 
 

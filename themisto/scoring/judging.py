@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from themisto.scoring.records import REASON_CHARS, ExampleRecord, PredictionRecord, ScoreSettings, pass_at_k
+from themisto.scoring.text_scores import clip as clip_text
 
 
 def compared_output(outputs: list[dict]) -> str:
@@ -25,8 +26,8 @@ def compared_output(outputs: list[dict]) -> str:
 
 
 def clip(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
+    """A reason on one line, at most REASON_CHARS long."""
+    return clip_text(" ".join(str(text).split()), REASON_CHARS)
 
 
 def _delta(result) -> dict[str, dict[str, str]]:
@@ -91,6 +92,7 @@ def judge(record: PredictionRecord, reference, candidate, settings: ScoreSetting
 
     record.outcome = candidate.status
     record.duration_s = round(float(candidate.duration_s), 6)
+    record.suspicious = list(getattr(candidate, "suspicious", None) or [])
     if candidate.status in ("timeout", "kernel_died"):
         record.exec_ok = record.output_match = record.state_match = record.functional_match = False
         what = "ran past its time limit" if candidate.status == "timeout" else "its branch process died"

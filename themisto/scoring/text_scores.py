@@ -50,6 +50,15 @@ def normalize_whitespace(text: str) -> str:
     return text.strip("\n")
 
 
+def clip(text: str, width: int) -> str:
+    """`text` cut to at most `width` characters, marked with "..." where it was cut.
+
+    >>> clip("abcdefgh", 6), clip("abc", 6)
+    ('abc...', 'abc')
+    """
+    return text if len(text) <= width else f"{text[:max(width - 3, 0)]}..."
+
+
 def code_tokens(text: str) -> list[str]:
     """Tokens for ROUGE-L: identifiers, numbers, whole string literals, and each operator or punctuation mark.
 
