@@ -4,8 +4,10 @@ before each scored step. The only module here that runs predictions (`unsafe_exe
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -226,30 +228,55 @@ def same_predictions(earlier: TrajectoryScore, group: Sequence[Example],
 # Files: predictions in, results out (written per trajectory, resumable)
 
 
+def default_workers() -> int:
+    """As many trajectories at once as this process may use cores (one kernel each)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def execute_examples(permit: ExecutionPermit, release: Release, examples: list[Example],
              by_id: dict[str, list[PredictionRecord]], summaries: dict[str, ExampleRecord], settings: ScoreSettings,
              workspace: str | Path | None, done: Mapping[str, TrajectoryScore],
-             on_trajectory: Callable[[TrajectoryScore], None] | None, progress: Callable[[str], None]) -> None:
+             on_trajectory: Callable[[TrajectoryScore], None] | None, progress: Callable[[str], None],
+             workers: int | None = None) -> None:
+    """Execute every trajectory's examples (`workers` trajectories at once, each in its own kernel; default: one per
+    core) and put the records into `summaries` and `by_id`; the same records whatever the number of workers."""
     groups: dict[str, list[Example]] = {}
     for example in examples:
         groups.setdefault(release.task_rows[example.id]["kernel_id"], []).append(example)
-    with tempfile.TemporaryDirectory(prefix="themisto-score-") as tmp:
-        folder: Path | None = None
-        for number, (kernel_id, group) in enumerate(sorted(groups.items()), start=1):
-            earlier = done.get(kernel_id)
-            if earlier is not None and same_predictions(earlier, group, by_id):
-                result = earlier
-                progress(f"[{number}/{len(groups)}] {kernel_id}: kept from the earlier run")
-            else:
-                if folder is None:  # only a run that executes something needs the workspace
-                    folder = prepare_workspace(release, workspace, Path(tmp))
-                result = unsafe_execute_trajectory(permit, release, kernel_id, group, by_id, folder, settings)
-                if on_trajectory is not None:
-                    on_trajectory(result)
-                counts = {s: sum(1 for e in result.examples if e.status == s) for s in EXAMPLE_STATUSES}
-                progress(f"[{number}/{len(groups)}] {kernel_id}: {len(group)} example(s) in {result.replay_s:.1f} s "
-                         f"({', '.join(f'{s} {n}' for s, n in counts.items() if n)})")
-            for summary in result.examples:
-                summaries[summary.id] = summary
-            for record in result.predictions:
-                by_id[record.id][record.index] = record
+    ordered = sorted(groups.items())
+    results: dict[str, TrajectoryScore] = {}
+    pending = []
+    for number, (kernel_id, group) in enumerate(ordered, start=1):
+        earlier = done.get(kernel_id)
+        if earlier is not None and same_predictions(earlier, group, by_id):
+            results[kernel_id] = earlier
+            progress(f"[{number}/{len(groups)}] {kernel_id}: kept from the earlier run")
+        else:
+            pending.append((number, kernel_id, group))
+    if pending:
+        with tempfile.TemporaryDirectory(prefix="themisto-score-") as tmp:
+            folder = prepare_workspace(release, workspace, Path(tmp))  # only a run that executes needs it
+
+            def run(item: tuple[int, str, list[Example]]) -> TrajectoryScore:
+                return unsafe_execute_trajectory(permit, release, item[1], item[2], by_id, folder, settings)
+
+            count = max(1, min(workers or default_workers(), len(pending)))
+            # Threads suffice: each trajectory's work happens in its own kernel process; the host only waits.
+            with ThreadPoolExecutor(max_workers=count, thread_name_prefix="themisto-score") as pool:
+                futures = {pool.submit(run, item): item for item in pending}
+                for future in as_completed(futures):
+                    number, kernel_id, group = futures[future]
+                    result = results[kernel_id] = future.result()
+                    if on_trajectory is not None:
+                        on_trajectory(result)
+                    counts = {s: sum(1 for e in result.examples if e.status == s) for s in EXAMPLE_STATUSES}
+                    progress(f"[{number}/{len(groups)}] {kernel_id}: {len(group)} example(s) in "
+                             f"{result.replay_s:.1f} s ({', '.join(f'{s} {n}' for s, n in counts.items() if n)})")
+    for kernel_id, _ in ordered:
+        for summary in results[kernel_id].examples:
+            summaries[summary.id] = summary
+        for record in results[kernel_id].predictions:
+            by_id[record.id][record.index] = record

@@ -94,6 +94,11 @@ def aggregate(examples: Sequence[ExampleRecord], predictions: Sequence[Predictio
         notes.append(f"{len(unverified)} example(s) ran in a rebuilt state whose hash differs from the release's: "
                      + ", ".join(unverified[:10]))
     scores["outcomes"] = {o: sum(1 for r in predictions if r.outcome == o) for o in OUTCOMES}
+    suspicious = [f"{r.id}#{r.index}" for r in predictions if r.suspicious]
+    scores["suspicious_predictions"] = len(suspicious)
+    if suspicious:
+        notes.append(f"{len(suspicious)} prediction(s) touched the scorer's machinery (see each record's "
+                     "`suspicious`): " + ", ".join(suspicious[:10]) + (" ..." if len(suspicious) > 10 else ""))
     return scores, notes
 
 
@@ -105,12 +110,12 @@ def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | N
           settings: ScoreSettings | None = None, execute: bool = False, release: str | Path | Release | None = None,
           workspace: str | Path | None = None, done: Mapping[str, TrajectoryScore] | None = None,
           on_trajectory: Callable[[TrajectoryScore], None] | None = None,
-          progress: Callable[[str], None] | None = None) -> ScoreResult:
+          progress: Callable[[str], None] | None = None, workers: int | None = None) -> ScoreResult:
     """Score predictions (a string, or a list of strings, per example) against references.
 
     With `execute=True` (and HF_ALLOW_CODE_EVAL=1) next_cell predictions also run in the exact pre-cell state
     rebuilt from `release`; `done` holds trajectories scored by an earlier run (resume), `on_trajectory` receives
-    each trajectory as it finishes.
+    each trajectory as it finishes; `workers` trajectories run at once (default: one per core).
     """
     settings = settings or ScoreSettings()
     permit = gate_permit(execute=True) if execute else None  # refuses before any input is read
@@ -130,7 +135,7 @@ def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | N
         loaded = release if isinstance(release, Release) else load_release(release, settings.task)
         check_against_release(examples, loaded)
         execute_examples(permit, loaded, examples, by_id, summaries, settings, workspace, done or {}, on_trajectory,
-                 progress or (lambda msg: print(msg, file=sys.stderr, flush=True)))
+                 progress or (lambda msg: print(msg, file=sys.stderr, flush=True)), workers)
     ordered_examples = [summaries[e.id] for e in examples]
     ordered_records = [r for e in examples for r in by_id[e.id]]
     scores, notes = aggregate(ordered_examples, ordered_records, settings, executed=permit is not None)
@@ -230,7 +235,7 @@ def resume_header(release: str | Path, ids: list[str], texts: list, settings: Sc
 def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
                   settings: ScoreSettings = ScoreSettings(), *, execute: bool = False,
                   workspace: str | Path | None = None, resume: bool = True,
-                  progress: Callable[[str], None] | None = None) -> ScoreRun:
+                  progress: Callable[[str], None] | None = None, workers: int | None = None) -> ScoreRun:
     """Score a predictions JSONL against a release's targets and write the results JSON to `out`.
 
     With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
@@ -262,7 +267,8 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
     try:
         result = score(texts, references, ids=ids, settings=settings, execute=execute, release=loaded,
                        workspace=workspace, done=done,
-                       on_trajectory=(lambda item: writer.write(item.to_dict())) if writer else None, progress=say)
+                       on_trajectory=(lambda item: writer.write(item.to_dict())) if writer else None, progress=say,
+                       workers=workers)
     finally:
         if writer is not None:
             writer.close()
