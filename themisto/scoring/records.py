@@ -96,6 +96,9 @@ class PredictionRecord:
     functional_match: bool | None = None
     continuation_match: bool | None = None  # judged by the next logged cells (themisto.scoring.continuation)
     duration_s: float | None = None  # the prediction's own run time in its branch
+    # What the prediction touched in the scorer's machinery (gc walks, ctypes, /proc, signals, patched modules, a
+    # malformed report), as its branch saw it; empty when nothing. A leaderboard audits these predictions.
+    suspicious: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> PredictionRecord:
