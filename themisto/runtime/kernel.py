@@ -177,7 +177,7 @@ class AsyncKernelSession:
                           stacklevel=3)
         self._bwrap = bwrap
         if is_root and bwrap is not None and self.limits.isolate_fs:
-            self._uid = choose_uid()
+            self._uid = choose_uid(self._resources)
             self._gid = self._uid
             self._resources.uid = self._uid
         elif is_root:

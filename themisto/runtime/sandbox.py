@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -14,6 +15,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -114,20 +116,57 @@ def interpreter_paths(python: str) -> list[Path]:
 def _uid_in_use(uid: int) -> bool:
     for proc in psutil.process_iter(["uids"]):
         uids = proc.info.get("uids")
-        if uids is not None and uid in (uids.real, uids.effective):
+        if uids is not None and uid in (uids.real, uids.effective, uids.saved):
             return True
     return False
 
 
-def choose_uid() -> int:
-    """A uid no process uses, so the process cap counts this kernel's processes only."""
+# One lock file per uid a kernel runs as: the session holding it owns every process of that uid, and kills them all
+# on close, so no two sessions (in this process or another) may share one.
+_UID_LOCKS = Path(tempfile.gettempdir()) / "themisto-kernel-uids"
+
+
+def _lock_uid(uid: int) -> int | None:
+    """An open, exclusively locked lock file for `uid`, or None when another session holds it."""
+    _UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(_UID_LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _claim(uid: int, resources: KernelResources) -> str | None:
+    """Lock `uid` for this session and check that no process uses it; why not, or None once it is claimed."""
+    fd = _lock_uid(uid)
+    if fd is None:
+        return "another kernel session holds it"
+    if _uid_in_use(uid):
+        os.close(fd)
+        return "processes of that uid are running"
+    resources.uid, resources.uid_lock = uid, fd
+    return None
+
+
+def choose_uid(resources: KernelResources) -> int:
+    """A uid no process uses and no other session holds, claimed for this session (`resources`), so the process cap
+    counts this kernel's processes only and closing the session kills only its own processes."""
     configured = settings().kernel_uid
     if configured is not None:
+        if configured <= 0 or configured == os.geteuid() or configured >= 2**32 - 1:
+            raise KernelStartError(f"THEMISTO_KERNEL_UID={configured} cannot be a kernel's uid: it must be an unused, "
+                                   "unprivileged uid (closing a session kills every process of it)")
+        problem = _claim(configured, resources)
+        if problem is not None:
+            raise KernelStartError(f"THEMISTO_KERNEL_UID={configured} cannot be used: {problem} (unset it to pick "
+                                   "a free uid per session)")
         return configured
     rng = random.SystemRandom()
     for _ in range(50):
         uid = rng.randrange(200_000, 2_000_000_000)
-        if not _uid_in_use(uid):
+        if _claim(uid, resources) is None:
             return uid
     raise RuntimeError("no free uid found for the kernel (50 tries)")
 
@@ -188,6 +227,7 @@ class KernelResources:
     root: Path | None = None
     pgids: set[int] = field(default_factory=set)
     uid: int | None = None
+    uid_lock: int | None = None  # the open lock file that makes `uid` this session's own
 
 
 def release_resources(resources: KernelResources) -> None:
@@ -200,6 +240,14 @@ def release_resources(resources: KernelResources) -> None:
     resources.pgids.clear()
     if resources.uid is not None:
         kill_all(processes_of_uid(resources.uid), timeout=2.0)
+    if resources.uid_lock is not None:
+        # The uid is free for another session once its processes are gone; the file goes too (no pile of them).
+        try:
+            os.unlink(_UID_LOCKS / f"{resources.uid}.lock")
+        except OSError:
+            pass
+        os.close(resources.uid_lock)
+        resources.uid_lock = None
     if resources.root is not None and resources.root.exists():
         _rmtree(resources.root)
     resources.root = None

@@ -1,0 +1,73 @@
+"""The kernel's life is its own: a uid no other session or process shares, a home nothing survives in, a fixed hash
+seed, a timeout that times the cell only, and an install that runs kernels from its own environment."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from themisto.runtime import sandbox
+from themisto.runtime.sandbox import KernelResources, KernelStartError, release_resources
+from themisto.settings import settings
+
+
+@pytest.fixture
+def kernel_uid(monkeypatch):
+    """Set THEMISTO_KERNEL_UID for one test (settings are read once per process, so the cache is cleared)."""
+
+    def configure(uid: int) -> None:
+        monkeypatch.setenv("THEMISTO_KERNEL_UID", str(uid))
+        settings.cache_clear()
+
+    yield configure
+    monkeypatch.delenv("THEMISTO_KERNEL_UID", raising=False)
+    settings.cache_clear()
+
+
+@pytest.mark.parametrize("uid", [0, os.geteuid()])
+def test_a_privileged_or_own_uid_is_refused(kernel_uid, uid):
+    kernel_uid(uid)
+    with pytest.raises(KernelStartError, match="THEMISTO_KERNEL_UID"):
+        sandbox.choose_uid(KernelResources())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another uid")
+def test_a_uid_with_running_processes_is_refused(kernel_uid):
+    uid = 1_234_321
+    other = subprocess.Popen(["sleep", "30"], user=uid, group=uid)
+    try:
+        kernel_uid(uid)
+        with pytest.raises(KernelStartError, match="processes of that uid"):
+            sandbox.choose_uid(KernelResources())
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_configured_uid_belongs_to_one_session_at_a_time(kernel_uid):
+    kernel_uid(1_234_322)
+    first = KernelResources()
+    assert sandbox.choose_uid(first) == 1_234_322
+    with pytest.raises(KernelStartError, match="another kernel session"):
+        sandbox.choose_uid(KernelResources())
+    release_resources(first)
+    second = KernelResources()
+    assert sandbox.choose_uid(second) == 1_234_322  # free again once the first session let it go
+    release_resources(second)
+
+
+def test_a_uid_another_process_holds_is_never_picked(kernel_uid, tmp_path):
+    # A session in another process (here a child holding the lock) owns its uid: this process may not take it.
+    kernel_uid(1_234_323)
+    script = ("import sys, time\nfrom themisto.runtime import sandbox\nfrom themisto.runtime.sandbox import "
+              "KernelResources\nsandbox.choose_uid(KernelResources())\nprint('held', flush=True)\ntime.sleep(30)")
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "THEMISTO_KERNEL_UID": "1234323"})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(KernelStartError, match="another kernel session"):
+            sandbox.choose_uid(KernelResources())
+    finally:
+        holder.kill()
+        holder.wait()
