@@ -55,6 +55,10 @@ class BranchResult:
     # What the candidate touched in the machinery (gc walks, ctypes, /proc, signals, patched modules, a malformed
     # report), as its branch's monitor saw it; empty when nothing. A leaderboard audits these.
     suspicious: list[str] = field(default_factory=list)
+    # Fork only: whether the candidate ran behind its walls (own pid, user and mount namespaces: it could not signal
+    # or trace its kernel, and had a /tmp of its own), and the frames and arrays the page check found unwritten.
+    walled: bool | None = None
+    kept_by_pages: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +93,8 @@ def _from_agent(raw: Any, index: int, output_bytes: int) -> BranchResult:
         unverified=list(raw.get("unverified", [])), workdir_changes=changes,
         workdir_restored=not workdir.get("unrestored"), method="fork",
         continuation=_continuation_cells(raw.get("continuation")), continuation_state=_name_hashes(raw),
-        suspicious=_strings(raw.get("suspicious")))
+        suspicious=_strings(raw.get("suspicious")), walled=raw.get("walled") is True,
+        kept_by_pages=_strings(raw.get("kept_by_pages")))
 
 
 def _strings(value: Any) -> list[str]:
@@ -272,7 +277,7 @@ def fork_available() -> bool:
 
 def run_branches(session: Any, candidates: list, *, timeout_s: float = 30.0, memory_bytes: int = 2**30,
                  output_bytes: int = 2**20, prefix: list[str] | None = None, use_fork: bool | None = None,
-                 protect_workdir: bool = True, delta: Literal["hash", "identity"] = "hash",
+                 protect_workdir: bool = True, delta: Literal["pages", "hash", "identity"] = "pages",
                  state_names: list[str] | None = None) -> list[BranchResult]:
     """Run each candidate cell in the session's current state and return one BranchResult per candidate.
 
@@ -280,8 +285,10 @@ def run_branches(session: Any, candidates: list, *, timeout_s: float = 30.0, mem
     outputs and delta are the result's), the rest its continuation (`continuation`, and the hashes of
     `state_names` — every user variable when None — in `continuation_state`); each cell gets `timeout_s`.
     `use_fork=None` forks where possible and replays otherwise; the replay fallback needs `prefix`, the cells that
-    rebuild the state. `delta="identity"` trusts large objects that kept their identity and structure instead of
-    rehashing them (much faster with big DataFrames; such names are listed in `unverified`).
+    rebuild the state. `delta="pages"` rehashes only what the candidate may have changed (frames and arrays whose
+    large buffers lie on pages its process never wrote keep their hash; exact, like `delta="hash"`, which rehashes
+    everything). `delta="identity"` trusts large objects that kept their identity and structure instead of
+    rehashing them (inexact; such names are listed in `unverified`).
     """
     candidates = [[c] if isinstance(c, str) else [str(cell) for cell in c] for c in candidates]
     if any(not cells for cells in candidates):
@@ -289,8 +296,8 @@ def run_branches(session: Any, candidates: list, *, timeout_s: float = 30.0, mem
     state_names = None if state_names is None else sorted(str(n) for n in state_names)
     if not candidates:
         return []
-    if delta not in ("hash", "identity"):
-        raise ValueError(f"delta must be 'hash' or 'identity', not {delta!r}")
+    if delta not in ("pages", "hash", "identity"):
+        raise ValueError(f"delta must be 'pages', 'hash' or 'identity', not {delta!r}")
     if use_fork is None:
         use_fork = fork_available()
     if use_fork:

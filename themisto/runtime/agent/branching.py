@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from themisto.runtime.agent.namespace import (_GRACE_S, _MAX_MESSAGE, _MONITOR_REAP_S, _MSG_HEADER,
@@ -27,6 +27,8 @@ from themisto.runtime.agent.hashing import content_hash, state_hash
 from themisto.runtime.agent.snapshots import _CACHE
 from themisto.runtime.agent.workdir import WorkdirGuard, _GUARDS
 from themisto.runtime.agent.integrity import Guard, close_inherited, json_encoder, read_alarms, seal, sealed_method
+from themisto.runtime.agent.delta import Before, hash_after, hash_before, namespace_delta
+from themisto.runtime.agent.walls import connection_folder, end_descendants, enter, seal_candidate, set_dumpable
 from themisto.runtime.agent.capture import _BranchTimeout, _Recorder, _install_capture, _read_fd_output
 
 
@@ -62,6 +64,9 @@ class _BranchPlan:
     # After a continuation (cells run after the candidate), hash only these names (None: every user variable).
     state_names: frozenset[str] | None = None
     guard: Any = None  # the child's own Guard (integrity), armed while candidate code runs
+    # delta="pages": the fingerprints and buffer spans of large frames and arrays (themisto.runtime.agent.delta)
+    page_prints: dict[str, tuple] = field(default_factory=dict)
+    hide: tuple[str, ...] = ()  # folders the candidate must not see (the kernel's connection folder and sockets)
 
 
 def _fingerprint(value: Any) -> Any:
@@ -100,6 +105,11 @@ def _cheap_size(value: Any) -> int:
 
 def _delta(shell: Any, plan: _BranchPlan) -> dict:
     """Added, changed and deleted user variables against the pre-branch hashes, and the post-branch state hash."""
+    if plan.delta != "identity":  # exact: "hash" rehashes everything, "pages" what the page flags cannot clear
+        post, kept = hash_after(user_variables(shell), Before(plan.pre_hashes, plan.page_prints), _CACHE.kept_hash,
+                                full=plan.delta == "hash", end=end_descendants)
+        return {**namespace_delta(plan.pre_hashes, post), "state_hash_after": state_hash(post), "unverified": [],
+                "kept_by_pages": kept}
     post: dict[str, str] = {}
     unverified: list[str] = []
     for name, value in user_variables(shell).items():
@@ -244,6 +254,7 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: _BranchPlan, chann
         spaces = seal([module for name, module in list(sys.modules.items()) if name.startswith(_AGENT)])
         space = spaces["themisto.runtime.agent.branching"]
         space["_CACHE"] = _SealedCache(sealed_method(_CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
+        seal_candidate()  # no capabilities, no new privileges, no page moving; dumpable for its own pagemap
         plan.guard = Guard(alarm_fd)
         import resource
 
@@ -286,6 +297,8 @@ def _monitor(shell: Any, cells: list[str], plan: _BranchPlan, wfd: int, channel:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         except (OSError, AttributeError):
             pass
+        why = enter(list(plan.hide))  # when it cannot, the candidate runs without them (the kernel says so)
+        _send(wfd, b"W", (why or "").encode()[:500])
         child = os.fork()
         if child == 0:
             _unsafe_run_candidate(shell, cells, plan, channel, alarm_w)
@@ -487,8 +500,9 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
                   "outputs": [], "duration_s": elapsed}
     result["index"] = index
     result["wall_s"] = elapsed
-    # The kernel's word, not the candidate's: what the candidate touched while it ran.
+    # The kernel's word, not the candidate's: what the candidate touched while it ran, and whether walls stood.
     result["suspicious"] = read_alarms(bytes(alarms))
+    result["walled"] = messages.get(b"W") == b""
     return result
 
 
@@ -516,7 +530,7 @@ def _death_reason(monitor_status: int | None) -> str:
 
 
 def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, output_bytes: int = 2**20,
-           workdir: str | None = None, delta: str = "hash", shell: Any = None,
+           workdir: str | None = None, delta: str = "pages", shell: Any = None,
            state_names: list[str] | None = None) -> str:
     """Run each candidate in a forked child of this kernel, in the exact current state; JSON list of results.
 
@@ -527,32 +541,62 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
     """
     if not hasattr(os, "fork"):
         raise OSError("os.fork is not available on this platform; use the replay fallback")
-    if delta not in ("hash", "identity"):
-        raise ValueError(f"delta must be 'hash' or 'identity', not {delta!r}")
+    if delta not in ("pages", "hash", "identity"):
+        raise ValueError(f"delta must be 'pages', 'hash' or 'identity', not {delta!r}")
     shell = _shell(shell)
     started = time.perf_counter()
     variables = user_variables(shell)
-    pre_hashes = {name: _CACHE.kept_hash(value) or content_hash(value) for name, value in variables.items()}
+    before = hash_before(variables, _CACHE.kept_hash, prints=delta == "pages")
+    pre_hashes = before.hashes
     plan = _BranchPlan(
         timeout_s=float(timeout_s), memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), delta=delta,
         pre_hashes=pre_hashes, pre_ids={name: id(value) for name, value in variables.items()},
         pre_prints={name: _fingerprint(value) for name, value in variables.items()} if delta == "identity" else {},
-        random_state=random.getstate(), state_names=None if state_names is None else frozenset(state_names))
-    del variables
+        random_state=random.getstate(), state_names=None if state_names is None else frozenset(state_names),
+        page_prints=before.prints, hide=tuple(p for p in [connection_folder()] if p))
+    del variables, before
     guard = None
     if workdir is not None:
         guard = _GUARDS.get(workdir) or WorkdirGuard(workdir)
         _GUARDS[workdir] = guard
         guard.refresh()
+        _guard_home()
     prepared = time.perf_counter() - started
     results = []
-    for index, code in enumerate(codes):
-        result = _run_one(shell, [code] if isinstance(code, str) else list(code), plan, index)
-        if guard is not None:
-            result["workdir"] = guard.check_and_restore()
-        results.append(result)
+    set_dumpable(False)  # while candidates run, no process of this uid may read or write the kernel's memory
+    try:
+        for index, code in enumerate(codes):
+            result = _run_one(shell, [code] if isinstance(code, str) else list(code), plan, index)
+            if guard is not None:
+                result["workdir"] = guard.check_and_restore()
+                _restore_home(result["workdir"])
+            results.append(result)
+    finally:
+        set_dumpable(True)
     return json.dumps({"state_hash_before": state_hash(pre_hashes), "prepare_s": prepared, "results": results},
                       default=str)
+
+
+def _restore_home(changes: dict) -> None:
+    """Undo what the candidate wrote in the kernel's home (a startup file planted for the next prediction, say) and
+    add it to the workdir `changes` as `~/…` paths."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    if not os.path.isdir(home) or home in ("/", os.path.realpath("/root")):
+        return  # no home of its own (the kernel runs unsandboxed as a real user): not ours to restore
+    guard = _GUARDS.get(home)
+    if guard is None:
+        return
+    found = guard.check_and_restore()
+    for key in ("added", "deleted", "modified", "unrestored"):
+        if found.get(key):
+            changes[key] = list(changes.get(key) or []) + [os.path.join("~", path) for path in found[key]]
+
+
+def _guard_home() -> None:
+    """Guard the kernel's home for the branches about to run: its files as they are now are kept."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    if os.path.isdir(home) and home not in ("/", os.path.realpath("/root")):
+        _GUARDS.setdefault(home, WorkdirGuard(home)).refresh()
 
 
 def set_data_limit(extra_bytes: int | None) -> str:

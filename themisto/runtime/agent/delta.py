@@ -54,13 +54,14 @@ def hash_before(variables: Mapping[str, Any], kept_hash: Callable[[Any], str | N
 
 
 def hash_after(variables: Mapping[str, Any], before: Before, kept_hash: Callable[[Any], str | None],
-               full: bool) -> tuple[dict[str, str], list[str]]:
+               full: bool, end: Callable[[], bool]) -> tuple[dict[str, str], list[str]]:
     """Every variable's content hash after the candidate, and the names the page check kept without rehashing.
 
-    The caller has ended every process the candidate started (they would share its pages)."""
+    `end` ends every process the candidate started (they would share its pages) and says whether it could; it runs
+    only when the page check is used."""
     after: dict[str, str] = {}
     kept: list[str] = []
-    use_pages = not full and bool(before.prints) and pages_usable()
+    use_pages = not full and bool(before.prints) and pages_usable() and end()
     for name, value in variables.items():
         digest = kept_hash(value)
         if digest is None and use_pages and name in before.prints:
