@@ -172,9 +172,9 @@ def _print_fidelity(report: dict) -> None:
         print(f"  step {m['step']:>4} {m['kind']:<12} log: {m['logged']:<28} replay: {m['replayed']:<28} {m['reason']}")
 
 
-def _add_ray_option(parser: argparse.ArgumentParser, what: str) -> None:
+def _add_ray_option(parser: argparse.ArgumentParser, what: str, unit: str = "one trajectory per task") -> None:
     parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                        help=f"{what} on Ray, one trajectory per task: alone, a local Ray on this machine's cores; "
+                        help=f"{what} on Ray, {unit}: alone, a local Ray on this machine's cores; "
                              "else a cluster's address (host:port, ray://host:port, auto)")
 
 
@@ -596,6 +596,20 @@ def _backend_options(args: argparse.Namespace) -> dict:
     return {}
 
 
+def _generation_backend(args: argparse.Namespace, settings):
+    """With --ray, a data-parallel backend (one engine per Ray actor) as a context manager; else None (the run
+    makes its own backend)."""
+    import contextlib
+
+    target = _ray_target(args)
+    if target is None:
+        return contextlib.nullcontext(None)
+    from themisto.distributed.ray_generation import ray_backend
+
+    gpus = float(args.tensor_parallel_size) if args.backend == "vllm" else None
+    return ray_backend(settings, target, actors=args.ray_actors, gpus_per_actor=gpus)
+
+
 def generate_command(args: argparse.Namespace) -> int:
     """Generate predictions for every test example × context mode × sample into a resumable run folder."""
     from themisto.generation.backends import Sampling
@@ -607,7 +621,8 @@ def generate_command(args: argparse.Namespace) -> int:
                            sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
                            batch_size=args.batch_size, backend_options=_backend_options(args))
     try:
-        report = generate_run(args.release, args.output, settings, progress=not args.json)
+        with _generation_backend(args, settings) as backend:
+            report = generate_run(args.release, args.output, settings, backend=backend, progress=not args.json)
     except KeyboardInterrupt:
         print(f"themisto generate: interrupted; rerun the same command to resume into {args.output}",
               file=sys.stderr)
@@ -650,6 +665,9 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per model")
     parser.add_argument("-o", "--output", required=True, type=Path, metavar="RUN", help="run folder")
     parser.add_argument("--json", action="store_true", help="no progress bar; print a summary JSON object")
+    parser.add_argument("--ray-actors", type=int, help="with --ray: engines, one per actor (default: one per GPU "
+                        "for vllm, else one per CPU); each batch of --batch-size prompts is split among them")
+    _add_ray_option(parser, "generate", unit="one engine per actor")
     parser.set_defaults(run=generate_command)
 
 

@@ -170,6 +170,14 @@ def _open_folder(out: Path, header: dict) -> tuple[dict, bool]:
     return header, existing is not None
 
 
+def backend_options(settings: RunSettings) -> dict:
+    """The keyword options `make_backend` gets for a run's backend (also on each Ray engine)."""
+    options = dict(settings.backend_options)
+    if settings.backend in ("transformers", "vllm"):
+        options.setdefault("batch_size", settings.batch_size)  # how many prompts share one forward pass
+    return options
+
+
 def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *, backend=None,
                  progress: bool = True) -> RunReport:
     """Generate every missing (example, context, sample) of `settings` into the run folder `out`."""
@@ -178,10 +186,7 @@ def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *,
     info = release_info(release, settings.task)
     rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit)
     if backend is None:
-        options = dict(settings.backend_options)
-        if settings.backend in ("transformers", "vllm"):
-            options.setdefault("batch_size", settings.batch_size)  # how many prompts share one forward pass
-        backend = make_backend(settings.backend, settings.model, **options)
+        backend = make_backend(settings.backend, settings.model, **backend_options(settings))
     header, _ = _open_folder(out, run_header(settings, info, backend.describe()))
     existing = read_generations(out)
     done = existing.records
@@ -236,4 +241,4 @@ def _finish(out: Path, header: dict, records: dict, written: int, seconds: float
     return header
 
 
-__all__ = ["RunFolderError", "RunReport", "RunSettings", "RunSettingsError", "generate_run", "git_commit", "package_versions"]
+__all__ = ["RunFolderError", "RunReport", "RunSettings", "RunSettingsError", "backend_options", "generate_run", "git_commit", "package_versions"]
