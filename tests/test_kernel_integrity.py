@@ -71,3 +71,49 @@ def test_a_uid_another_process_holds_is_never_picked(kernel_uid, tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.fixture(scope="module")
+def session():
+    from themisto.runtime.kernel import KernelSession
+
+    with KernelSession() as session:
+        yield session
+
+
+_PLANT = ("import os\nstartup = os.path.join(os.environ['IPYTHONDIR'], 'profile_default', 'startup')\n"
+          "os.makedirs(startup, exist_ok=True)\n"
+          "open(os.path.join(startup, '00-planted.py'), 'w').write('planted = 1')\n"
+          "open(os.path.expanduser('~/note.txt'), 'w').write('left for the next one')")
+
+
+@pytest.mark.slow
+def test_nothing_planted_in_the_home_survives_a_restart(session):
+    assert session.execute(_PLANT).status == "ok"
+    session.restart()
+    check = session.execute("import os\n('planted' in globals(), os.path.exists(os.path.expanduser('~/note.txt')))")
+    assert check.outputs[0]["data"]["text/plain"] == "(False, False)"
+
+
+@pytest.mark.slow
+def test_nothing_a_branch_writes_in_the_home_reaches_the_next_prediction(session):
+    from themisto.runtime.branch import run_branches
+
+    planted, seen = run_branches(session, [_PLANT, "import os\nprint(os.path.exists(os.path.expanduser('~/note.txt')))"],
+                                 timeout_s=10)
+    # Where the branch's writes reach the kernel's own home, they are listed and undone after it.
+    assert planted.status == "ok" and planted.workdir_restored
+    assert seen.status == "ok" and seen.outputs[0]["text"] == "False\n"
+    assert session.execute("import os\nos.listdir(os.path.expanduser('~'))").outputs[0]["data"]["text/plain"] \
+        in ("[]", "['.ipython']", "['.ipython', '.config']", "['.config', '.ipython']")
+
+
+@pytest.mark.slow
+def test_the_hash_seed_is_fixed_and_recorded(session):
+    from themisto.runtime.sandbox import kernel_environment
+
+    probe = "hash('themisto'), list({'alpha', 'beta', 'gamma', 'delta', 'epsilon'})"
+    first = session.execute(probe).outputs[0]["data"]["text/plain"]
+    session.restart()  # a new kernel process: a random seed would give another hash and most likely another order
+    assert session.execute(probe).outputs[0]["data"]["text/plain"] == first
+    assert kernel_environment()["hash_seed"] == "0"

@@ -38,7 +38,7 @@ from themisto.settings import settings
 from themisto.runtime.collector import OutputCollector, stream_prefix
 from themisto.runtime.sandbox import (KernelResources, KernelStartError, SandboxWarning, bwrap_works, choose_uid,
                                       interpreter_paths, is_running, kernel_python, kill_all, processes_of_uid,
-                                      release_resources)
+                                      release_resources, remove_tree)
 
 Status = Literal["ok", "error", "timeout", "kernel_died"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died")
@@ -192,11 +192,10 @@ class AsyncKernelSession:
             shutil.copytree(self.workspace, paths.work, symlinks=True)
         else:
             paths.work.mkdir()
-        paths.home.mkdir()
         paths.run.mkdir()
         if self._uid is not None:
             os.chmod(root, 0o711)  # the kernel's uid traverses the root but cannot write in it
-            for folder in (paths.work, paths.home, paths.run):
+            for folder in (paths.work, paths.run):
                 os.chmod(folder, 0o700)
                 for dirpath, dirnames, filenames in os.walk(folder):
                     os.lchown(dirpath, self._uid, self._gid)
@@ -283,6 +282,7 @@ class AsyncKernelSession:
 
         assert self._paths is not None
         self._starts += 1
+        self._fresh_home()
         connection_file = self._paths.run / f"kernel-{self._starts}.json"
         km = AsyncKernelManager(
             transport="ipc", kernel_name=_KERNEL_NAME, connection_file=str(connection_file),
@@ -310,6 +310,18 @@ class AsyncKernelSession:
             raise KernelStartError(f"the kernel did not start ({exc}); its stderr ends with:\n{tail}") from exc
         self._kernel_pid = self._find_kernel_pid()
         await self._drain_iopub()
+
+    def _fresh_home(self) -> None:
+        """An empty home (and IPYTHONDIR, MPLCONFIGDIR below it) for each kernel life: a startup file or an rc file
+        planted in the last life must not run in this one."""
+        assert self._paths is not None
+        home = self._paths.home
+        if home.exists():
+            remove_tree(home)
+        home.mkdir()
+        if self._uid is not None:
+            os.chmod(home, 0o700)
+            os.chown(home, self._uid, self._gid)
 
     def _watch_stderr(self, process: subprocess.Popen) -> None:
         """Keep the last few KB of the kernel's stderr (startup errors; fd-level output echoed by ipykernel) in

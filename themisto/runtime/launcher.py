@@ -28,6 +28,9 @@ KERNEL_ENV: dict[str, str] = {
     # (with plain Agg a plotting cell has no figure output at all).
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
     "PYTHONUNBUFFERED": "1",
+    # Set iteration order (and all derived from str hashes) must be the same in the build's replay and the scorer's,
+    # or state hashes and output targets drift; the release records it (kernel_environment()["hash_seed"]).
+    "PYTHONHASHSEED": "0",
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
 }
 

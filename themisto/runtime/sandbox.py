@@ -97,11 +97,14 @@ def kernel_python() -> str:
 
 
 def kernel_environment(python: str | None = None) -> dict[str, str | None]:
-    """Versions the kernel runs with, read once per interpreter: {"interpreter", "python", "numpy", "pandas", ...};
-    a package that is not installed maps to None."""
+    """Versions the kernel runs with, read once per interpreter: {"interpreter", "python", "hash_seed", "numpy",
+    "pandas", ...}; a package that is not installed maps to None."""
+    from themisto.runtime.launcher import KERNEL_ENV
+
     python = kernel_python() if python is None else python
     probe = _probe(python)
-    return {"interpreter": python, "python": probe["python"], **probe["packages"]}
+    return {"interpreter": python, "python": probe["python"], "hash_seed": KERNEL_ENV["PYTHONHASHSEED"],
+            **probe["packages"]}
 
 
 def interpreter_paths(python: str) -> list[Path]:
@@ -207,7 +210,8 @@ def kill_all(processes: list[psutil.Process], timeout: float = 5.0) -> list[psut
     return processes
 
 
-def _rmtree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
+    """Remove a folder a kernel wrote, read-only files and folders included."""
     def retry_writable(func: Any, target: str, _exc: Any) -> None:
         # The kernel may have made its files read-only; the owner (or root) can undo that.
         try:
@@ -249,5 +253,5 @@ def release_resources(resources: KernelResources) -> None:
         os.close(resources.uid_lock)
         resources.uid_lock = None
     if resources.root is not None and resources.root.exists():
-        _rmtree(resources.root)
+        remove_tree(resources.root)
     resources.root = None
