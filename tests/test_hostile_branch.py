@@ -246,3 +246,37 @@ def test_ordinary_cells_are_not_suspicious(session):
             "summary")
     result = _run_hostile(session, code, timeout_s=30)  # importing matplotlib takes a second or two
     assert result.status == "ok" and result.suspicious == []
+
+
+_PROC_WALK = ("import os, signal\nkilled = 0\nfor entry in os.listdir('/proc'):\n    try:\n"
+              "        if entry.isdigit() and b'python' in open(f'/proc/{entry}/cmdline', 'rb').read():\n"
+              "            os.kill(int(entry), signal.SIGKILL)\n            killed += 1\n    except OSError:\n"
+              "        pass\nprint('walked')")
+
+
+def test_neither_the_parent_nor_a_proc_walk_reaches_the_kernel_and_the_step_goes_on(session):
+    # Each hostile candidate runs between ordinary ones in the same call: those still run and are scored.
+    before = take_snapshot(session)
+    codes = ["print(len(words))", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('alive')",
+             "print(total)", _PROC_WALK, "print(words[0])", "import os\nos.kill(-1, 9)\nprint('after')",
+             "words.append('c')\nprint(len(words))"]
+    results = run_branches(session, codes, timeout_s=TIMEOUT_S, memory_bytes=BRANCH_MEMORY)
+    assert session.alive and take_snapshot(session).state_hash == before.state_hash
+    assert all(r.walled for r in results)
+    texts = [r.outputs[0].get("text") for r in results]
+    assert texts[0] == "2\n" and texts[2] == f"{199_999 * 100_000}\n" and texts[4] == "a\n"
+    assert texts[6] == "3\n" and list(results[6].changed) == ["words"]
+    assert results[1].status == "ok" and texts[1] == "alive\n"  # its parent is outside its pid namespace
+    assert texts[3] == "walked\n"
+    assert results[5].ename == "ProcessLookupError"  # kill(-1): no other process in its own pid namespace
+    check = session.execute("total + len(words)")
+    assert check.outputs[0]["data"]["text/plain"] == str(199_999 * 100_000 + 2)
+
+
+def test_each_branch_has_a_tmp_of_its_own(session):
+    plant = "open('/tmp/planted.txt', 'w').write('from the last branch')\nimport os\nprint(sorted(os.listdir('/tmp')))"
+    look = "import os\nprint(sorted(os.listdir('/tmp')), os.path.exists('/tmp/planted.txt'))"
+    planted, looked = run_branches(session, [plant, look], timeout_s=TIMEOUT_S)
+    assert planted.outputs[0]["text"] == "['planted.txt']\n"
+    assert looked.outputs[0]["text"] == "[] False\n"
+    assert session.execute("import os\nos.path.exists('/tmp/planted.txt')").outputs[0]["data"]["text/plain"] == "False"
