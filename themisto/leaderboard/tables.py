@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 from themisto.leaderboard.board import Board
 
 # The metric a table leads with and sorts by, first one present (functional match needs the execution opt-in).
-LEAD_METRICS: dict[str, tuple[str, ...]] = {"next_cell": ("functional_match", "exact_match"),
+LEAD_METRICS: dict[str, tuple[str, ...]] = {"next_cell": ("continuation_match", "functional_match", "exact_match"),
                                             "output_prediction": ("output_equivalent", "exact_match")}
-METRIC_ORDER: tuple[str, ...] = ("functional_match", "output_equivalent", "exact_match", "rouge_l", "chrf")
+METRIC_ORDER: tuple[str, ...] = ("continuation_match", "functional_match", "output_equivalent", "exact_match",
+                                 "rouge_l", "chrf")
 SUBSETS: tuple[str, ...] = ("all", "hard")
 CONTEXT_ORDER: tuple[str, ...] = ("none", "variables", "full")
 

@@ -22,7 +22,9 @@ from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_i
 from themisto.scoring.run_files import RunError, RunFolder, find_release, read_run
 
 TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
-EXECUTION_METRICS: tuple[str, ...] = ("functional_match", "exec_ok", "output_match", "state_match")
+# continuation_match first: the headline (metrics/themisto/README.md says why).
+EXECUTION_METRICS: tuple[str, ...] = ("continuation_match", "functional_match", "exec_ok", "output_match",
+                                      "state_match")
 POSITIONS: tuple[str, ...] = ("early", "middle", "late")
 RESULTS_FORMAT = 1
 RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
@@ -96,8 +98,9 @@ def _run_scorer(run: RunFolder, release: Path, candidates: list[list[str]], exec
 
 
 def _value(record, example, metric: str) -> float | None:
-    if metric in EXECUTION_METRICS:
-        return float(bool(getattr(record, metric))) if example.status == "scored" else None
+    if metric in EXECUTION_METRICS:  # None where not judged (continuation_match of an undefined continuation)
+        value = getattr(record, metric) if example.status == "scored" else None
+        return None if value is None else float(bool(value))
     return float(getattr(record, metric))
 
 
