@@ -1,0 +1,117 @@
+"""Reproducibility across processes: two fresh `themisto build` replays of a sample trajectory give identical ids and
+targets in every config and split, and two `themisto score --execute` runs of the same predictions give identical
+records. Each process gets another PYTHONHASHSEED, so set order or an object address that leaks shows up here."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from themisto.ingest.trajectory import Execution, Trajectory
+from themisto.release.parquet import build_release
+from themisto.release.tasks import TaskSettings, trajectory_rows
+from themisto.replay.replay import ReplaySettings, replay_trajectory
+
+REPO = Path(__file__).resolve().parents[1]
+# A sample trajectory whose 12th cell shows a matplotlib object's address; its first 40 log lines hold 16 cells.
+SAMPLE_LOG = REPO / "data" / "sample" / "2851258b-9d31-4a50-b2ec-a96ac55e075c.log"
+SAMPLE_LINES = 40
+ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]{4,}\b")
+# Timing and memory differ between any two runs; everything else in a record must not.
+TIMING = {"duration_s", "branch_wall_s", "reference_durations_s", "replay_s", "execution_time", "memory_bytes"}
+
+
+def _cli(args: list[str], seed: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONHASHSEED": seed, **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "themisto.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=300, check=True, cwd=REPO)
+
+
+def _contents(folder: Path) -> dict:
+    """Per config and split: ids with targets and history outputs (task configs), step outputs (trajectories)."""
+    found = {}
+    for path in sorted(folder.glob("*/*.parquet")):
+        rows = pq.read_table(path).to_pylist()
+        if path.parent.name == "trajectories":
+            found[path.parent.name, path.stem] = [(r["kernel_id"], r["step"], r["status"], r["output"]) for r in rows]
+        else:
+            found[path.parent.name, path.stem] = [(r["id"], r["target"], [h["output"] for h in r["history"]])
+                                                 for r in rows]
+    return found
+
+
+@pytest.mark.slow
+def test_two_fresh_builds_give_identical_ids_and_targets(tmp_path):
+    log = tmp_path / SAMPLE_LOG.name
+    log.write_bytes(b"".join(SAMPLE_LOG.read_bytes().splitlines(keepends=True)[:SAMPLE_LINES]))
+    folders = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"build-{seed}"
+        _cli(["build", str(log), "-o", str(out), "--json"], seed)
+        folders.append(out)
+    raw = [[json.loads(line)["output"] for line in Path(f"{f}.steps.jsonl").read_text().splitlines()]
+           for f in folders]
+    addresses = [[m.group(0) for text in outputs for m in ADDRESS.finditer(text)] for outputs in raw]
+    assert addresses[0] and addresses[0] != addresses[1]  # the replays themselves differ: the masking is needed
+    first, second = (_contents(f) for f in folders)
+    assert set(first) == set(second) and {c for c, _ in first} == {"trajectories", "next_cell", "output_prediction"}
+    for key in first:
+        assert first[key] == second[key], key
+    assert any("at 0x…" in row[3] for row in first["trajectories", "test-00000-of-00001"])
+
+
+CELLS = [
+    "words = {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}",
+    "counts = {w: len(w) for w in words}",
+    "marker = object()",
+    "order = list(words)",  # set order: differs between hash seeds unless the kernel's seed is fixed
+    "print(sorted(words))",
+    "print(sorted(counts.items()))",
+    "longest = max(words, key=len)\nprint(longest)",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_release(tmp_path_factory):
+    trajectory = Trajectory(id="seed-kernel", notebook="nb.ipynb", source="test", task="task1",
+                            executions=[Execution(cell_id=f"c{i}", code=c, status="ok") for i, c in enumerate(CELLS)])
+    workspace = tmp_path_factory.mktemp("repro-ws")
+    steps = list(replay_trajectory(trajectory, workspace, ReplaySettings(cell_timeout_s=20)))
+    out = tmp_path_factory.mktemp("repro-release") / "release"
+    build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0, length_quantile=1.0, min_prior_actions=3),
+                  source={"kind": "test", "workspace": {"given": "repro-ws"}})
+    return out, workspace
+
+
+def _without_timing(value):
+    if isinstance(value, dict):
+        return {k: _without_timing(v) for k, v in value.items() if k not in TIMING}
+    if isinstance(value, list):
+        return [_without_timing(v) for v in value]
+    return value
+
+
+@pytest.mark.slow
+def test_two_scorer_processes_give_identical_records(tiny_release, tmp_path):
+    release, workspace = tiny_release
+    rows = pq.read_table(release / "next_cell" / "test-00000-of-00001.parquet").to_pylist()
+    candidates = ["print(words)", "print(marker)", "print(order)", "print(set(order))", "words", "order.sort()"]
+    predictions = tmp_path / "predictions.jsonl"
+    predictions.write_text("".join(json.dumps({"id": r["id"], "prediction": [r["target"], *candidates]}) + "\n"
+                                   for r in rows))
+    written = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"results-{seed}.json"
+        _cli(["score", "--release", str(release), "--predictions", str(predictions), "--workspace", str(workspace),
+              "--execute", "--prediction-timeout", "10", "-o", str(out)], seed, {"HF_ALLOW_CODE_EVAL": "1"})
+        written.append(_without_timing(json.loads(out.read_text())))
+    first, second = written
+    assert first["scores"]["scored_examples"] == len(rows) and first["scores"]["state_mismatch_examples"] == 0
+    assert [p["reason"] for p in first["predictions"]] == [p["reason"] for p in second["predictions"]]
+    assert first["predictions"] == second["predictions"] and first["examples"] == second["examples"]
+    assert first["scores"] == second["scores"]
