@@ -73,12 +73,27 @@ def _run_isolated(session, codes: list[str], rebuild: Callable[[], None], **opti
     return results
 
 
+def _verify_state(session, previous: dict, summaries: list[ExampleRecord]) -> None:
+    """Compare the live state with the release's after the previous step: its hash, and the names that differ."""
+    from themisto.runtime.snapshot import take_snapshot
+
+    expected = previous["state_hash"]
+    if expected is None:
+        return
+    snapshot = take_snapshot(session)
+    recorded = {v["name"]: v["hash"] for v in previous["variables"] or []}
+    now = snapshot.hashes()
+    differing = sorted(n for n in set(recorded) | set(now) if recorded.get(n) != now.get(n))
+    for summary in summaries:
+        summary.state_verified = snapshot.state_hash == expected
+        summary.state_differences = differing[:20]
+
+
 def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Example],
                  records: dict[str, list[PredictionRecord]], example_records: dict[str, ExampleRecord],
                  settings: ScoreSettings, rebuild: Callable[[], None]) -> None:
     """Run the reference twice and every prediction for `step` as branches of the live pre-step state; judge them."""
     from themisto.ingest.cleaning import clean_for_replay
-    from themisto.runtime.snapshot import take_snapshot
 
     row = rows[step]
     ready = []
@@ -90,15 +105,7 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
             else:
                 ready.append(record)
     if settings.verify_state and not (step == 0 or row["restarted_before"]):
-        expected = rows[step - 1]["state_hash"]
-        if expected is not None:
-            snapshot = take_snapshot(session)
-            recorded = {v["name"]: v["hash"] for v in rows[step - 1]["variables"] or []}
-            now = snapshot.hashes()
-            differing = sorted(n for n in set(recorded) | set(now) if recorded.get(n) != now.get(n))
-            for example in examples:
-                example_records[example.id].state_verified = snapshot.state_hash == expected
-                example_records[example.id].state_differences = differing[:20]
+        _verify_state(session, rows[step - 1], [example_records[e.id] for e in examples])
     # The reference runs as replay ran it: after the same cleaning; predictions get the same cleaning.
     reference = clean_for_replay(rows[step]["code"]).code
     # The replay fallback (no fork) rebuilds the state from the cells since the last restart.
