@@ -45,6 +45,19 @@ def _contents(folder: Path) -> dict:
     return found
 
 
+def test_addresses_are_masked_alike_in_targets_and_predictions():
+    from themisto.runtime.outputs import mask_addresses
+    from themisto.scoring.scorer import ScoreSettings, score
+
+    target = mask_addresses("<matplotlib.colorbar.Colorbar at 0x7f6b6822c490>\n<Figure size 640x480 with 2 Axes>")
+    assert target == "<matplotlib.colorbar.Colorbar at 0x…>\n<Figure size 640x480 with 2 Axes>"
+    predicted = "<matplotlib.colorbar.Colorbar at 0x7f00deadbeef>\n<Figure size 640x480 with 2 Axes>"
+    result = score([predicted, "<Colorbar at 0x7f00deadbeef>"], [target, target],
+                   settings=ScoreSettings(task="output_prediction"))
+    assert [(p.exact_match, p.output_equivalent) for p in result.predictions] == [(1.0, True), (0.0, False)]
+    assert result.predictions[0].prediction == predicted  # the record keeps what was submitted
+
+
 @pytest.mark.slow
 def test_two_fresh_builds_give_identical_ids_and_targets(tmp_path):
     log = tmp_path / SAMPLE_LOG.name
