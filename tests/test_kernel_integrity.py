@@ -117,3 +117,25 @@ def test_the_hash_seed_is_fixed_and_recorded(session):
     session.restart()  # a new kernel process: a random seed would give another hash and most likely another order
     assert session.execute(probe).outputs[0]["data"]["text/plain"] == first
     assert kernel_environment()["hash_seed"] == "0"
+
+
+@pytest.mark.slow
+def test_a_cell_that_ends_in_time_is_not_a_timeout_because_of_its_snapshot(session):
+    # The user expression stands for a slow snapshot riding on the cell's request.
+    result = session.execute("import time\ntime.sleep(0.5)\ndone = 1", timeout=1.0,
+                             user_expressions={"slow": "__import__('time').sleep(1.5) or 7"})
+    assert result.status == "ok" and not result.kernel_restarted
+    assert result.user_expressions["slow"]["data"]["text/plain"] == "7"
+    assert 0.5 <= result.duration_s < 1.0  # the cell's own time
+
+
+@pytest.mark.slow
+def test_a_kernel_that_dies_of_the_interrupt_is_restarted_once_with_its_exit_status(session):
+    starts = session._session._starts
+    code = ("import os, signal, time\nsignal.signal(signal.SIGINT, lambda *args: os._exit(3))\n"
+            "while True:\n    time.sleep(0.01)")
+    result = session.execute(code, timeout=0.5)
+    assert result.status == "kernel_died" and result.kernel_restarted
+    assert "exit status 3" in result.evalue and "interrupted" in result.evalue
+    assert session._session._starts == starts + 1
+    assert session.execute("1 + 1").outputs[0]["data"]["text/plain"] == "2"

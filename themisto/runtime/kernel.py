@@ -45,6 +45,8 @@ STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died")
 
 # After an interrupt, how long the cell gets to end before the kernel is restarted.
 INTERRUPT_GRACE_S = 1.5
+# Once a cell has ended within its timeout, how long the user expressions on its request (a snapshot) may take.
+EXPRESSIONS_TIMEOUT_S = 120.0
 # How often the kernel process is checked for life while a cell runs.
 _LIVENESS_PERIOD_S = 0.2
 _KERNEL_NAME = "themisto-sandbox"
@@ -497,35 +499,50 @@ class AsyncKernelSession:
         started = time.monotonic()
         msg_id = self._kc.execute(code, silent=silent, store_history=not silent, user_expressions=user_expressions,
                                   allow_stdin=False, stop_on_error=False)
-        wait = _Wait(msg_id)
-        kind = await self._wait(wait, started + timeout, collector)
-        outcome = _Outcome(kind=kind, reply=wait.reply, duration_s=time.monotonic() - started)
+        # A silent request's expressions are its work (an agent call): its timeout times them. A cell's times the cell.
+        wait = _Wait(msg_id, expressions_s=EXPRESSIONS_TIMEOUT_S if user_expressions and not silent else 0.0)
+        kind = await self._wait(wait, started + timeout, collector, extend=not silent)
+        in_time = not silent and wait.cell_done is not None and wait.cell_done <= started + timeout
+        outcome = _Outcome(kind=kind, reply=wait.reply, duration_s=(wait.cell_done or time.monotonic()) - started)
         if kind == "done":
             outcome.status = "ok" if (wait.reply or {}).get("status") == "ok" else "error"
-        elif kind == "deadline":
+            return outcome
+        interrupted = kind == "deadline"
+        if interrupted:
             self.interrupt()
-            kind = await self._wait(wait, time.monotonic() + INTERRUPT_GRACE_S, collector)
-            outcome.status, outcome.ename, outcome.reply = "timeout", "CellTimeout", wait.reply
-            if kind == "done":
-                outcome.evalue = f"the cell ran past its {timeout:g} s timeout; interrupted, state kept"
-            else:
-                await self._restart_now()
-                outcome.restarted = True
-                outcome.evalue = (f"the cell ran past its {timeout:g} s timeout and ignored the interrupt; "
-                                  "kernel restarted after timeout, state lost")
-            outcome.kind = "timeout"
-        if kind == "died":
-            process = self._process()
-            code_ = process.poll() if process is not None else None
+            kind = await self._wait(wait, time.monotonic() + INTERRUPT_GRACE_S, collector, extend=False)
+            outcome.reply = wait.reply
+        if kind == "done" and in_time:  # the snapshot ran long, not the cell: the cell's own outcome stands
+            outcome.status = "ok" if (wait.reply or {}).get("status") == "ok" else "error"
+        elif kind == "done":
+            outcome.kind, outcome.status, outcome.ename = "timeout", "timeout", "CellTimeout"
+            outcome.evalue = f"the cell ran past its {timeout:g} s timeout; interrupted, state kept"
+        elif kind == "deadline" and not in_time:
             await self._restart_now()
-            outcome.kind, outcome.status, outcome.restarted = "died", "kernel_died", True
-            outcome.ename = "KernelDied"
-            outcome.evalue = f"the kernel died (exit status {code_}); a fresh kernel was started, state lost"
+            outcome.kind, outcome.status, outcome.ename, outcome.restarted = "timeout", "timeout", "CellTimeout", True
+            outcome.evalue = (f"the cell ran past its {timeout:g} s timeout and ignored the interrupt; "
+                              "kernel restarted after timeout, state lost")
+        else:  # it died (perhaps of the interrupt), or what hung was the snapshot after a cell that ended in time
+            outcome.kind, outcome.status, outcome.ename = "died", "kernel_died", "KernelDied"
+            outcome.evalue = await self._replace_dead_kernel(timeout if interrupted else None, in_time)
+            outcome.restarted = True
         return outcome
 
-    async def _wait(self, wait: _Wait, deadline: float, collector: OutputCollector) -> str:
+    async def _replace_dead_kernel(self, interrupted_after: float | None, in_time: bool) -> str:
+        """Restart a kernel that died (or hung past the interrupt after its cell ended), once; why, for `evalue`."""
+        process = self._process()
+        code_ = process.poll() if process is not None else None
+        await self._restart_now()
+        if code_ is None and in_time:
+            return ("the user expressions after the cell (a snapshot) ignored the interrupt; a fresh kernel was "
+                    "started, state lost")
+        when = "" if interrupted_after is None else f" when interrupted after its {interrupted_after:g} s timeout"
+        return f"the kernel died{when} (exit status {code_}); a fresh kernel was started, state lost"
+
+    async def _wait(self, wait: _Wait, deadline: float, collector: OutputCollector, *, extend: bool) -> str:
         """Read messages of `wait.msg_id` until its reply and idle status arrive ("done"), the deadline passes
-        ("deadline") or the kernel dies ("died")."""
+        ("deadline") or the kernel dies ("died"). With `extend`, a cell that ended before the deadline gives its
+        user expressions `wait.expressions_s` more."""
         import zmq
         import zmq.asyncio
 
@@ -537,9 +554,12 @@ class AsyncKernelSession:
         last_check = time.monotonic()
         while not (wait.idle and wait.reply is not None):
             now = time.monotonic()
-            if now >= deadline:
+            limit = deadline
+            if extend and wait.cell_done is not None and wait.cell_done <= deadline:
+                limit = max(deadline, wait.cell_done + wait.expressions_s)
+            if now >= limit:
                 return "deadline"
-            events = dict(await poller.poll(int(min(deadline - now, _LIVENESS_PERIOD_S) * 1000) + 1))
+            events = dict(await poller.poll(int(min(limit - now, _LIVENESS_PERIOD_S) * 1000) + 1))
             if iopub in events:
                 await self._read_iopub(wait, collector)
             if shell in events:
@@ -581,6 +601,9 @@ class AsyncKernelSession:
                 else:
                     collector.add(msg_type, {}, oversized=len(raw))
                 continue
+            if msg_type == kernel_launcher.CELL_DONE_MSG:
+                wait.cell_done = wait.cell_done or time.monotonic()
+                continue
             content = session.unpack(raw)
             if msg_type == "status":
                 if content.get("execution_state") == "idle":
@@ -598,6 +621,8 @@ class _Wait:
     msg_id: str
     reply: dict | None = None
     idle: bool = False
+    cell_done: float | None = None  # when the kernel said the cell itself ended (before its user expressions)
+    expressions_s: float = 0.0  # how long the user expressions may take once the cell ended in time
 
 
 @dataclass

@@ -225,9 +225,34 @@ def main(argv: list[str] | None = None) -> None:
     os.execv(sys.executable, kernel)
 
 
+# The IOPub message that says the cell itself has ended (user expressions, a snapshot say, run after it).
+CELL_DONE_MSG = "themisto_cell_done"
+
+
+def _announce_cell_done(ipython: object) -> None:
+    """Send CELL_DONE_MSG on IOPub after every cell, so the host's timeout times the cell and not the snapshot
+    that rides on its request."""
+    kernel = getattr(ipython, "kernel", None)
+    if kernel is None:
+        return
+
+    pid = os.getpid()
+
+    def done(*_: object) -> None:
+        if os.getpid() != pid:
+            return  # a branch child: its IOPub is not its own (and its sockets are closed)
+        sys.stdout.flush()  # the cell's last output goes out before the marker
+        sys.stderr.flush()
+        kernel.session.send(kernel.iopub_socket, CELL_DONE_MSG, {}, parent=kernel.get_parent("shell"))
+
+    ipython.events.register("post_run_cell", done)  # type: ignore[attr-defined]
+
+
 def load_ipython_extension(ipython: object) -> None:
-    """Kernel side: stop forwarding stdout/stderr once a cell has written past its cap, so a cell printing 200 MB
-    does not ship 200 MB to the host (the host cuts precisely and marks the cut; this only spares the transfer)."""
+    """Kernel side: announce the end of each cell (CELL_DONE_MSG); stop forwarding stdout/stderr once a cell has
+    written past its cap, so a cell printing 200 MB does not ship 200 MB to the host (the host cuts precisely and
+    marks the cut; this only spares the transfer)."""
+    _announce_cell_done(ipython)
     cap = int(os.environ.get(OUTPUT_CAP_ENV, "0") or 0)
     if cap <= 0:
         return
