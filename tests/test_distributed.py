@@ -177,6 +177,42 @@ def test_vllm_engines_on_ray_match_one_engine(ray_build, tiny_model_dir, tmp_pat
         (r["id"], r["context"], r["prediction"]) for r in one]
 
 
+_TIMINGS = ("duration_s", "branch_wall_s", "reference_durations_s")
+
+
+def _without_timings(results: dict) -> dict:
+    return {**results, "examples": [{k: v for k, v in e.items() if k not in _TIMINGS} for e in results["examples"]],
+            "predictions": [{k: v for k, v in p.items() if k not in _TIMINGS} for p in results["predictions"]]}
+
+
+def test_scoring_on_ray_gives_the_records_of_a_local_run(ray_build, tmp_path, monkeypatch):
+    from themisto import settings as settings_module
+    from themisto.scoring.release_state import load_release
+
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")  # the workers get it with each task
+    settings_module.settings.cache_clear()
+    rows = load_release(ray_build, "next_cell").task_rows
+    # the two earliest examples of each trajectory (replay stops after the last scored step)
+    chosen = []
+    for kernel_id in sorted({row["kernel_id"] for row in rows.values()}):
+        own = sorted((row["step"], i) for i, row in rows.items() if row["kernel_id"] == kernel_id)
+        chosen += [i for _, i in own[:2]]
+    predictions = tmp_path / "predictions.jsonl"
+    # per example: the developer's own cell and one that fails
+    predictions.write_text("".join(json.dumps({"id": i, "prediction": [rows[i]["target"], "1/0"]}) + "\n"
+                                   for i in chosen), encoding="utf-8")
+    common = ["score", "--release", str(ray_build), "--predictions", str(predictions), "--execute", "--json"]
+    try:
+        assert main([*common, "-o", str(tmp_path / "local.json")]) == 0
+        assert main([*common, "-o", str(tmp_path / "ray.json"), "--ray"]) == 0
+    finally:
+        settings_module.settings.cache_clear()
+    local = json.loads((tmp_path / "local.json").read_text())
+    on_ray = json.loads((tmp_path / "ray.json").read_text())
+    assert len(chosen) == 4 and local["scores"]["scored_examples"] >= 3 and local["scores"]["outcomes"]["error"] >= 3
+    assert _without_timings(on_ray) == _without_timings(local)
+
+
 class WorkerKiller(threading.Thread):
     """Kills (SIGKILL) the Ray worker replaying `trajectory_id` `count` times, each `after_s` after its kernel
     appeared (so mid-trajectory)."""

@@ -376,13 +376,26 @@ def _score_run_folder(args: argparse.Namespace) -> int:
 
     if args.predictions is not None:
         raise CommandError("give either a run folder or --predictions, not both")
-    results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output)
+    results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output,
+                        runner=_scoring_runner(args))
     if args.json:
         print(json.dumps(results, ensure_ascii=False, sort_keys=True))
     else:
         print(render_markdown(results))
         print(f"wrote {args.output or args.run_dir / 'results.json'} and results.md in {results['seconds']:.1f} s")
     return 0
+
+
+def _scoring_runner(args: argparse.Namespace):
+    """The runner --ray asks for (each trajectory's execution as one Ray task), or None: here, one per core."""
+    target = _ray_target(args)
+    if target is None:
+        return None
+    if not args.execute:
+        raise CommandError("--ray spreads execution over Ray workers; it needs --execute (text scores run here)")
+    from themisto.distributed.ray_scoring import scoring_runner
+
+    return scoring_runner(target)
 
 
 def score_command(args: argparse.Namespace) -> int:
@@ -397,7 +410,7 @@ def score_command(args: argparse.Namespace) -> int:
     settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.prediction_timeout,
                              continuation_cells=args.continuation_cells)
     run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,
-                        workspace=args.workspace, resume=not args.no_resume)
+                        workspace=args.workspace, resume=not args.no_resume, runner=_scoring_runner(args))
     scores = run.result.scores
     if args.json:
         print(json.dumps({"output": str(run.path), "scores": scores, "notes": run.result.notes,
@@ -434,6 +447,7 @@ def _add_score(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("-o", "--output", type=Path, help="results JSON to write (a run folder: RUN/results.json)")
     parser.add_argument("--json", action="store_true", help="print {output, scores, notes, ...} as one JSON object")
+    _add_ray_option(parser, "with --execute, score", unit="one trajectory per task")
     parser.set_defaults(run=score_command)
 
 

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from themisto.scoring.continuation import (continuation_rows, judge_continuation, reference_continuation_problem,
                                            state_names)
@@ -243,13 +243,40 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# One pending trajectory: its number in the run, its id and its examples.
+Pending = tuple[int, str, list[Example]]
+# Runs (permit, release, pending, by_id, settings, workspace) and yields each pending trajectory with its
+# TrajectoryScore as it finishes, in any order: `threads_runner` here, themisto.distributed.ray_scoring on Ray.
+TrajectoryRunner = Callable[..., Iterator[tuple[Pending, TrajectoryScore]]]
+
+
+def threads_runner(workers: int | None = None) -> TrajectoryRunner:
+    """Score `workers` trajectories at once in this process (default: one per core), each in its own kernel."""
+
+    def run(permit: ExecutionPermit, release: Release, pending: list[Pending],
+            by_id: Mapping[str, list[PredictionRecord]], settings: ScoreSettings,
+            workspace: str | Path | None) -> Iterator[tuple[Pending, TrajectoryScore]]:
+        with tempfile.TemporaryDirectory(prefix="themisto-score-") as tmp:
+            folder = prepare_workspace(release, workspace, Path(tmp))  # only a run that executes needs it
+            count = max(1, min(workers or default_workers(), len(pending)))
+            # Threads suffice: each trajectory's work happens in its own kernel process; the host only waits.
+            with ThreadPoolExecutor(max_workers=count, thread_name_prefix="themisto-score") as pool:
+                futures = {pool.submit(unsafe_execute_trajectory, permit, release, item[1], item[2], by_id, folder,
+                                       settings): item for item in pending}
+                for future in as_completed(futures):
+                    yield futures[future], future.result()
+
+    return run
+
+
 def execute_examples(permit: ExecutionPermit, release: Release, examples: list[Example],
              by_id: dict[str, list[PredictionRecord]], summaries: dict[str, ExampleRecord], settings: ScoreSettings,
              workspace: str | Path | None, done: Mapping[str, TrajectoryScore],
              on_trajectory: Callable[[TrajectoryScore], None] | None, progress: Callable[[str], None],
-             workers: int | None = None) -> None:
+             workers: int | None = None, runner: TrajectoryRunner | None = None) -> None:
     """Execute every trajectory's examples (`workers` trajectories at once, each in its own kernel; default: one per
-    core) and put the records into `summaries` and `by_id`; the same records whatever the number of workers."""
+    core; or as `runner` says, e.g. on Ray) and put the records into `summaries` and `by_id`; the same records
+    whatever the number of workers."""
     groups: dict[str, list[Example]] = {}
     for example in examples:
         groups.setdefault(release.task_rows[example.id]["kernel_id"], []).append(example)
@@ -264,24 +291,14 @@ def execute_examples(permit: ExecutionPermit, release: Release, examples: list[E
         else:
             pending.append((number, kernel_id, group))
     if pending:
-        with tempfile.TemporaryDirectory(prefix="themisto-score-") as tmp:
-            folder = prepare_workspace(release, workspace, Path(tmp))  # only a run that executes needs it
-
-            def run(item: tuple[int, str, list[Example]]) -> TrajectoryScore:
-                return unsafe_execute_trajectory(permit, release, item[1], item[2], by_id, folder, settings)
-
-            count = max(1, min(workers or default_workers(), len(pending)))
-            # Threads suffice: each trajectory's work happens in its own kernel process; the host only waits.
-            with ThreadPoolExecutor(max_workers=count, thread_name_prefix="themisto-score") as pool:
-                futures = {pool.submit(run, item): item for item in pending}
-                for future in as_completed(futures):
-                    number, kernel_id, group = futures[future]
-                    result = results[kernel_id] = future.result()
-                    if on_trajectory is not None:
-                        on_trajectory(result)
-                    counts = {s: sum(1 for e in result.examples if e.status == s) for s in EXAMPLE_STATUSES}
-                    progress(f"[{number}/{len(groups)}] {kernel_id}: {len(group)} example(s) in "
-                             f"{result.replay_s:.1f} s ({', '.join(f'{s} {n}' for s, n in counts.items() if n)})")
+        run = runner or threads_runner(workers)
+        for (number, kernel_id, group), result in run(permit, release, pending, by_id, settings, workspace):
+            results[kernel_id] = result
+            if on_trajectory is not None:
+                on_trajectory(result)
+            counts = {s: sum(1 for e in result.examples if e.status == s) for s in EXAMPLE_STATUSES}
+            progress(f"[{number}/{len(groups)}] {kernel_id}: {len(group)} example(s) in "
+                     f"{result.replay_s:.1f} s ({', '.join(f'{s} {n}' for s, n in counts.items() if n)})")
     for kernel_id, _ in ordered:
         for summary in results[kernel_id].examples:
             summaries[summary.id] = summary

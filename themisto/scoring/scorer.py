@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from themisto.resume import (LineWriter, ResumeError, folder_fingerprint, read_lines, settings_difference,
                              write_text_atomic)
-from themisto.scoring.execution import execute_examples
+from themisto.scoring.execution import TrajectoryRunner, execute_examples
 from themisto.scoring.gate import permit as gate_permit
 from themisto.scoring.records import (
     EXECUTION_SCORES,
@@ -110,12 +110,14 @@ def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | N
           settings: ScoreSettings | None = None, execute: bool = False, release: str | Path | Release | None = None,
           workspace: str | Path | None = None, done: Mapping[str, TrajectoryScore] | None = None,
           on_trajectory: Callable[[TrajectoryScore], None] | None = None,
-          progress: Callable[[str], None] | None = None, workers: int | None = None) -> ScoreResult:
+          progress: Callable[[str], None] | None = None, workers: int | None = None,
+          runner: TrajectoryRunner | None = None) -> ScoreResult:
     """Score predictions (a string, or a list of strings, per example) against references.
 
     With `execute=True` (and HF_ALLOW_CODE_EVAL=1) next_cell predictions also run in the exact pre-cell state
     rebuilt from `release`; `done` holds trajectories scored by an earlier run (resume), `on_trajectory` receives
-    each trajectory as it finishes; `workers` trajectories run at once (default: one per core).
+    each trajectory as it finishes; `workers` trajectories run at once (default: one per core), or `runner` runs
+    them (themisto.distributed.ray_scoring: on Ray).
     """
     settings = settings or ScoreSettings()
     permit = gate_permit(execute=True) if execute else None  # refuses before any input is read
@@ -135,7 +137,7 @@ def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | N
         loaded = release if isinstance(release, Release) else load_release(release, settings.task)
         check_against_release(examples, loaded)
         execute_examples(permit, loaded, examples, by_id, summaries, settings, workspace, done or {}, on_trajectory,
-                 progress or (lambda msg: print(msg, file=sys.stderr, flush=True)), workers)
+                 progress or (lambda msg: print(msg, file=sys.stderr, flush=True)), workers, runner)
     ordered_examples = [summaries[e.id] for e in examples]
     ordered_records = [r for e in examples for r in by_id[e.id]]
     scores, notes = aggregate(ordered_examples, ordered_records, settings, executed=permit is not None)
@@ -235,7 +237,8 @@ def resume_header(release: str | Path, ids: list[str], texts: list, settings: Sc
 def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
                   settings: ScoreSettings = ScoreSettings(), *, execute: bool = False,
                   workspace: str | Path | None = None, resume: bool = True,
-                  progress: Callable[[str], None] | None = None, workers: int | None = None) -> ScoreRun:
+                  progress: Callable[[str], None] | None = None, workers: int | None = None,
+                  runner: TrajectoryRunner | None = None) -> ScoreRun:
     """Score a predictions JSONL against a release's targets and write the results JSON to `out`.
 
     With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
@@ -268,7 +271,7 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
         result = score(texts, references, ids=ids, settings=settings, execute=execute, release=loaded,
                        workspace=workspace, done=done,
                        on_trajectory=(lambda item: writer.write(item.to_dict())) if writer else None, progress=say,
-                       workers=workers)
+                       workers=workers, runner=runner)
     finally:
         if writer is not None:
             writer.close()

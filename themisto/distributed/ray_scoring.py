@@ -1,0 +1,87 @@
+"""Scoring on Ray: one task per trajectory (one CPU, one kernel that replays it once and branches its predictions),
+records sent back to the driver, which writes and aggregates them exactly as a local run does.
+
+Each worker passes the opt-in gate itself (HF_ALLOW_CODE_EVAL travels with the task) and rebuilds the release's
+workspace on its own node, once per worker process. A trajectory whose worker died on both tries, or whose task
+raised, gets its examples `refused` with the reason; the other trajectories are not affected.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from contextlib import closing
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from themisto.distributed.cluster import RayTarget, check_reachable, ray_session, remote
+from themisto.distributed.tasks import TaskFailed, run_tasks
+
+_WORKSPACES: dict[tuple[str, str | None], Path] = {}  # per worker process: (release, workspace) -> folder
+
+
+def _workspace(release, workspace: str | None) -> Path:
+    """The release's input files on this node, prepared once per worker process and removed when it exits."""
+    from themisto.scoring.release_state import prepare_workspace
+
+    key = (str(getattr(release, "name", "")) + "|" + repr(sorted(release.workspace.items())), workspace)
+    if key not in _WORKSPACES:
+        tmp = Path(tempfile.mkdtemp(prefix="themisto-score-ray-"))
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        _WORKSPACES[key] = prepare_workspace(release, workspace, tmp)
+    return _WORKSPACES[key]
+
+
+def score_one(release, kernel_id: str, group: list, records: dict, workspace: str | None, settings):
+    """(On a worker) replay one trajectory once and score its examples' predictions in branches of it."""
+    from themisto.scoring.execution import unsafe_execute_trajectory
+    from themisto.scoring.gate import permit
+
+    return unsafe_execute_trajectory(permit(execute=True), release, kernel_id, group, records,
+                                     _workspace(release, workspace), settings)
+
+
+def refused_trajectory(release, kernel_id: str, group: list, records: Mapping[str, list], reason: str):
+    """The TrajectoryScore of a trajectory that could not be scored: every example refused with `reason`."""
+    from themisto.scoring.judging import refuse
+    from themisto.scoring.records import ExampleRecord, TrajectoryScore
+
+    examples = [ExampleRecord(id=e.id, predictions=len(e.predictions), kernel_id=kernel_id,
+                              step=int(release.task_rows[e.id]["step"])) for e in group]
+    own = [r.__class__(**asdict(r)) for e in group for r in records[e.id]]
+    refuse(examples, own, f"scoring {kernel_id} on Ray failed: {reason}")
+    return TrajectoryScore(kernel_id=kernel_id, examples=examples, predictions=own, replay_s=0.0)
+
+
+def scoring_runner(target: RayTarget):
+    """A `themisto.scoring.execution` trajectory runner that scores each pending trajectory as one Ray task on
+    `target`; an address that cannot be reached is refused here, before anything runs."""
+    if target.address is not None:
+        check_reachable(target.address, target.temp_dir)
+
+    def run(permit, release, pending: list, by_id: Mapping[str, list], settings,
+            workspace: str | Path | None) -> Iterator[tuple[tuple, object]]:
+        permit.check()  # the driver's own opt-in; each worker checks its own as well
+        with ray_session(target) as ray:
+            task = remote(ray, score_one, num_cpus=1, max_retries=target.max_retries)
+            shared = ray.put(release)  # once in the object store, not once per task
+            folder = None if workspace is None else str(workspace)
+
+            def submit(item: tuple):
+                _, kernel_id, group = item
+                records = {e.id: by_id[e.id] for e in group}
+                return task.options(name=f"score {kernel_id}").remote(shared, kernel_id, group, records, folder,
+                                                                      settings)
+
+            # longest replay first (to its last scored step), so that no long trajectory starts last
+            ordered = sorted(pending, key=lambda item: max(int(release.task_rows[e.id]["step"]) for e in item[2]),
+                             reverse=True)
+            with closing(run_tasks(ray, submit, ordered, tries=1 + target.max_retries)) as results:
+                for item, result in results:
+                    if isinstance(result, TaskFailed):
+                        result = refused_trajectory(release, item[1], item[2], by_id, result.reason)
+                    yield item, result
+
+    return run
