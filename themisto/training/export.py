@@ -193,9 +193,11 @@ def _reason_summary(dropped: list[dict]) -> str:
 
 
 def _augmentation(settings: ExportSettings) -> list[dict]:
-    names = [{"name": "all_eligible_steps",
-              "description": "every eligible step of the split's trajectories is a row (the test split of "
-                             "output_prediction is the paper's sample; train holds them all)"}]
+    names = []
+    if settings.split == "train":
+        names.append({"name": "all_eligible_steps",
+                      "description": "every eligible step of the train trajectories is a row (the test split of "
+                                     "output_prediction is the paper's sample; train holds them all)"})
     if len(settings.contexts) > 1:
         how = ("each verified row once per context mode" if settings.mix == "all" else
                f"each verified row once, in one context mode drawn with seed {settings.seed}")
