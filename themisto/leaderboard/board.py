@@ -85,7 +85,7 @@ def write_file(path: Path, text: str | bytes) -> None:
 
 
 def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = False,
-            cache_dir: Path | None = None) -> tuple[dict, bool]:
+            cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> tuple[dict, bool]:
     """The submission's results.json as the board computes it, and whether it came from the cache."""
     from themisto.scoring.run_scores import score_run
 
@@ -95,7 +95,8 @@ def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = Fal
     with tempfile.TemporaryDirectory(prefix="themisto-rescore-") as tmp:
         # Only the validated files are scored: nothing else from the submission folder is read.
         run_dir = write_submission(submission, Path(tmp) / "run")
-        results = score_run(run_dir, release=release.folder, execute=execute, out=run_dir / "results.json")
+        results = score_run(run_dir, release=release.folder, execute=execute, out=run_dir / "results.json",
+                            progress=progress)
     if cached is not None:
         write_file(cached, json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results, False
@@ -136,7 +137,7 @@ def build_board(paths: Sequence[str | Path], release: ReleaseInfo, *, execute: b
             board.refused.append(Refusal(str(folder), str(exc)))
             say(f"refused {folder}: {exc}")
     for number, submission in enumerate(_latest(valid, board.notes), start=1):
-        results, cached = rescore(submission, release, execute=execute, cache_dir=cache_dir)
+        results, cached = rescore(submission, release, execute=execute, cache_dir=cache_dir, progress=say)
         say(f"[{number}] {submission.model} ({submission.task}): " + ("scores from the cache" if cached
                                                                      else "re-scored"))
         for line in submission.ignored:

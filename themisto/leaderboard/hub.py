@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from themisto.errors import InputError
 from themisto.leaderboard.submission import Submission, submission_bytes, submission_slug
 
 EVAL_RESULTS_PATH = ".eval_results/themisto.yaml"
@@ -19,7 +20,7 @@ TRANSIENT_STATUS = (429, 500, 502, 503, 504)
 SUBMISSIONS_FOLDER = "submissions"
 
 
-class HubError(ValueError):
+class HubError(InputError):
     """No token, a refused request, or a Hub error that a retry did not cure; the message names which."""
 
 
@@ -53,16 +54,22 @@ def hub_call(what: str, call, *args, **kwargs):
     import httpx2
     from huggingface_hub.errors import HfHubHTTPError
 
-    for attempt in (1, 2):
-        try:
-            return call(*args, **kwargs)
-        except (HfHubHTTPError, httpx2.TransportError) as exc:
-            if attempt == 1 and _transient(exc):
-                continue
-            retried = " (after one retry)" if attempt == 2 else ""
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise HubError(f"{what}: the Hub answered {_status(exc)}{retried}: {first}") from exc
-    raise AssertionError("unreachable")
+    retried = ""
+    try:
+        return call(*args, **kwargs)
+    except (HfHubHTTPError, httpx2.TransportError) as exc:
+        if not _transient(exc):
+            raise HubError(f"{what}: the Hub answered {_status(exc)}: {_first_line(exc)}") from exc
+        retried = " (after one retry)"
+    try:
+        return call(*args, **kwargs)
+    except (HfHubHTTPError, httpx2.TransportError) as exc:
+        raise HubError(f"{what}: the Hub answered {_status(exc)}{retried}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def submission_files(submission: Submission) -> dict[str, bytes]:

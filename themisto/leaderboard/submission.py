@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
+from themisto.errors import InputError
+
 RUN_FILE = "run.json"
 GENERATIONS_FILE = "generations.jsonl"
 SUBMISSION_FILE = "submission.json"
@@ -36,7 +38,7 @@ _SCORE_WORDS = ("score", "result", "metric", "exact_match", "rouge", "chrf", "fu
                 "correct", "leaderboard")
 
 
-class SubmissionError(ValueError):
+class SubmissionError(InputError):
     """A submission the board refuses; the message names the file (and line, or example id) and the reason."""
 
 
@@ -51,16 +53,16 @@ class ReleaseInfo:
 
 
 def release_info(folder: str | Path) -> ReleaseInfo:
-    """Hash the release's Parquet files (the build's own `content_hash`) and read each task's test ids."""
+    """The release's content hash as its Parquet files are now (the build's rule) and each task's test ids."""
     import pyarrow.parquet as pq
 
-    from themisto.release.parquet import BUILD_FILE, content_hash, parquet_name, sha256_file
+    from themisto.release.parquet import BUILD_FILE, parquet_name
+    from themisto.scoring.run_files import release_content_hash
 
     folder = Path(folder)
     if not folder.is_dir():
         raise SubmissionError(f"{folder}: no such release folder")
-    files = {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*.parquet"))}
-    if not files:
+    if not any(folder.rglob("*.parquet")):
         raise SubmissionError(f"{folder}: no Parquet file, not a release folder (themisto build)")
     test_ids = {}
     for task in TASKS:
@@ -70,7 +72,7 @@ def release_info(folder: str | Path) -> ReleaseInfo:
     build = folder / BUILD_FILE
     stamp = build.stat().st_mtime if build.is_file() else max(p.stat().st_mtime for p in folder.rglob("*.parquet"))
     built = datetime.fromtimestamp(stamp, tz=timezone.utc).date().isoformat()
-    return ReleaseInfo(folder, content_hash(files), test_ids, built)
+    return ReleaseInfo(folder, release_content_hash(folder), test_ids, built)
 
 
 @dataclass
