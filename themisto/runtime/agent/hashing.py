@@ -8,10 +8,12 @@ from __future__ import annotations
 from __future__ import annotations
 
 import array
+import ctypes
 import datetime
 import hashlib
 import io
 import itertools
+import mmap
 import operator
 import pickle
 import re
@@ -296,8 +298,15 @@ class Footprint:
         low = high = 0
         for size, stride in zip(values.shape, values.strides):
             low, high = low + min(0, stride * (size - 1)), high + max(0, stride * (size - 1))
+        low, high = address + low, address + high + values.itemsize
         self.print.update(repr(("span", address, values.shape, values.strides, values.dtype.str)).encode())
-        self.spans.append((address + low, address + high + values.itemsize))
+        # The partial pages at either end share their page with other objects, which Python writes all the time:
+        # their bytes go into the fingerprint, and only the whole pages between are left to the page flags.
+        inner_low = min(high, -(-low // mmap.PAGESIZE) * mmap.PAGESIZE)
+        inner_high = max(inner_low, high // mmap.PAGESIZE * mmap.PAGESIZE)
+        self.print.update(ctypes.string_at(low, inner_low - low) + ctypes.string_at(inner_high, high - inner_high))
+        if inner_high > inner_low:
+            self.spans.append((inner_low, inner_high))
 
     def hexdigest(self) -> str:
         return (self.content or self.print).hexdigest()
