@@ -305,8 +305,8 @@ def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
 def submission_bytes(submission: Submission) -> dict[str, bytes]:
     """The files a validated submission is passed on as: settings (no claimed score), cleaned records, details."""
     run = {k: v for k, v in submission.run.items() if not claims_score(k)}
-    files = {RUN_FILE: (json.dumps(run, indent=2, sort_keys=True) + "\n").encode(),
-             GENERATIONS_FILE: "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in submission.generations).encode()}
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in submission.generations)
+    files = {RUN_FILE: (json.dumps(run, indent=2, sort_keys=True) + "\n").encode(), GENERATIONS_FILE: lines.encode()}
     if submission.meta:
         files[SUBMISSION_FILE] = (json.dumps(submission.meta, indent=2, sort_keys=True) + "\n").encode()
     return files
