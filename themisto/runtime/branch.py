@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from themisto.runtime.agent import WorkdirGuard
+from themisto.runtime.agent.delta import namespace_delta
 from themisto.runtime.snapshot import AgentError, agent_call, take_snapshot
 
 BranchStatus = Literal["ok", "error", "timeout", "kernel_died"]
@@ -59,6 +60,10 @@ class BranchResult:
     # or trace its kernel, and had a /tmp of its own), and the frames and arrays the page check found unwritten.
     walled: bool | None = None
     kept_by_pages: list[str] = field(default_factory=list)
+
+    def delta(self) -> dict[str, dict[str, str]]:
+        """The namespace delta in `namespace_delta`'s shape: added, changed, deleted."""
+        return {"added": dict(self.added), "changed": dict(self.changed), "deleted": dict(self.deleted)}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -242,10 +247,8 @@ def _replay_one(session: Any, index: int, cells: list[str], prefix: list[str], *
     if not getattr(cell, "kernel_restarted", False) and session.alive:
         agent_call(session, "set_data_limit(None)", timeout=30)
         after = take_snapshot(session)
-        pre, post = before.hashes(), after.hashes()
-        result.added = {n: h for n, h in post.items() if n not in pre}
-        result.changed = {n: h for n, h in post.items() if n in pre and pre[n] != h}
-        result.deleted = {n: h for n, h in pre.items() if n not in post}
+        delta = namespace_delta(before.hashes(), after.hashes())
+        result.added, result.changed, result.deleted = delta["added"], delta["changed"], delta["deleted"]
         result.state_hash_after = after.state_hash
         if len(cells) > 1 and result.status != "timeout":
             result.continuation, result.continuation_state = _replay_continuation(session, cells[1:], timeout_s,

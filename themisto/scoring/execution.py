@@ -75,6 +75,7 @@ def _run_isolated(session, codes: list[str], rebuild: Callable[[], None], **opti
 
 def _verify_state(session, previous: dict, summaries: list[ExampleRecord]) -> None:
     """Compare the live state with the release's after the previous step: its hash, and the names that differ."""
+    from themisto.runtime.agent.delta import namespace_delta
     from themisto.runtime.snapshot import take_snapshot
 
     expected = previous["state_hash"]
@@ -83,7 +84,7 @@ def _verify_state(session, previous: dict, summaries: list[ExampleRecord]) -> No
     snapshot = take_snapshot(session)
     recorded = {v["name"]: v["hash"] for v in previous["variables"] or []}
     now = snapshot.hashes()
-    differing = sorted(n for n in set(recorded) | set(now) if recorded.get(n) != now.get(n))
+    differing = sorted(set().union(*namespace_delta(recorded, now).values()))
     for summary in summaries:
         summary.state_verified = snapshot.state_hash == expected
         summary.state_differences = differing[:20]

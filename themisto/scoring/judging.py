@@ -31,7 +31,7 @@ def clip(text: str) -> str:
 
 
 def _delta(result) -> dict[str, dict[str, str]]:
-    return {"added": dict(result.added), "changed": dict(result.changed), "deleted": dict(result.deleted)}
+    return result.delta()  # themisto.runtime.agent.delta.namespace_delta's shape
 
 
 def reference_problem(first, second, recorded: dict, settings: ScoreSettings) -> tuple[str, str] | None:
