@@ -47,6 +47,8 @@ STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died")
 INTERRUPT_GRACE_S = 1.5
 # Once a cell has ended within its timeout, how long the user expressions on its request (a snapshot) may take.
 EXPRESSIONS_TIMEOUT_S = 120.0
+# Longest wait for jupyter_client to stop a kernel's channels, or to shut the kernel down, before we do it ourselves.
+_STOP_S = 10.0
 # How often the kernel process is checked for life while a cell runs.
 _LIVENESS_PERIOD_S = 0.2
 _KERNEL_NAME = "themisto-sandbox"
@@ -376,7 +378,13 @@ class AsyncKernelSession:
         self._unwatch_stderr()
         self._kernel_pid = None
         if kc is not None:
-            kc.stop_channels()
+            # jupyter_client joins its channel threads (the heartbeat's included) without a bound; a kernel that
+            # wrote garbage on its sockets must not hang the host, so the wait is bounded and the thread left behind.
+            try:
+                await asyncio.wait_for(asyncio.to_thread(kc.stop_channels), _STOP_S)
+            except asyncio.TimeoutError:
+                warnings.warn(f"the kernel client's channels did not stop within {_STOP_S:g} s; left behind",
+                              SandboxWarning, stacklevel=2)
         if km is None:
             return
         process = km.provisioner.process if km.provisioner is not None else None
@@ -387,7 +395,10 @@ class AsyncKernelSession:
             except psutil.Error:
                 pass
         try:
-            await km.shutdown_kernel(now=True)
+            await asyncio.wait_for(km.shutdown_kernel(now=True), _STOP_S)
+        except asyncio.TimeoutError:
+            if process is not None and process.poll() is None:
+                process.kill()  # what shutdown_kernel(now=True) would have done; the leftovers go below
         finally:
             leftovers = [p for p in descendants if is_running(p)]
             if self._uid is not None:
