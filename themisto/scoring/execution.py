@@ -121,7 +121,7 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
     began = time.perf_counter()
     results = _run_isolated(session, codes, rebuild, timeout_s=timeout, memory_bytes=settings.memory_bytes,
                             output_bytes=settings.output_bytes, prefix=prefix, use_fork=settings.use_fork,
-                            state_names=names)
+                            state_names=names, delta=settings.branch_delta)
     wall = time.perf_counter() - began
     first, second = results[0], results[1]
     problem = reference_problem(first, second, row, settings)

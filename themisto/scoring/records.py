@@ -50,12 +50,17 @@ class ScoreSettings:
     rel_tol: float = 1e-6  # output equivalence: numbers agree within these tolerances
     abs_tol: float = 1e-9
     use_fork: bool | None = None  # None: fork where the platform can, replay the prefix otherwise
+    # How a branch finds what a prediction changed: "pages" rehashes only frames and arrays whose buffers it may have
+    # written, "hash" rehashes every variable (both exact; see themisto.runtime.branch.run_branches).
+    branch_delta: str = "pages"
     verify_state: bool = True  # compare the rebuilt state's hash with the release's state_hash_before
     continuation_cells: int = CONTINUATION_CELLS  # k for continuation_match; 0 turns it off (no extra cells)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ScoreError(f"unknown task {self.task!r} (expected one of {', '.join(TASKS)})")
+        if self.branch_delta not in ("pages", "hash"):
+            raise ScoreError(f"branch_delta must be 'pages' or 'hash', got {self.branch_delta!r}")
         ks = (self.k,) if isinstance(self.k, int) else tuple(self.k)
         if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
             raise ScoreError(f"k must be positive integers, got {self.k!r}")
