@@ -24,11 +24,11 @@ from themisto.release.tasks import TaskSettings
 from themisto.runtime.agent import OUTPUT_CAP_MARKER
 from themisto.training.export import ExportSettings, export_sft, fenced
 from themisto.training.finetune import FinetuneError, FinetuneSettings, checkpoints_folder, finetune
-from themisto.training.verify import Verifier
+from themisto.training.verify import VerificationError, Verifier
 
 REPO = Path(__file__).resolve().parents[1]
 DIVERGED_STEP = 12  # replay raised NameError where the developer's run was ok
-RESTART_STEP = 20  # a logged restart: the state after it is the developer's again
+RESTART_STEP = 20  # a logged restart
 CAPPED_STEP = 24  # the kernel's output cap cut this step's output
 
 
@@ -71,13 +71,13 @@ def _release_rows(release: Path, config: str, split: str) -> list[dict]:
     return list(datasets.load_dataset(str(release), config, split=split))
 
 
-def _expected_reason(step: int, task: str) -> str | None:
-    if step == DIVERGED_STEP:
+def _expected_reason(row: dict, task: str) -> str | None:
+    if row["step"] == DIVERGED_STEP:
         return "status_differs"
-    if DIVERGED_STEP < step < RESTART_STEP:
-        return "state_diverged"
-    if step == CAPPED_STEP and task == "output_prediction":
+    if row["step"] == CAPPED_STEP and task == "output_prediction":
         return "output_capped"
+    if any(cell["step"] == DIVERGED_STEP for cell in row["history"]):
+        return "history_diverged"
     return None
 
 
@@ -92,10 +92,10 @@ def test_export_keeps_verified_targets_in_every_context_and_counts_why_others_ar
     assert manifest["release"]["content_hash"] == build["content_sha256"] and manifest["split"] == "train"
     for task in ("next_cell", "output_prediction"):
         rows = _release_rows(release, task, "train")
-        expected = Counter(_expected_reason(r["step"], task) for r in rows)
+        expected = Counter(_expected_reason(r, task) for r in rows)
         dropped = {reason: n for reason, n in manifest["dropped"][task].items() if n}
         assert dropped == {reason: n for reason, n in expected.items() if reason}
-        kept = {r["id"]: r for r in rows if _expected_reason(r["step"], task) is None}
+        kept = {r["id"]: r for r in rows if _expected_reason(r, task) is None}
         mine = [e for e in examples if e["task"] == task]
         assert Counter(e["context"] for e in mine) == {c: len(kept) for c in ("none", "variables", "full")}
         assert manifest["counts"]["by_task_context"][task] == {c: len(kept) for c in ("none", "variables", "full")}
@@ -119,19 +119,26 @@ def test_fences_longer_than_any_backtick_run_in_the_target():
     assert block.startswith("````python\n") and extract_answer(block, "next_cell") == text
 
 
-def test_verifier_treats_an_interrupt_as_reproduced_and_a_dead_replay_kernel_as_a_changed_state():
+def test_verifier_treats_an_interrupt_as_reproduced_and_checks_the_history_the_prompt_shows():
     def row(step, status="ok", logged="ok", **extra):
         return {"kernel_id": "k", "step": step, "status": status, "logged_status": logged, "ename": None,
-                "logged_ename": None, "output_types": [], "logged_output_types": [], "output": "",
-                "restarted_before": False, "kernel_restarted": False, **extra}
+                "logged_ename": None, "output_types": [], "logged_output_types": [], "output": "", **extra}
+
+    def task_row(step, history):
+        return {"id": f"k/{step}", "kernel_id": "k", "step": step, "history": [{"step": h} for h in history]}
 
     rows = [row(0), row(1, "timeout", "error", logged_ename="KeyboardInterrupt"), row(2),
-            row(3, kernel_restarted=True), row(4), row(5, output_types=["stream"], output="x\n")]
+            row(3, "error", "ok", ename="NameError"), row(4), row(5, output_types=["stream"], output="x\n"),
+            row(6, logged="unknown")]
     verifier = Verifier(rows)
-    task_row = lambda step: {"id": f"k/{step}", "kernel_id": "k", "step": step}  # noqa: E731
-    assert verifier.problem(task_row(2), "next_cell") is None
-    assert verifier.problem(task_row(4), "next_cell") == "state_diverged"
-    assert verifier.problem(task_row(5), "output_prediction") == "output_types_differ"
+    assert verifier.problem(task_row(2, [0, 1]), "next_cell") is None
+    assert verifier.problem(task_row(3, [1, 2]), "next_cell") == "status_differs"
+    assert verifier.problem(task_row(4, [2, 3]), "next_cell") == "history_diverged"
+    assert verifier.problem(task_row(5, [4]), "next_cell") is None
+    assert verifier.problem(task_row(5, [4]), "output_prediction") == "output_types_differ"
+    assert verifier.problem(task_row(6, [5]), "next_cell") == "outcome_not_logged"
+    with pytest.raises(VerificationError, match="k/9: step 9 is not in"):
+        verifier.problem(task_row(9, []), "next_cell")
 
 
 def test_mix_one_renders_each_verified_row_once_in_a_seeded_context(release, tmp_path):

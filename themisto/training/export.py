@@ -231,8 +231,8 @@ def build_manifest(release: _Release, settings: ExportSettings, collected: _Coll
         "settings": asdict(settings),
         "templates": {t: {c: template_sha256(t, c) for c in settings.contexts} for t in settings.tasks},
         "completion": "the target in the fenced block the prompt asks for (```python for next_cell, ``` for output)",
-        "verification": ("execution-verified: a row is kept when replay ended its step as logged, every step since "
-                         "the last restart did too, and (output_prediction) its output types match and it is not "
+        "verification": ("execution-verified: a row is kept when replay ended its step as logged, so did every "
+                         "cell of its history, and (output_prediction) its output types match the log and it is not "
                          "capped" if settings.verify else "off: targets are not checked against the log"),
         "counts": {"examples": len(collected.examples),
                    "by_task": {t: sum(c.values()) for t, c in by_task_context.items()},
