@@ -386,6 +386,18 @@ def _score_run_folder(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ray_held(args: argparse.Namespace):
+    """With --ray, Ray connected for the whole command (so that several scorings share one start); else nothing."""
+    import contextlib
+
+    target = _ray_target(args)
+    if target is None or not args.execute:
+        return contextlib.nullcontext()
+    from themisto.distributed.cluster import ray_session
+
+    return ray_session(target)
+
+
 def _scoring_runner(args: argparse.Namespace):
     """The runner --ray asks for (each trajectory's execution as one Ray task), or None: here, one per core."""
     target = _ray_target(args)
@@ -566,8 +578,10 @@ def leaderboard_command(args: argparse.Namespace) -> int:
     if args.execute:
         permit(execute=True)  # refuse before reading any submission
     release = release_info(args.release)
-    board = build_board(args.submissions, release, execute=args.execute, cache_dir=args.output / "cache",
-                        progress=lambda message: print(message, file=sys.stderr, flush=True))
+    with _ray_held(args):
+        board = build_board(args.submissions, release, execute=args.execute, cache_dir=args.output / "cache",
+                            progress=lambda message: print(message, file=sys.stderr, flush=True),
+                            runner=_scoring_runner(args))
     files = write_board(board, args.output)
     for note in board.notes:
         print(f"note: {note}")
@@ -591,6 +605,7 @@ def _add_leaderboard(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--execute", action="store_true",
                         help="execute next_cell predictions (also needs HF_ALLOW_CODE_EVAL=1)")
     parser.add_argument("--push-space", metavar="REPO_ID", help="upload BOARD/space/ to this static Space")
+    _add_ray_option(parser, "with --execute, re-score")
     parser.set_defaults(run=leaderboard_command)
 
 

@@ -85,8 +85,10 @@ def write_file(path: Path, text: str | bytes) -> None:
 
 
 def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = False,
-            cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> tuple[dict, bool]:
-    """The submission's results.json as the board computes it, and whether it came from the cache."""
+            cache_dir: Path | None = None, progress: Callable[[str], None] | None = None,
+            runner=None) -> tuple[dict, bool]:
+    """The submission's results.json as the board computes it, and whether it came from the cache; `runner` runs
+    the executed trajectories elsewhere (themisto.distributed.ray_scoring: on Ray)."""
     from themisto.scoring.run_scores import score_run
 
     cached = cache_dir / f"{cache_key(submission, release, execute)}.json" if cache_dir else None
@@ -96,7 +98,7 @@ def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = Fal
         # Only the validated files are scored: nothing else from the submission folder is read.
         run_dir = write_submission(submission, Path(tmp) / "run")
         results = score_run(run_dir, release=release.folder, execute=execute, out=run_dir / "results.json",
-                            progress=progress)
+                            progress=progress, runner=runner)
     if cached is not None:
         write_file(cached, json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results, False
@@ -124,7 +126,8 @@ def _latest(submissions: list[Submission], notes: list[str]) -> list[Submission]
 
 
 def build_board(paths: Sequence[str | Path], release: ReleaseInfo, *, execute: bool = False,
-                cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Board:
+                cache_dir: Path | None = None, progress: Callable[[str], None] | None = None,
+                runner=None) -> Board:
     """Validate, de-duplicate and re-score every submission under `paths` against `release`."""
     say = progress or (lambda message: None)
     board = Board(release.content_hash, release.built,
@@ -137,7 +140,8 @@ def build_board(paths: Sequence[str | Path], release: ReleaseInfo, *, execute: b
             board.refused.append(Refusal(str(folder), str(exc)))
             say(f"refused {folder}: {exc}")
     for number, submission in enumerate(_latest(valid, board.notes), start=1):
-        results, cached = rescore(submission, release, execute=execute, cache_dir=cache_dir, progress=say)
+        results, cached = rescore(submission, release, execute=execute, cache_dir=cache_dir, progress=say,
+                                  runner=runner)
         say(f"[{number}] {submission.model} ({submission.task}): " + ("scores from the cache" if cached
                                                                      else "re-scored"))
         for line in submission.ignored:
