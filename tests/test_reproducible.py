@@ -96,8 +96,8 @@ def tiny_release(tmp_path_factory):
     workspace = tmp_path_factory.mktemp("repro-ws")
     steps = list(replay_trajectory(trajectory, workspace, ReplaySettings(cell_timeout_s=20)))
     out = tmp_path_factory.mktemp("repro-release") / "release"
-    build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0, length_quantile=1.0, min_prior_actions=3),
-                  source={"kind": "test", "workspace": {"given": "repro-ws"}})
+    tasks = TaskSettings(test_fraction=1.0, length_quantile=1.0, min_prior_actions=3)
+    build_release(trajectory_rows(steps), out, tasks, source={"kind": "test", "workspace": {"given": "repro-ws"}})
     return out, workspace
 
 

@@ -142,14 +142,16 @@ def continuation_rows(rows: Sequence[dict], step: int, k: int) -> list[dict]:
     return kept
 
 
+def _ending(cell: dict) -> str:
+    return cell["status"] if cell["status"] == "ok" else f"{cell['status']} ({cell.get('ename')})"
+
+
 def _cell_difference(reference: dict, candidate: dict, settings: ScoreSettings) -> str | None:
     from themisto.scoring.equivalence import outputs_equivalent
     from themisto.scoring.judging import compared_output
 
     if candidate["status"] != reference["status"] or candidate.get("ename") != reference.get("ename"):
-        got = candidate["status"] if candidate["status"] == "ok" else f"{candidate['status']} ({candidate.get('ename')})"
-        want = reference["status"] if reference["status"] == "ok" else f"{reference['status']} ({reference.get('ename')})"
-        return f"ended {got} where the reference's continuation ended {want}"
+        return f"ended {_ending(candidate)} where the reference's continuation ended {_ending(reference)}"
     verdict = outputs_equivalent(compared_output(candidate["outputs"]), compared_output(reference["outputs"]),
                                  rel_tol=settings.rel_tol, abs_tol=settings.abs_tol)
     return None if verdict.equal else f"output differs: {verdict.reason}"
