@@ -40,7 +40,8 @@ def _kernel(kernel_id: str, task: str) -> list:
     steps[DIVERGED_STEP] = replace(steps[DIVERGED_STEP], status="error", ename="NameError",
                                    evalue="name 'x' is not defined", output_types=["error"])
     capped = steps[CAPPED_STEP]
-    steps[CAPPED_STEP] = replace(capped, output=capped.output + OUTPUT_CAP_MARKER.format(total=2_000_000, cap=1_000_000))
+    marker = OUTPUT_CAP_MARKER.format(total=2_000_000, cap=1_000_000)
+    steps[CAPPED_STEP] = replace(capped, output=capped.output + marker)
     return steps
 
 
