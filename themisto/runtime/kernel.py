@@ -35,7 +35,8 @@ import psutil
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.outputs import strip_ansi
 from themisto.settings import settings
-from themisto.runtime.collector import OutputCollector, stream_prefix
+from themisto.runtime.agent.recorder import cut_text, text_bytes
+from themisto.runtime.collector import OutputCollector
 from themisto.runtime.sandbox import (KernelResources, KernelStartError, SandboxWarning, bwrap_works, choose_uid,
                                       interpreter_paths, is_running, kernel_python, kill_all, processes_of_uid,
                                       release_resources, remove_tree)
@@ -494,8 +495,14 @@ class AsyncKernelSession:
             if reply.get("status") != "ok":
                 result.status = "error"
                 result.ename = reply.get("ename", "Aborted" if reply.get("status") == "aborted" else None)
-                result.evalue = reply.get("evalue", "")
-                result.traceback = [strip_ansi(line) for line in reply.get("traceback", [])]
+                # The reply repeats the error output in full; what is kept of it obeys the output cap too.
+                evalue = str(reply.get("evalue", ""))
+                if text_bytes(evalue) > self.limits.output_bytes:
+                    evalue, result.truncated = cut_text(evalue, self.limits.output_bytes), True
+                result.evalue = evalue
+                errors = [o for o in outputs if o["output_type"] == "error"]
+                traceback = errors[-1]["traceback"] if errors else reply.get("traceback", [])
+                result.traceback = [strip_ansi(line) for line in traceback]
         else:
             result.ename, result.evalue = outcome.ename, outcome.evalue
             errors = [o for o in outputs if o["output_type"] == "error"]
@@ -606,11 +613,7 @@ class AsyncKernelSession:
             msg_type = msg["msg_type"]
             if len(raw) > cap:
                 # Decoding a 200 MB message would copy it several times over; keep a prefix of a stream's text.
-                if msg_type == "stream":
-                    name, text = stream_prefix(raw, self.limits.output_bytes)
-                    collector.add("stream", {"name": name, "text": text}, oversized=len(raw))
-                else:
-                    collector.add(msg_type, {}, oversized=len(raw))
+                collector.add_oversized(msg_type, raw)
                 continue
             if msg_type == kernel_launcher.CELL_DONE_MSG:
                 wait.cell_done = wait.cell_done or time.monotonic()

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import builtins
 import io
-import json
 import os
 import sys
 from typing import Any
 
-from themisto.runtime.agent.namespace import OUTPUT_CAP_MARKER
+from themisto.runtime.agent.recorder import OutputRecorder
 
 
 # ----- branch execution: the child side -------------------------------------------------------------------------
@@ -24,66 +23,8 @@ class _BranchTimeout(BaseException):
     """Raised in the child by its own timer; BaseException so that `except Exception` in the candidate passes it."""
 
 
-class _Recorder:
-    """Collects a branch's nbformat outputs in order, keeping at most `cap` bytes and counting the rest."""
-
-    def __init__(self, cap: int):
-        self.cap = cap
-        self.outputs: list[dict] = []
-        self.kept = 0
-        self.total = 0
-        self.truncated = False
-        self.displays: dict[str, list[dict]] = {}
-
-    def stream(self, name: str, text: str) -> None:
-        if not text:
-            return
-        room = self.cap - self.kept
-        # utf-8 takes at least a byte per character: a text far over the room is cut before it is encoded
-        size = len(text) if len(text) > 4 * max(room, 0) + 4096 else len(text.encode("utf-8", "replace"))
-        self.total += size
-        if size > room:
-            self.truncated = True
-            if room <= 0:
-                return
-            text = text[:room].encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
-            size = len(text.encode("utf-8"))
-        self.kept += size
-        last = self.outputs[-1] if self.outputs else None
-        if last is not None and last["output_type"] == "stream" and last["name"] == name:
-            last["_parts"].append(text)
-        else:
-            self.outputs.append({"output_type": "stream", "name": name, "_parts": [text]})
-
-    def display(self, output: dict, display_id: str | None = None) -> None:
-        size = sum(len(v) if isinstance(v, str) else len(json.dumps(v, default=str)) for v in output["data"].values())
-        self.total += size
-        if size > self.cap - self.kept:
-            self.truncated = True
-            return
-        self.kept += size
-        self.outputs.append(output)
-        if display_id:
-            self.displays.setdefault(display_id, []).append(output)
-
-    def error(self, ename: str, evalue: str, traceback: list[str]) -> None:
-        if sum(len(line) for line in traceback) > self.cap:  # a recursion traceback can be long; keep head and tail
-            traceback = traceback[:20] + ["[themisto: traceback truncated]"] + traceback[-20:]
-        self.outputs.append({"output_type": "error", "ename": ename, "evalue": evalue, "traceback": traceback})
-
-    def clear(self) -> None:
-        self.outputs.clear()
-        self.displays.clear()
-        self.kept = 0
-
-    def finish(self) -> list[dict]:
-        for output in self.outputs:
-            if "_parts" in output:
-                output["text"] = "".join(output.pop("_parts"))
-        if self.truncated:
-            marker = OUTPUT_CAP_MARKER.format(total=self.total, cap=self.cap)
-            self.outputs.append({"output_type": "stream", "name": "stderr", "text": marker})
-        return self.outputs
+# A branch child's outputs: the recorder the host's collector uses too (same sizes, clears and cap marker).
+_Recorder = OutputRecorder
 
 
 class _CaptureStream(io.TextIOBase):
@@ -123,21 +64,19 @@ def _install_capture(shell: Any, recorder: _Recorder) -> None:
                     update: bool = False, **kwargs: Any) -> None:
             display_id = (transient or {}).get("display_id")
             if update:
-                for output in recorder.displays.get(display_id, []):
-                    output["data"], output["metadata"] = data, metadata or {}
-                return
-            recorder.display({"output_type": "display_data", "data": data, "metadata": metadata or {}}, display_id)
+                recorder.update(display_id, data, metadata)
+            else:
+                recorder.display("display_data", data, metadata, display_id=display_id)
 
         def clear_output(self, wait: bool = False) -> None:
-            recorder.clear()
+            recorder.clear(wait)
 
     class CaptureDisplayHook(DisplayHook):
         def write_output_prompt(self) -> None:
             pass
 
         def write_format_data(self, format_dict: dict, md_dict: dict | None = None) -> None:
-            recorder.display({"output_type": "execute_result", "execution_count": self.shell.execution_count,
-                              "data": format_dict, "metadata": md_dict or {}})
+            recorder.display("execute_result", format_dict, md_dict, execution_count=self.shell.execution_count)
 
         def log_output(self, format_dict: dict) -> None:
             pass
