@@ -37,8 +37,12 @@ def test_folder_fingerprint_sees_input_changes_but_not_the_runs_own_files(tmp_pa
     for own in ("steps.jsonl.partial", "steps.jsonl.progress.json", ".steps.jsonl.progress.json.x1"):
         (tmp_path / own).write_text("{}")
     assert folder_fingerprint(tmp_path, output=tmp_path / "steps.jsonl") == before
-    (tmp_path / "input.csv").write_text("a\n2\n3\n")
+    (tmp_path / "input.csv").write_text("a\n2\n")  # same size, other content
     assert folder_fingerprint(tmp_path, output=tmp_path / "steps.jsonl") != before
+    elsewhere = tmp_path / "regenerated"  # the same inputs written again into a fresh folder: the same fingerprint
+    elsewhere.mkdir()
+    (elsewhere / "input.csv").write_text("a\n1\n")
+    assert folder_fingerprint(elsewhere) == before
 
 
 def _predictions(release_dir, path):
@@ -66,7 +70,7 @@ def test_scorer_header_records_the_workspace_and_names_what_changed(small_releas
     out = tmp_path / "results.json"
     settings = sc.ScoreSettings()
     header = sc.resume_header(small_release, ["k/5"], ["x"], settings, one, out)
-    assert header["workspace"]["path"] == str(one.resolve()) and header["release_content_sha256"]
+    assert header["workspace"] == folder_fingerprint(one) and header["release_content_sha256"]
     partial = tmp_path / "partial.jsonl"
     finished = TrajectoryScore(kernel_id="kernel-0", examples=[], predictions=[])
     partial.write_text(json.dumps(header) + "\n" + json.dumps(finished.to_dict()) + "\n")

@@ -114,10 +114,15 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
+# Bytes read from the head and from the tail of each input file for its fingerprint: every byte of a small file.
+_SAMPLED_BYTES = 1 << 20
+
+
 def folder_fingerprint(folder: str | Path | None, *, output: Path | None = None) -> dict | None:
-    """What identifies an input folder for a resume: its resolved path and a digest of every file's relative path,
-    size and modification time (cheap: nothing is read); the run's own `output` files (it and its `.partial`,
-    `.progress.json`, temp files beside it) are left out when they lie inside. None for no folder."""
+    """What identifies an input folder for a resume: a digest of every file's relative path, size and content (all
+    of a file up to 2 MiB, its first and last MiB beyond), not its location or times, so look-alike inputs
+    regenerated into a fresh folder from the same seed fingerprint alike. The run's own `output` files (it and its
+    `.partial`, `.progress.json`, temp files beside it) are left out when they lie inside. None for no folder."""
     if folder is None:
         return None
     root = Path(folder).resolve()
@@ -129,6 +134,11 @@ def folder_fingerprint(folder: str | Path | None, *, output: Path | None = None)
 
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if is_input(p)):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return {"path": str(root), "files_sha256": digest.hexdigest()}
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
+        with path.open("rb") as fh:
+            digest.update(fh.read(_SAMPLED_BYTES))
+            if size > 2 * _SAMPLED_BYTES:
+                fh.seek(size - _SAMPLED_BYTES)
+            digest.update(fh.read(_SAMPLED_BYTES))
+    return {"files_sha256": digest.hexdigest()}
