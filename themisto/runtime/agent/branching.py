@@ -399,6 +399,19 @@ def _read_alarms(fd: int, alarms: bytearray) -> bool:
     return bool(chunk)
 
 
+_LATE_MONITORS: list[int] = []  # monitors whose candidate has reported; reaped at the end of the branch call
+
+
+def _reap_monitor(monitor: int, status: int | None) -> int:
+    """The monitor's wait status, after a bounded wait and then SIGKILL."""
+    if status is None:
+        status = _wait_monitor(monitor, time.monotonic() + _MONITOR_REAP_S + 1.0)
+    if status is None:
+        os.kill(monitor, signal.SIGKILL)
+        _, status = os.waitpid(monitor, 0)
+    return status
+
+
 def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dict:
     """Fork the monitor, collect the candidate's alarms and report until its deadline, then kill and reap everything.
 
@@ -473,11 +486,13 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
                     kill(child, signal.SIGKILL)
                 except OSError:
                     pass
-        if monitor_status is None:
-            monitor_status = _wait_monitor(monitor, time.monotonic() + _MONITOR_REAP_S + 1.0)
-        if monitor_status is None:
-            os.kill(monitor, signal.SIGKILL)
-            _, monitor_status = os.waitpid(monitor, 0)
+        if (monitor_status is None and not timed_out and b"D" in messages and messages.get(b"W") == b""
+                and int.from_bytes(channel[:8], "big") > 0):
+            # The candidate reported and is gone, and with it its whole pid namespace: the monitor has nothing
+            # left to do that matters, and its exit (unmapping a copy of the kernel) need not be waited for here.
+            _LATE_MONITORS.append(monitor)
+        else:
+            monitor_status = _reap_monitor(monitor, monitor_status)
         os.set_blocking(alarm_r, False)
         while len(alarms) < _ALARM_BYTES and _read_alarms(alarm_r, alarms):
             pass
@@ -572,6 +587,8 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
                 _restore_home(result["workdir"])
             results.append(result)
     finally:
+        while _LATE_MONITORS:
+            _reap_monitor(_LATE_MONITORS.pop(), None)
         set_dumpable(True)
     return json.dumps({"state_hash_before": state_hash(pre_hashes), "prepare_s": prepared, "results": results},
                       default=str)
