@@ -25,8 +25,19 @@ from themisto.errors import InputError
 from themisto.release.tasks import TaskSettings, build_tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CARD_TEMPLATE = REPO_ROOT / "dataset_card.md"
-SAMPLE_DIR = REPO_ROOT / "data" / "sample"
+
+
+def shipped(relative: str) -> Path:
+    """A file the project ships beside the package: at the repository root in a checkout; under share/themisto in
+    an installed copy (pyproject's data-files: the environment's prefix, or beside the package for `--target`)."""
+    for base in (REPO_ROOT, REPO_ROOT / "share" / "themisto", Path(sys.prefix) / "share" / "themisto"):
+        if (base / relative).exists():
+            return base / relative
+    return REPO_ROOT / relative
+
+
+CARD_TEMPLATE = shipped("dataset_card.md")
+SAMPLE_DIR = shipped("data/sample")
 BUILD_FILE = "themisto_build.json"
 README = "README.md"
 ROW_GROUP_ROWS = 1000

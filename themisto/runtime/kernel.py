@@ -198,7 +198,13 @@ class AsyncKernelSession:
         else:
             paths.work.mkdir()
         paths.run.mkdir()
+        # The kernel imports the agent and the launcher from here: a folder holding the themisto package alone. The
+        # folder above the package is the host's site-packages in an installed copy, whose numpy 2 would shadow
+        # the kernel environment's own.
+        (root / "lib").mkdir()
+        (root / "lib" / "themisto").symlink_to(Path(kernel_launcher.__file__).resolve().parents[1])
         if self._uid is not None:
+            os.chmod(root / "lib", 0o755)
             os.chmod(root, 0o711)  # the kernel's uid traverses the root but cannot write in it
             for folder in (paths.work, paths.run):
                 os.chmod(folder, 0o700)
@@ -210,7 +216,6 @@ class AsyncKernelSession:
 
     def _kernel_env(self) -> dict[str, str]:
         assert self._paths is not None
-        package_parent = str(Path(kernel_launcher.__file__).resolve().parents[2])
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
@@ -219,7 +224,7 @@ class AsyncKernelSession:
             "LOGNAME": "themisto",
             "IPYTHONDIR": str(self._paths.home / ".ipython"),
             "MPLCONFIGDIR": str(self._paths.home / ".config" / "matplotlib"),
-            "PYTHONPATH": package_parent,
+            "PYTHONPATH": str(self._paths.root / "lib"),  # the themisto package alone (see _prepare_folders)
             "PYTHONNOUSERSITE": "1",
             **kernel_launcher.KERNEL_ENV,
         }
