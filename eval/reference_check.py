@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SCORES = ("exact_match", "rouge_l", "chrf", "exec_ok", "output_match", "state_match", "functional_match",
           "continuation_match", "pass@1", "scored_examples", "nondeterministic_examples", "reference_diverged_examples",
-          "refused_examples", "continuation_undefined_examples", "examples")
+          "refused_examples", "continuation_undefined_examples", "suspicious_predictions", "examples")
 
 
 def main() -> int:
