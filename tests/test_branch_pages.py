@@ -101,3 +101,24 @@ def test_a_candidate_cannot_hide_a_write_from_the_page_check(session, name):
     assert sorted(n for n in paged.changed if n not in ("address", "length")) == expected
     if name == "moved":
         assert paged.outputs[0]["text"].split()[1] == "12"  # ENOMEM: no page moving in a branch
+
+
+HOSTILE = [
+    "import sys\nsys.exit()",
+    "import os\nos._exit(1)",
+    "%reset -f",
+    "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nother[7] = 0",
+    "block = bytearray(8 * 2**30)",
+    "get_ipython().user_ns['wide'][500, 500] = -1",  # written without binding or naming it in the code
+    "import threading, time\nthreading.Thread(target=lambda: other.__setitem__(900_000, 1.5)).start()\ntime.sleep(0.2)",
+    "frame.iloc[:, 1] = frame.iloc[:, 1].to_numpy()[::-1]",
+    "undefined_name",
+]
+
+
+def test_hostile_candidates_get_the_same_verdicts_both_ways(session):
+    paged = run_branches(session, HOSTILE, timeout_s=20, delta="pages", memory_bytes=2**30)
+    hashed = run_branches(session, HOSTILE, timeout_s=20, delta="hash", memory_bytes=2**30)
+    assert _verdicts(paged) == _verdicts(hashed)
+    assert [r.status for r in paged] == ["error", "kernel_died", "ok", "ok", "error", "ok", "ok", "ok", "error"]
+    assert list(paged[5].changed) == ["wide"] and list(paged[6].changed) == ["other"]
