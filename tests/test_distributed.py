@@ -214,63 +214,50 @@ def test_scoring_on_ray_gives_the_records_of_a_local_run(ray_build, tmp_path, mo
 
 
 class WorkerKiller(threading.Thread):
-    """Kills (SIGKILL) the Ray worker replaying `trajectory_id` `count` times, each `after_s` after its kernel
-    appeared (so mid-trajectory)."""
+    """Kills (SIGKILL) the Ray worker replaying each given trajectory, as many times as given, each `after_s` after
+    its kernel appeared (so mid-trajectory)."""
 
-    def __init__(self, trajectory_id: str, count: int, after_s: float = 1.0):
+    def __init__(self, kills: dict[str, int], after_s: float = 1.0):
         super().__init__(daemon=True)
-        self.trajectory_id, self.count, self.after_s, self.killed = trajectory_id, count, after_s, []
+        self.kills, self.after_s = dict(kills), after_s
+        self.killed: dict[str, list[int]] = {tid: [] for tid in kills}
 
     def run(self) -> None:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and len(self.killed) < self.count:
-            for proc in _worker_processes(self.trajectory_id):
-                if proc.pid not in self.killed and _with_kernel(proc):
-                    time.sleep(self.after_s)
-                    proc.send_signal(signal.SIGKILL)
-                    self.killed.append(proc.pid)
-                    break
+        while time.monotonic() < deadline and any(len(self.killed[t]) < n for t, n in self.kills.items()):
+            for tid, count in self.kills.items():
+                for proc in _worker_processes(tid):
+                    if len(self.killed[tid]) < count and proc.pid not in self.killed[tid] and _with_kernel(proc):
+                        time.sleep(self.after_s)
+                        proc.send_signal(signal.SIGKILL)
+                        self.killed[tid].append(proc.pid)
             time.sleep(0.05)
 
 
-def test_a_killed_worker_is_retried_and_every_trajectory_is_kept(local_ray, tmp_path):
-    trajectories = [_traj("slow", ["import time", "time.sleep(4)", "x = 1", "x"]),
-                    _traj("quick", ["y = 2", "y * 21"])]
-    killer = WorkerKiller("slow", count=1)  # during `slow`'s 4 s cell
-    killer.start()
-    out = tmp_path / "steps.jsonl"
-    run = replay_to_file(trajectories, out, tmp_path, FAST, runner=replay_runner(RayTarget()),
-                         progress=lambda msg: None)
-    killer.join(timeout=5)
-    assert len(killer.killed) == 1, "no Ray worker was killed"
-    assert sorted(run.replayed) == ["quick", "slow"]
-    steps = read_steps(out)
-    assert [(s.kernel_id, s.step) for s in steps] == [("slow", 0), ("slow", 1), ("slow", 2), ("slow", 3),
-                                                      ("quick", 0), ("quick", 1)]
-    assert steps[3].output.strip() == "1" and steps[5].output.strip() == "42"
-
-
-def test_a_trajectory_whose_worker_dies_twice_is_recorded_failed_and_resumed(local_ray, tmp_path):
-    doomed = _traj("doomed", ["import time", "time.sleep(4)", "z = 3"])
-    trajectories = [_traj("fine", ["a = 1"]), doomed]
-    killer = WorkerKiller("doomed", count=2)  # on both tries
+def test_killed_workers_cost_nothing_but_a_trajectory_killed_twice_is_failed_and_resumed(local_ray, tmp_path):
+    trajectories = [_traj("fine", ["a = 1"]),
+                    _traj("slow", ["import time", "time.sleep(3)", "x = 1", "x"]),
+                    _traj("doomed", ["import time", "time.sleep(3)", "z = 3"])]
+    killer = WorkerKiller({"slow": 1, "doomed": 2})  # `slow` once, mid-cell: retried; `doomed` on both tries
     killer.start()
     out = tmp_path / "steps.jsonl"
     with pytest.raises(ReplayIncomplete, match=r"doomed: WorkerCrashedError") as raised:
         replay_to_file(trajectories, out, tmp_path, FAST, runner=replay_runner(RayTarget()),
                        progress=lambda msg: None)
     killer.join(timeout=5)
-    assert len(killer.killed) == 2 and list(raised.value.failed) == ["doomed"]
-    assert "after 2 tries" in raised.value.failed["doomed"]
+    assert len(killer.killed["slow"]) == 1 and len(killer.killed["doomed"]) == 2
+    assert list(raised.value.failed) == ["doomed"] and "after 2 tries" in raised.value.failed["doomed"]
     assert not out.exists()  # nothing half-written under the final name
     progress = json.loads((tmp_path / "steps.jsonl.progress.json").read_text())
-    assert progress["done"] == ["fine"] and list(progress["failed"]) == ["doomed"]
-    # the rerun keeps `fine` and replays only `doomed`
+    assert sorted(progress["done"]) == ["fine", "slow"] and list(progress["failed"]) == ["doomed"]
+    # the rerun keeps `fine` and the retried `slow`, and replays only `doomed`
     run = replay_to_file(trajectories, out, tmp_path, FAST, runner=replay_runner(RayTarget()),
                          progress=lambda msg: None)
-    assert run.resumed == ["fine"] and run.replayed == ["doomed"]
-    assert [(s.kernel_id, s.step) for s in read_steps(out)] == [("fine", 0), ("doomed", 0), ("doomed", 1),
-                                                               ("doomed", 2)]
+    assert sorted(run.resumed) == ["fine", "slow"] and run.replayed == ["doomed"]
+    steps = read_steps(out)
+    assert [(s.kernel_id, s.step) for s in steps] == [("fine", 0), ("slow", 0), ("slow", 1), ("slow", 2),
+                                                      ("slow", 3), ("doomed", 0), ("doomed", 1), ("doomed", 2)]
+    assert steps[4].output.strip() == "1" and all(s.status == "ok" for s in steps)
 
 
 def test_ctrl_c_cancels_the_tasks_cleans_their_kernels_and_the_run_resumes(local_ray, tmp_path):
@@ -327,6 +314,19 @@ def test_an_unreachable_address_is_refused_before_anything_starts(tmp_path, caps
     assert main(["build", "-o", str(tmp_path / "rel"), "--ray", address]) == 2
     assert address in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # no steps, no release, no temporary folder
+
+
+def test_a_workspace_the_node_cannot_see_travels_with_the_tasks(tmp_path):
+    from themisto.distributed.ray_runner import node_workspace, pack_workspace
+
+    (tmp_path / "ws" / "data").mkdir(parents=True)
+    (tmp_path / "ws" / "data" / "a.csv").write_text("x,y\n1,2\n", encoding="utf-8")
+    packed = pack_workspace(tmp_path / "ws")
+    assert node_workspace(str(tmp_path / "ws"), packed) == str(tmp_path / "ws")  # seen here: used as it is
+    elsewhere = node_workspace("/no/such/driver/folder", packed)  # as on a node without the driver's disk
+    assert (Path(elsewhere) / "data" / "a.csv").read_text(encoding="utf-8") == "x,y\n1,2\n"
+    with pytest.raises(FileNotFoundError, match="shared|mounts"):
+        node_workspace("/no/such/other/folder", None)
 
 
 def test_nothing_imports_ray_without_the_flag():

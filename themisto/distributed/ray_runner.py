@@ -19,15 +19,55 @@ from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplayFailure, ReplaySettings, Runner, Step
 
 
-def replay_one(trajectory: Trajectory, workspace: str | None, settings: ReplaySettings) -> dict:
+# A workspace up to this size travels with the tasks (once, through Ray's object store) to nodes that do not see
+# the driver's folder; a larger one must lie on storage every node mounts at the same path.
+SHIPPED_WORKSPACE_BYTES = 256 * 2**20
+_UNPACKED: dict[str, str] = {}  # per worker process: the driver's workspace path -> its copy on this node
+
+
+def pack_workspace(folder: str | Path) -> bytes | None:
+    """The folder as a gzipped tar, or None when it is larger than SHIPPED_WORKSPACE_BYTES."""
+    import io
+    import tarfile
+
+    folder = Path(folder)
+    if sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) > SHIPPED_WORKSPACE_BYTES:
+        return None
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(folder, arcname=".")
+    return buffer.getvalue()
+
+
+def node_workspace(workspace: str | None, packed: bytes | None) -> str | None:
+    """The workspace on this node: the driver's path where this node sees it, else the shipped copy unpacked."""
+    import atexit
+    import io
+    import shutil
+    import tarfile
+    import tempfile
+
+    if workspace is None or Path(workspace).is_dir():
+        return workspace
+    if workspace not in _UNPACKED:
+        if packed is None:
+            raise FileNotFoundError(f"workspace {workspace} is not on node {socket.gethostname()} and is too large "
+                                    f"to ship: put it on storage every node mounts at the same path")
+        target = tempfile.mkdtemp(prefix="themisto-ws-ray-")
+        atexit.register(shutil.rmtree, target, ignore_errors=True)
+        with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
+            tar.extractall(target, filter="data")  # the driver's own files; "data" refuses links out of it
+        _UNPACKED[workspace] = target
+    return _UNPACKED[workspace]
+
+
+def replay_one(trajectory: Trajectory, workspace: str | None, packed: bytes | None, settings: ReplaySettings) -> dict:
     """(On a worker) replay one trajectory in its own fresh kernel; its steps as dicts, and where and how long."""
     from themisto.replay.replay import replay_trajectory
 
-    if workspace is not None and not Path(workspace).is_dir():
-        raise FileNotFoundError(f"workspace {workspace} is not on node {socket.gethostname()}: put it on storage "
-                                f"every node mounts at the same path")
     began = time.perf_counter()
-    steps = [step.to_dict() for step in replay_trajectory(trajectory, workspace, settings)]
+    folder = node_workspace(workspace, packed)
+    steps = [step.to_dict() for step in replay_trajectory(trajectory, folder, settings)]
     return {"steps": steps, "host": socket.gethostname(), "pid": os.getpid(),
             "seconds": round(time.perf_counter() - began, 3)}
 
@@ -45,13 +85,15 @@ def replay_runner(target: RayTarget) -> Runner:
         with ray_session(target) as ray:
             task = remote(ray, replay_one, num_cpus=1, max_retries=target.max_retries)
             folder = None if workspace is None else str(workspace)
+            packed = None if folder is None else ray.put(pack_workspace(folder))
             say(f"Ray: {len(pending)} trajectories over {int(ray.cluster_resources().get('CPU', 0))} CPUs")
             # longest first, so that no long trajectory starts last and keeps one worker busy alone at the end
             # (the final file's order does not depend on it)
             ordered = sorted(pending, key=lambda t: len(t.executions), reverse=True)
             # the task's name is the worker's process title while it runs (`ray::replay <id>`), and Ray's listings'
-            results = run_tasks(ray, lambda t: task.options(name=f"replay {t.id}").remote(t, folder, settings), ordered,
-                                tries=1 + target.max_retries)
+            results = run_tasks(ray, lambda t: task.options(name=f"replay {t.id}").remote(t, folder, packed,
+                                                                                          settings),
+                                ordered, tries=1 + target.max_retries)
             # closed before Ray shuts down: tasks still running are cancelled while Ray can still reach them
             with closing(results):
                 yield from _as_steps(results, len(pending), say)
