@@ -294,9 +294,10 @@ def test_workers_match_the_driver_and_a_different_worker_is_named(local_ray):
     assert found["themisto"] == str((REPO / "themisto").resolve())  # workers import this working tree
     driver = dict(found)
     assert environment_problems(driver, found) == []
-    other = {**found, "sandbox": False, "kernel": {**found["kernel"], "numpy": "2.0.0"}}
+    other = {**found, "sandbox": False, "kernel": {**found["kernel"], "numpy": "2.0.0"}, "code": "0" * 64}
     problems = environment_problems({**driver, "sandbox": True}, other)
     assert any("bwrap" in p for p in problems) and any("numpy 2.0.0" in p for p in problems)
+    assert any("code differs" in p for p in problems)
 
 
 def _free_port() -> int:

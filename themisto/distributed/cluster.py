@@ -125,14 +125,27 @@ def worker_environment() -> dict:
     from themisto.settings import settings
 
     kernel = {k: v for k, v in kernel_environment().items() if k != "interpreter"}
-    return {"host": socket.gethostname(), "themisto": str(Path(themisto.__file__).resolve().parent),
+    package = Path(themisto.__file__).resolve().parent
+    return {"host": socket.gethostname(), "themisto": str(package), "code": code_digest(package),
             "sandbox": settings().bwrap is not None, "kernel_python_source": settings().kernel_python_source,
             "kernel": kernel}
+
+
+def code_digest(package: Path) -> str:
+    """One sha256 over the package's Python files (paths and contents): equal on two nodes, equal code."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode("utf-8") + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def environment_problems(driver: dict, worker: dict) -> list[str]:
     """How a worker's kernels would differ from the driver's (empty: they match)."""
     problems = []
+    if driver.get("code") != worker.get("code"):
+        problems.append("its themisto code differs from the driver's (install the same commit on every node)")
     if driver["sandbox"] and not worker["sandbox"]:
         problems.append("bubblewrap (bwrap) is missing, so its kernels would run without the sandbox")
     if driver["kernel_python_source"] != worker["kernel_python_source"]:
