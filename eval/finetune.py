@@ -93,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return train(args) if args.command == "train" else merge(args)
+    except KeyboardInterrupt:
+        from themisto.training.finetune import checkpoints_folder
+
+        print(f"finetune {args.command}: interrupted; rerun the same command to resume from the last checkpoint in "
+              f"{checkpoints_folder(args.output)}", file=sys.stderr)
+        return 130
     # Input errors (export folder, base model, settings) print one line; anything else is a bug with its traceback.
     except (InputError, FileNotFoundError) as exc:
         print(f"finetune {args.command}: error: {exc}", file=sys.stderr)
