@@ -70,12 +70,17 @@ def test_branch_runs_a_list_of_cells_in_sequence(tmp_path):
                       ["del data", "print(len(data))", "print('still runs')"]],
             timeout_s=10, state_names=["squares", "data"])
         after = session.execute("print('squares' in dir(), x, data)")
+        [replayed] = run_branches(session, [[LEFTOVER, "print(sum(squares))", "print(x)"]], timeout_s=10,
+                                  use_fork=False, prefix=["data = [3, 1, 2]\nx = 'label'"], state_names=["squares"])
     assert plain.continuation == [] and plain.continuation_state is None
     assert [c["outputs"][0]["text"] for c in leftover.continuation] == ["14\n", "2\n"]  # x is the loop's last value
     assert set(leftover.continuation_state) == {"squares", "data"} and "x" in leftover.changed
     assert [c["status"] for c in broken.continuation] == ["error", "ok"]  # a failing cell does not stop the rest
     assert broken.continuation[0]["ename"] == "NameError" and set(broken.continuation_state) == set()
     assert after.outputs[0]["text"] == "False label [3, 1, 2]\n"  # the kernel's own state is untouched
+    # The replay fallback (no fork) runs the same sequence and reports the same way.
+    assert [c["outputs"][0]["text"] for c in replayed.continuation] == ["14\n", "2\n"]
+    assert replayed.continuation_state == {"squares": leftover.continuation_state["squares"]}
 
 
 @pytest.fixture(scope="module")
