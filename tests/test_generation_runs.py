@@ -92,6 +92,10 @@ def test_a_run_folder_refuses_other_settings_and_another_release(small_release, 
     assert 'written with model = "previous-cell", this run has "common-cell"' in capsys.readouterr().err
     assert main(args + ["--model", "previous-cell", "--seed", "3"]) == 2
     assert "written with sampling" in capsys.readouterr().err
+    # refused before any model loads (this one could not load at all)
+    other = [a if a != "baseline" else "transformers" for a in args]
+    assert main(other + ["--model", str(tmp_path / "no-such-model")]) == 2
+    assert 'written with backend = "baseline", this run has "transformers"' in capsys.readouterr().err
     meta = json.loads((run / "run.json").read_text())
     meta["release"]["content_hash"] = "0" * 64
     (run / "run.json").write_text(json.dumps(meta))

