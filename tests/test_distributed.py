@@ -317,6 +317,18 @@ def test_an_unreachable_address_is_refused_before_anything_starts(tmp_path, caps
     assert not any(tmp_path.iterdir())  # no steps, no release, no temporary folder
 
 
+def test_ray_auto_finds_the_cluster_ray_start_recorded(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    with pytest.raises(ClusterError, match="no running Ray cluster"):
+        replay_runner(RayTarget(address="auto"))
+    address = f"127.0.0.1:{_free_port()}"
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(address + "\n", encoding="utf-8")  # as `ray start` does
+    with pytest.raises(ClusterError, match=re.escape(f"({address})")):  # found, then found dead
+        replay_runner(RayTarget(address="auto"))
+
+
 def test_a_workspace_the_node_cannot_see_travels_with_the_tasks(tmp_path):
     from themisto.distributed.ray_runner import node_workspace, pack_workspace
 

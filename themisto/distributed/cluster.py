@@ -52,7 +52,9 @@ def _auto_address(temp_dir: str | None) -> str:
     """What `ray.init(address="auto")` would use: RAY_ADDRESS, else the cluster `ray start` recorded on this node."""
     if os.environ.get("RAY_ADDRESS"):
         return os.environ["RAY_ADDRESS"]
-    current = Path(temp_dir or "/tmp/ray") / "ray_current_cluster"
+    # where `ray start` records it: Ray's temp folder (RAY_TMPDIR, else TMPDIR, else /tmp, then ray/)
+    default = Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp") / "ray"
+    current = Path(temp_dir or default) / "ray_current_cluster"
     if current.is_file() and current.read_text(encoding="utf-8").strip():
         return current.read_text(encoding="utf-8").strip()
     raise ClusterError("Ray address auto: no running Ray cluster on this node (start one with `ray start --head`, "
