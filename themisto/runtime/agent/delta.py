@@ -2,7 +2,7 @@
 rehashing only what it may have changed. Runs inside the kernel: standard library only.
 
 Before the forks the kernel hashes every variable and, for frames and arrays, takes a fingerprint that stands the
-address and layout of each large raw buffer for its bytes (`hashing.footprint`). After the candidate, a frame or array
+address and layout of each large raw buffer for its bytes (`footprint`). After the candidate, a frame or array
 whose fingerprint is the same and whose buffers lie on pages the child never wrote (`pages.written`) has the same
 content, so it keeps its hash; everything else is hashed again in full. `full=True` rehashes everything (the exact
 fallback, and where the page flags cannot be trusted).
@@ -10,12 +10,77 @@ fallback, and where the page flags cannot be trusted).
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import mmap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from themisto.runtime.agent.hashing import content_hash, footprint
+from themisto.runtime.agent.hashing import _FRAME_TYPES, _content_hash, _raw_bytes, content_hash
+from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE
 from themisto.runtime.agent.pages import usable as pages_usable
 from themisto.runtime.agent.pages import written
+
+
+# Raw buffers at least this large are where a Footprint stands their address for their bytes (smaller ones are cheap
+# to hash, and share their pages with other objects).
+SPAN_BYTES = 1 << 16
+
+
+class Footprint:
+    """A hash sink for frames and arrays: the content hash (when asked) and a fingerprint that holds everything the
+    content hash reads except large raw buffers, for which it takes their address and layout, listing where they lie.
+
+    Equal fingerprints and unwritten spans mean equal content (themisto.runtime.agent.pages says which are unwritten).
+    """
+
+    def __init__(self, content: bool = True):
+        self.content = hashlib.sha256() if content else None
+        self.print = hashlib.sha256()
+        self.spans: list[tuple[int, int]] = []
+
+    def update(self, data: Any) -> None:
+        if self.content is not None:
+            self.content.update(data)
+        self.print.update(data)
+
+    def raw(self, values: Any) -> None:
+        """Feed a numpy array's raw bytes: in full where small, else its place in memory to the fingerprint."""
+        if values.nbytes < SPAN_BYTES:
+            self.update(_raw_bytes(values))
+            return
+        if self.content is not None:
+            self.content.update(_raw_bytes(values))
+        address = values.__array_interface__["data"][0]
+        low = high = 0
+        for size, stride in zip(values.shape, values.strides):
+            low, high = low + min(0, stride * (size - 1)), high + max(0, stride * (size - 1))
+        low, high = address + low, address + high + values.itemsize
+        self.print.update(repr(("span", address, values.shape, values.strides, values.dtype.str)).encode())
+        # The partial pages at either end share their page with other objects, which Python writes all the time:
+        # their bytes go into the fingerprint, and only the whole pages between are left to the page flags.
+        inner_low = min(high, -(-low // mmap.PAGESIZE) * mmap.PAGESIZE)
+        inner_high = max(inner_low, high // mmap.PAGESIZE * mmap.PAGESIZE)
+        self.print.update(ctypes.string_at(low, inner_low - low) + ctypes.string_at(inner_high, high - inner_high))
+        if inner_high > inner_low:
+            self.spans.append((inner_low, inner_high))
+
+    def hexdigest(self) -> str:
+        return (self.content or self.print).hexdigest()
+
+
+def footprint(value: Any, content: bool = True) -> tuple[str | None, str, tuple] | None:
+    """A frame's or array's (content hash or None when not asked, fingerprint, spans of its large raw buffers);
+    None for any other value and for one that cannot be hashed."""
+    module = type(value).__module__ or ""
+    if not ((module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES)
+            or (module == "numpy" and type(value).__name__ == "ndarray")):
+        return None
+    sink = Footprint(content)
+    digest = _content_hash(value, sink)[0]
+    if digest.startswith((UNHASHABLE, "repr:")):
+        return None
+    return (digest if content else None), sink.print.hexdigest()[:HASH_CHARS], tuple(sink.spans)
 
 
 def namespace_delta(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, dict[str, str]]:
