@@ -349,3 +349,18 @@ def test_nothing_imports_ray_without_the_flag():
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     found = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
     assert found == "[]"
+
+
+def test_the_readme_scaling_commands_parse():
+    import shlex
+
+    from themisto.cli import build_parser
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Scaling out"):text.index("\n## ", text.index("## Scaling out") + 3)]
+    commands = [line.split("#")[0] for line in section.splitlines() if re.match(r"(\w+=\S+ )*themisto ", line)]
+    assert len(commands) >= 5
+    for command in commands:
+        words = [w for w in shlex.split(command) if "=" not in w or w.startswith("-")]
+        args = build_parser().parse_args(words[1:])
+        assert args.ray == "HEAD:6379", command
