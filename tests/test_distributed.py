@@ -1,6 +1,7 @@
-"""Replay, build and scoring on a local Ray (2 CPUs, started by these tests in their own folder): the same files as a
-local run, a worker killed mid-run costs nothing, a trajectory whose worker dies twice is recorded as failed and
-resumed later, Ctrl-C cleans the kernels up, and nothing imports Ray without --ray."""
+"""Replay, build, scoring and generation on a local Ray (2 CPUs, started by these tests in their own folder): the same
+files and records as a local run, a worker killed mid-run costs nothing, a trajectory whose worker dies twice is
+recorded as failed and resumed later, Ctrl-C cleans the kernels up, an unreachable address starts nothing, workers
+unlike the driver are named, and nothing imports Ray without --ray."""
 
 import hashlib
 import json
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray with 2 CPUs in its own folder (never /tmp/ray), shut down after the module."""
-    ray = pytest.importorskip("ray")
+    import ray  # in requirements.txt: a missing Ray fails here, it is not skipped
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
     try:
