@@ -90,10 +90,13 @@ def replay_runner(target: RayTarget) -> Runner:
             # longest first, so that no long trajectory starts last and keeps one worker busy alone at the end
             # (the final file's order does not depend on it)
             ordered = sorted(pending, key=lambda t: len(t.executions), reverse=True)
-            # the task's name is the worker's process title while it runs (`ray::replay <id>`), and Ray's listings'
-            results = run_tasks(ray, lambda t: task.options(name=f"replay {t.id}").remote(t, folder, packed,
-                                                                                          settings),
-                                ordered, tries=1 + target.max_retries)
+
+            def submit(trajectory: Trajectory):
+                # the task's name is its worker's process title while it runs (`ray::replay <id>`) and its name in
+                # Ray's listings (`ray list tasks`)
+                return task.options(name=f"replay {trajectory.id}").remote(trajectory, folder, packed, settings)
+
+            results = run_tasks(ray, submit, ordered, tries=1 + target.max_retries)
             # closed before Ray shuts down: tasks still running are cancelled while Ray can still reach them
             with closing(results):
                 yield from _as_steps(results, len(pending), say)
