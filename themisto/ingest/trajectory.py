@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
 from themisto.errors import InputError
+from themisto.jsonrecords import from_dict
 
 # What the log recorded about an execution. "unknown": the log never said how it ended (no finished event).
 LoggedStatus = Literal["ok", "error", "interrupted", "unknown"]
@@ -126,20 +127,18 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Trajectory":
-        data = dict(data)
         executions = []
-        for raw in data.pop("executions", []):
-            raw = dict(raw)
-            raw["outputs"] = [OutputSummary(**o) for o in raw.get("outputs", [])]
+        for raw in data.get("executions", []):
             if raw.get("status", "unknown") not in LOGGED_STATUSES:
                 raise ValueError(f"unknown status {raw['status']!r} (expected one of {LOGGED_STATUSES})")
-            executions.append(Execution(**raw))
+            outputs = [from_dict(OutputSummary, o) for o in raw.get("outputs", [])]
+            executions.append(from_dict(Execution, raw, outputs=outputs))
         events = []
-        for raw in data.pop("events", []):
+        for raw in data.get("events", []):
             if raw.get("kind") not in KERNEL_EVENT_KINDS:
                 raise ValueError(f"unknown kernel event {raw.get('kind')!r} (expected one of {KERNEL_EVENT_KINDS})")
-            events.append(KernelEvent(**raw))
-        return cls(executions=executions, events=events, **data)
+            events.append(from_dict(KernelEvent, raw))
+        return from_dict(cls, data, executions=executions, events=events)
 
 
 def anonymize(participant: str | None) -> str | None:

@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 from themisto.ingest.cleaning import clean_for_replay
 from themisto.ingest.trajectory import Execution, Trajectory
+from themisto.jsonrecords import from_dict
 from themisto.resume import LineWriter, write_json_atomic
 
 # Called before step `i` runs, with the trajectory, `i` and the live session (the exact pre-step state).
@@ -79,10 +80,7 @@ class Step:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Step":
-        data = dict(data)
-        data.setdefault("rebuilt_steps", 0)  # steps files written before the field existed
-        data["logged"] = LoggedOutcome(**data["logged"])
-        return cls(**data)
+        return from_dict(cls, data, logged=from_dict(LoggedOutcome, data["logged"]))
 
 
 def _logged(execution: Execution) -> LoggedOutcome:

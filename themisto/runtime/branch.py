@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from themisto.jsonrecords import from_dict
 from themisto.runtime.agent import WorkdirGuard
 from themisto.runtime.agent.delta import namespace_delta
+from themisto.runtime.outputs import strip_ansi
 from themisto.runtime.snapshot import AgentError, agent_call, take_snapshot
 
 BranchStatus = Literal["ok", "error", "timeout", "kernel_died"]
-_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 # Per candidate, on top of its own timeout: the child's grace, and the time to fork, report and restore files.
 _SLACK_PER_CANDIDATE_S = 5.0
 _SLACK_PER_CALL_S = 120.0  # hashing the pre-branch state of a large namespace, backing up the workdir
@@ -70,12 +70,12 @@ class BranchResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> BranchResult:
-        return cls(**data)
+        return from_dict(cls, data)
 
 
 def _traceback(outputs: list[dict]) -> list[str]:
     errors = [o for o in outputs if o.get("output_type") == "error"]
-    return [_ANSI_RE.sub("", line) for line in errors[-1].get("traceback", [])] if errors else []
+    return [strip_ansi(line) for line in errors[-1].get("traceback", [])] if errors else []
 
 
 def _from_agent(raw: Any, index: int, output_bytes: int) -> BranchResult:

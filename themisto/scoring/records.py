@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
 from themisto.errors import InputError
+from themisto.jsonrecords import from_dict
 from themisto.scoring.text_scores import chrf, exact_match, rouge_l
 
 TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
@@ -107,7 +108,7 @@ class PredictionRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> PredictionRecord:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        return from_dict(cls, data)
 
 
 @dataclass
@@ -132,7 +133,7 @@ class ExampleRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ExampleRecord:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        return from_dict(cls, data)
 
 
 @dataclass
@@ -149,9 +150,8 @@ class TrajectoryScore:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> TrajectoryScore:
-        return cls(kernel_id=data["kernel_id"], examples=[ExampleRecord.from_dict(e) for e in data["examples"]],
-                   predictions=[PredictionRecord.from_dict(p) for p in data["predictions"]],
-                   replay_s=float(data.get("replay_s", 0.0)))
+        return from_dict(cls, data, examples=[ExampleRecord.from_dict(e) for e in data["examples"]],
+                         predictions=[PredictionRecord.from_dict(p) for p in data["predictions"]])
 
 
 @dataclass
