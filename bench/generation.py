@@ -2,7 +2,8 @@
 prompts, for the tiny test model and SmolLM2-135M-Instruct (GGUF); and vLLM vs transformers on the same model and
 prompts as a ratio where vLLM and a GPU are present.
 
-    python bench/generation.py [--release out/sample] [--prompts 8] [--max-new-tokens 32] [--batch-size 8] [--json]
+    python bench/generation.py [--release out/sample] [--prompts 8] [--max-prompt-tokens 1024] [--max-new-tokens 32]
+                               [--batch-size 8] [--json]
 
 Without --release (and without out/sample) the prompts come from the shipped sample, replayed and built here first
 (about 2 minutes). vLLM runs the tiny model: a folder it loads offline (a GGUF would need the Hub for its tokenizer).
@@ -51,10 +52,10 @@ def _prompts(release: Path, count: int):
     return load_task_rows(info, "next_cell", ("variables",), limit=count)
 
 
-def _measure(backend, rows, sampling) -> dict:
+def _measure(backend, rows, sampling, max_prompt_tokens: int) -> dict:
     from themisto.generation.prompts import render_prompt
 
-    budget = (backend.context_length or 2048) - sampling.max_new_tokens
+    budget = min(max_prompt_tokens, (backend.context_length or 2048) - sampling.max_new_tokens)
     prompts = [render_prompt(r, "next_cell", "variables", count_tokens=backend.count_tokens,
                              max_prompt_tokens=budget) for r in rows]
     backend.generate(prompts[:1], type(sampling)(max_new_tokens=2))  # warm-up: first-call allocations
@@ -68,14 +69,14 @@ def _measure(backend, rows, sampling) -> dict:
             "prompt_tokens_per_s": round(tokens_in / seconds, 1)}
 
 
-def _transformers(model: str, rows, sampling, batch_size: int) -> dict:
+def _transformers(model: str, rows, sampling, batch_size: int, max_prompt_tokens: int) -> dict:
     from themisto.generation.backends import make_backend
 
     started = time.perf_counter()
     backend = make_backend("transformers", model, batch_size=batch_size)
     load_s = time.perf_counter() - started
     return {"backend": "transformers", "device": backend.device, "load_s": round(load_s, 1),
-            **_measure(backend, rows, sampling)}
+            **_measure(backend, rows, sampling, max_prompt_tokens)}
 
 
 def _vllm_missing() -> str | None:
@@ -90,6 +91,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--release", type=Path)
     parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024,
+                        help="prompt budget (the oldest history goes first); CPU prefill grows with it")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--json", action="store_true")
@@ -109,7 +112,7 @@ def main() -> int:
         if gguf is not None:
             models["SmolLM2-135M-Instruct (GGUF Q4_1)"] = str(gguf)
         for name, model in models.items():
-            results[name] = _transformers(model, rows, sampling, args.batch_size)
+            results[name] = _transformers(model, rows, sampling, args.batch_size, args.max_prompt_tokens)
         missing = _vllm_missing()
         if missing is None:
             from themisto.generation.backends import make_backend
@@ -118,15 +121,15 @@ def main() -> int:
             started = time.perf_counter()
             backend = make_backend("vllm", model, gpu_memory_utilization=0.5)
             vllm = {"backend": "vllm", "load_s": round(time.perf_counter() - started, 1),
-                    **_measure(backend, rows, sampling)}
+                    **_measure(backend, rows, sampling, args.max_prompt_tokens)}
             ref = next(r for n, r in results.items() if models[n] == model)
             vllm["tokens_per_s_vs_transformers"] = round(vllm["tokens_out_per_s"] / ref["tokens_out_per_s"], 2)
             results["vLLM"] = vllm
     if args.json:
         print(json.dumps({"results": results, "vllm": missing or "measured"}, sort_keys=True))
         return 0
-    print(f"{len(rows)} next_cell prompts (context: variables), greedy, {args.max_new_tokens} new tokens, "
-          f"batch {args.batch_size}")
+    print(f"{len(rows)} next_cell prompts (context: variables, at most {args.max_prompt_tokens} tokens), greedy, "
+          f"{args.max_new_tokens} new tokens, batch {args.batch_size}")
     for name, r in results.items():
         print(f"{name} [{r['backend']}, {r.get('device', 'gpu')}]: load {r['load_s']} s; {r['tokens_out_per_s']} "
               f"new tokens/s, {r['prompt_tokens_per_s']} prompt tokens/s, {r['examples_per_s']} examples/s "
