@@ -16,7 +16,8 @@ SETUP = ("import ctypes, mmap, os\nimport numpy as np\nimport pandas as pd\n"
          "column = wide[:, 7]\nother = np.ones(1_000_000)\nsmall = np.arange(10)\nnames = ['a', 'b']\n"
          "libc = ctypes.CDLL(None, use_errno=True)\n"
          "libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p\n"
-         "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+         "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,\n"
+         "                      ctypes.c_long]\n"
          "libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]\n"
          "def pages_of(array, count=4):\n    return (array.ctypes.data + 4095) & ~4095, count * 4096\n")
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 # Two trajectories, so that two kernels work at once; each step's state depends on the steps before it (a target
 # needs five earlier steps).
 CELLS = {
-    "first-kernel": ["a = 1", "b = a + 1", "c = [a, b]", "d = len(c)", "e = d * 2", "data = [3, 1, 2]", "total = sum(data)", "print(total)", "data.sort()\nprint(data)",
+    "first-kernel": ["a = 1", "b = a + 1", "c = [a, b]", "d = len(c)", "e = d * 2", "data = [3, 1, 2]",
+                     "total = sum(data)", "print(total)", "data.sort()\nprint(data)",
                      "import random\nrandom.seed(1)\npick = random.random()"],
     "second-kernel": ["x = 'a'", "y = x * 3", "z = {x: y}", "w = sorted(z)", "v = w + [y]",
                       "import numpy as np\nvalues = np.arange(6)", "values[2] = 9\nvalues.sum()", "print(values)",

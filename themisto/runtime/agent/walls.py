@@ -22,7 +22,9 @@ import sys
 import time
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
-_MS_NOSUID, _MS_NODEV, _MS_RDONLY, _MS_NOEXEC, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x1, 0x8, 0x4000, 0x80000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
+_PRIVATE = ("/tmp", "/dev/shm")  # each branch gets its own, empty
 _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER = 4, 38, 22, 36
 _SECCOMP_MODE_FILTER = 2
 _CAPABILITY_V3 = 0x20080522
@@ -75,12 +77,24 @@ def enter(hide: list[str]) -> str | None:
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
         _mount(libc, "none", "/", "", _MS_REC | _MS_SLAVE)  # nothing mounted here reaches the kernel's namespace
-        for target in ("/tmp", "/dev/shm"):
-            if os.path.isdir(target):
-                _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=256m")
         for target in hide:
             if target and os.path.isdir(target):
                 _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY, "size=4k")
+        # The kernel's work folder and home often lie under /tmp: bound back into the new /tmp at the same paths.
+        cwd = os.getcwd()
+        keep = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in {cwd, os.path.expanduser("~")}
+                if any(path == top or path.startswith(top + "/") for top in _PRIVATE) and os.path.isdir(path)}
+        try:
+            for target in _PRIVATE:
+                if os.path.isdir(target):
+                    _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=256m")
+            for path, fd in sorted(keep.items()):
+                os.makedirs(path, exist_ok=True)
+                _mount(libc, f"/proc/self/fd/{fd}", path, "", _MS_BIND | _MS_REC)
+        finally:
+            for fd in keep.values():
+                os.close(fd)
+        os.chdir(cwd)  # the work folder as bound here, not the one under the old /tmp
     except OSError as error:
         return str(error)
     finally:
