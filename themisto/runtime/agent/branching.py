@@ -412,29 +412,11 @@ def _reap_monitor(monitor: int, status: int | None) -> int:
     return status
 
 
-def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dict:
-    """Fork the monitor, collect the candidate's alarms and report until its deadline, then kill and reap everything.
-
-    The kernel holds the candidate's channels itself (the report's shared mapping, the alarm pipe), so a candidate
-    that kills its monitor still reports, and is still seen."""
-    rfd, wfd = os.pipe()
-    alarm_r, alarm_w = os.pipe()
-    channel = mmap.mmap(-1, 4 * plan.output_bytes + _REPORT_BYTES)  # shared, anonymous: pages cost once written
-    started = time.monotonic()
-    deadline = started + plan.timeout_s * len(cells) + _GRACE_S
-    gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
-    try:
-        monitor = os.fork()
-        if monitor == 0:
-            os.close(rfd)
-            os.close(alarm_r)
-            _monitor(shell, cells, plan, wfd, channel, alarm_w)
-    finally:
-        gc.unfreeze()
-    os.close(wfd)
-    os.close(alarm_w)
-    messages: dict[bytes, bytes] = {}
-    buffer, alarms = bytearray(), bytearray()
+def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: dict[bytes, bytes],
+             alarms: bytearray) -> tuple[int | None, bool]:
+    """Read the monitor's messages and the candidate's alarms until the candidate is done, its monitor is gone or
+    the deadline passes; the monitor's wait status (None while it runs) and whether the deadline passed."""
+    buffer = bytearray()
     monitor_status: int | None = None
     timed_out = False
     try:
@@ -479,6 +461,39 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
             _candidate_exit(int(messages[b"P"]), deadline)  # its monitor died first: the candidate may still report
             timed_out = time.monotonic() >= deadline
     finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return monitor_status, timed_out
+
+
+def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dict:
+    """Fork the monitor, collect the candidate's alarms and report until its deadline, then kill and reap everything.
+
+    The kernel holds the candidate's channels itself (the report's shared mapping, the alarm pipe), so a candidate
+    that kills its monitor still reports, and is still seen."""
+    rfd, wfd = os.pipe()
+    alarm_r, alarm_w = os.pipe()
+    channel = mmap.mmap(-1, 4 * plan.output_bytes + _REPORT_BYTES)  # shared, anonymous: pages cost once written
+    started = time.monotonic()
+    deadline = started + plan.timeout_s * len(cells) + _GRACE_S
+    gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
+    try:
+        monitor = os.fork()
+        if monitor == 0:
+            os.close(rfd)
+            os.close(alarm_r)
+            _monitor(shell, cells, plan, wfd, channel, alarm_w)
+    finally:
+        gc.unfreeze()
+    os.close(wfd)
+    os.close(alarm_w)
+    messages: dict[bytes, bytes] = {}
+    alarms = bytearray()
+    monitor_status: int | None = None
+    timed_out = False
+    try:
+        monitor_status, timed_out = _collect(rfd, alarm_r, monitor, deadline, messages, alarms)
+    finally:
         child = int(messages[b"P"]) if b"P" in messages else None
         if child is not None and (timed_out or b"D" not in messages or monitor_status is not None):
             for kill in (os.killpg, os.kill):
@@ -498,12 +513,16 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
             pass
         os.close(rfd)
         os.close(alarm_r)
-        if pidfd is not None:
-            os.close(pidfd)
     elapsed = time.monotonic() - started
     length = int.from_bytes(channel[:8], "big")
     result = _decode_report(channel[8:8 + length]) if 0 < length <= len(channel) - 8 else None
     channel.close()
+    return _result(result, plan, index, elapsed, timed_out, monitor_status, messages, alarms)
+
+
+def _result(result: dict | None, plan: _BranchPlan, index: int, elapsed: float, timed_out: bool,
+            monitor_status: int | None, messages: dict[bytes, bytes], alarms: bytearray) -> dict:
+    """The candidate's report (or the timeout or death that replaced it) with what the kernel itself saw."""
     if result is not None:
         pass
     elif timed_out:
