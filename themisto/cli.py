@@ -377,7 +377,7 @@ def _score_run_folder(args: argparse.Namespace) -> int:
     if args.predictions is not None:
         raise CommandError("give either a run folder or --predictions, not both")
     results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output,
-                        runner=_scoring_runner(args))
+                        runner=_scoring_runner(args), workspace=args.workspace)
     if args.json:
         print(json.dumps(results, ensure_ascii=False, sort_keys=True))
     else:

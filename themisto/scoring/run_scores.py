@@ -82,7 +82,7 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _run_scorer(run: RunFolder, release: Path, candidates: list[list[str]], execute: bool,
-                progress: Callable[[str], None], runner=None):
+                progress: Callable[[str], None], runner=None, workspace: str | Path | None = None):
     """Score every candidate with the scorer (resumable per trajectory when executing); records by id and text."""
     from themisto.scoring.records import ScoreSettings
     from themisto.scoring.scorer import score_to_file
@@ -90,7 +90,8 @@ def _run_scorer(run: RunFolder, release: Path, candidates: list[list[str]], exec
     lines = [json.dumps({"id": i, "prediction": texts}, ensure_ascii=False) for i, texts in zip(run.ids, candidates)]
     _write_text(run.folder / SCORER_INPUT, "\n".join(lines) + "\n")
     scored = score_to_file(release, run.folder / SCORER_INPUT, run.folder / SCORER_RECORDS,
-                           ScoreSettings(task=run.task), execute=execute, progress=progress, runner=runner).result
+                           ScoreSettings(task=run.task), execute=execute, workspace=workspace, progress=progress,
+                           runner=runner).result
     records: dict[str, dict[str, object]] = {}
     for record in scored.predictions:
         records.setdefault(record.id, {})[record.prediction] = record
@@ -184,10 +185,12 @@ def _counts(run: RunFolder, examples: dict) -> dict:
 
 def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute: bool = False,
               out: str | Path | None = None, settings: IntervalSettings = IntervalSettings(),
-              progress: Callable[[str], None] | None = None, runner=None) -> dict:
+              progress: Callable[[str], None] | None = None, runner=None,
+              workspace: str | Path | None = None) -> dict:
     """Score every context of a run folder and the baselines, and write results.json and results.md (to `out`'s
     folder, by default the run folder); returns the results. Execution needs the gate's opt-in (next_cell only);
-    `runner` runs its trajectories elsewhere (themisto.distributed.ray_scoring: on Ray)."""
+    `runner` runs its trajectories elsewhere (themisto.distributed.ray_scoring: on Ray); `workspace` is the folder
+    the release was replayed over, where its build names a given one."""
     from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.scoring.gate import permit
     from themisto.scoring.results_table import render_markdown
@@ -213,7 +216,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
     say(f"scoring {len(run.ids)} example(s) x {len(run.contexts)} context(s) x {run.samples} sample(s) and "
         f"{len(names)} baseline(s)" + (" with execution" if executed else ""))
     records, examples, scorer_notes = _run_scorer(run, release_dir, _candidates(run, baselines), executed, say,
-                                                  runner)
+                                                  runner, workspace)
     metrics = metrics_for(run.task, executed)
     systems = _per_example(run, baselines, records, examples, metrics)
     solved = {name: [_solved(run.task, records[i][t], examples[i]) for i, t in zip(run.ids, baselines[name])]
