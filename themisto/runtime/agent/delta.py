@@ -69,12 +69,38 @@ class Footprint:
         return (self.content or self.print).hexdigest()
 
 
+# An index this long of Python objects costs as much to fingerprint as to hash.
+_OBJECT_INDEX_ROWS = 10_000
+
+
+def _raw_dtype(dtype: Any) -> bool:
+    """False for Python objects (numpy's object dtype, pandas' strings): their bytes are not in the buffer."""
+    return not getattr(dtype, "hasobject", False) and str(getattr(dtype, "name", "")) not in ("string", "str")
+
+
+def _mostly_buffers(value: Any) -> bool:
+    """Whether the value's content lies in raw buffers, so a fingerprint costs far less than its content hash."""
+    if type(value).__name__ == "ndarray":
+        return _raw_dtype(value.dtype)
+    index = value if type(value).__name__.endswith("Index") else value.index
+    if not _raw_dtype(index.dtype) and len(index) > _OBJECT_INDEX_ROWS:
+        return False
+    if type(value).__name__ == "DataFrame":
+        return all(map(_raw_dtype, value.dtypes))
+    return type(value).__name__.endswith("Index") or _raw_dtype(value.dtype)
+
+
 def footprint(value: Any, content: bool = True) -> tuple[str | None, str, tuple] | None:
     """A frame's or array's (content hash or None when not asked, fingerprint, spans of its large raw buffers);
-    None for any other value and for one that cannot be hashed."""
+    None for any other value, for one whose content is mostly Python objects, and for one that cannot be hashed."""
     module = type(value).__module__ or ""
     if not ((module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES)
             or (module == "numpy" and type(value).__name__ == "ndarray")):
+        return None
+    try:
+        if not _mostly_buffers(value):
+            return None
+    except Exception:  # noqa: BLE001 - a value that will not say what it holds is hashed in full
         return None
     sink = Footprint(content)
     digest = _content_hash(value, sink)[0]
