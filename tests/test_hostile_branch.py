@@ -282,3 +282,15 @@ def test_each_branch_has_a_tmp_of_its_own(session):
     assert planted.outputs[0]["text"] == "True\n"
     assert looked.outputs[0]["text"] == "False True\n"
     assert session.execute("import os\nos.path.exists('/tmp/planted.txt')").outputs[0]["data"]["text/plain"] == "False"
+
+
+def test_a_candidate_and_its_continuation_are_not_suspicious(session):
+    # The child re-installs its output capture before each continuation cell: that is not the candidate's doing.
+    result = _run_hostile(session, ["doubled = total * 2", "half = doubled // 4", "print(half)"], timeout_s=10)
+    assert result.status == "ok" and result.suspicious == [] and result.continuation[-1]["status"] == "ok"
+
+
+def test_a_patch_made_in_a_continuation_cell_is_flagged(session):
+    result = _run_hostile(session, ["doubled = total * 2", "import json\njson.loads = None", "half = 1"],
+                          timeout_s=10)
+    assert result.suspicious == ["patched json.loads"]

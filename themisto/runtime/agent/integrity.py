@@ -162,7 +162,9 @@ _WATCHED = ("builtins", "json", "json.encoder", "json.decoder", "hashlib", "stru
 
 
 # Set by the interpreter or IPython on their own (the last error), not by a candidate's patching.
-_VOLATILE = frozenset({"last_type", "last_value", "last_traceback", "last_exc", "displayhook"})
+# The standard streams too: libraries wrap them (colorama), and what a cell prints is its own business.
+_VOLATILE = frozenset({"last_type", "last_value", "last_traceback", "last_exc", "displayhook", "stdout", "stderr",
+                       "stdin"})
 
 
 def _watched_spaces() -> dict[str, dict]:
@@ -248,13 +250,15 @@ class Guard:
         self.integrity: Integrity | None = None
 
     def arm(self) -> None:
-        """Take the machinery's picture (once, before the first candidate cell) and start reporting."""
-        if self.integrity is None:
-            self.integrity = Integrity([0, 1, 2, self.fd], [signal.SIGINT, signal.SIGTERM])
+        """Take the machinery's picture and start reporting. Before every cell: the child re-installs its capture
+        between cells, and what a cell changed is reported when it is disarmed."""
+        self.integrity = Integrity([0, 1, 2, self.fd], [signal.SIGINT, signal.SIGTERM])
         self.alarm.armed = True
 
     def disarm(self) -> None:
+        """Stop reporting events, and report what the cell changed in the machinery since `arm()`."""
         self.alarm.armed = False
+        self.check()
 
     def check(self) -> None:
         """Report what the candidate changed in the machinery since `arm()`."""
