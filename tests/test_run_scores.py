@@ -253,3 +253,54 @@ def test_execution_needs_both_switches_before_anything_is_read(tmp_path, monkeyp
     env_settings.cache_clear()
     assert main(["score", str(tmp_path / "no-such-run"), "--execute"]) == 2
     assert "Executing model-written code is off" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# with execution: a short trajectory replayed in a real kernel
+
+EXEC_KERNEL = "exec-kernel"
+# Step 7 computes what step 6 did in another way: re-running step 6 is a functional match, not an exact one.
+EXEC_CELLS = ["x = 3", "y = x * 2", "print(y)", "z = [1, 2]", "z.append(x)", "print(len(z))", "w = x + 1",
+              "w = 1 + x", "print(w)", "print(w)", "x = 10"]
+
+
+@pytest.fixture(scope="module")
+def executed_release(tmp_path_factory):
+    from themisto.ingest.trajectory import Execution, Trajectory
+    from themisto.release.tasks import trajectory_rows
+    from themisto.replay.replay import ReplaySettings, replay_trajectory
+
+    workspace = tmp_path_factory.mktemp("exec-ws")
+    trajectory = Trajectory(id=EXEC_KERNEL, notebook="task1.ipynb", source="test", task="task1",
+                            executions=[Execution(cell_id=f"c{i}", code=code, status="ok")
+                                        for i, code in enumerate(EXEC_CELLS)])
+    steps = list(replay_trajectory(trajectory, workspace, ReplaySettings(cell_timeout_s=20)))
+    out = tmp_path_factory.mktemp("exec-release") / "release"
+    build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0, length_quantile=1.0),
+                  source={"kind": "test", "workspace": {"given": "exec-ws"}})
+    return out, workspace
+
+
+@pytest.mark.slow
+def test_execution_scores_lead_and_a_functional_match_leaves_the_hard_subset(executed_release, tmp_path, monkeypatch):
+    release, workspace = executed_release
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    env_settings.cache_clear()
+    try:
+        folder = write_run(tmp_path / "exec", release, "next_cell", _first_baseline("next_cell"))
+        results = score_run(folder, execute=True, workspace=workspace)
+    finally:
+        monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
+        env_settings.cache_clear()
+    steps = sorted(int(i.rsplit("/", 1)[1]) for i in load_release(release, "next_cell").task_rows)
+    assert steps == list(range(5, len(EXEC_CELLS)))
+    assert results["executed"] is True and results["metrics"][:2] == ["continuation_match", "functional_match"]
+    assert results["counts"]["execution"] == {"scored": len(steps)}
+    # Step 9 repeats step 8 (an exact match); step 7 is functionally step 6 again: both leave the hard subset.
+    assert results["hard_subset"]["examples"] == len(steps) - 2 and "functional match" in results["hard_subset"]["rule"]
+    none = _pick(results["scores"], context="none", metric="functional_match", subset="all")
+    assert none["mean"] == pytest.approx(2 / len(steps))
+    variables = _pick(results["scores"], context="variables", metric="functional_match", subset="all")
+    assert variables["mean"] == 1.0 and variables["n"] == len(steps)
+    assert _pick(results["scores"], context="none", metric="functional_match", subset="hard")["mean"] == 0.0
+    assert "| continuation_match | model · none |" in (folder / "results.md").read_text()
