@@ -304,3 +304,54 @@ def test_execution_scores_lead_and_a_functional_match_leaves_the_hard_subset(exe
     assert variables["mean"] == 1.0 and variables["n"] == len(steps)
     assert _pick(results["scores"], context="none", metric="functional_match", subset="hard")["mean"] == 0.0
     assert "| continuation_match | model · none |" in (folder / "results.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the real task-1 log: one trajectory, so intervals come from blocks of consecutive steps
+
+
+@pytest.fixture(scope="module")
+def task1_release(june_dir, tmp_path_factory) -> Path:
+    """A release of the real task-1 log whose steps carry the logged code but are not replayed: next_cell's targets
+    and history code are those of the replayed release (outputs are a placeholder), and building takes seconds."""
+    from conftest import TASK1_LOG
+
+    from themisto.ingest.june import read_june_log
+    from themisto.release.tasks import trajectory_rows
+    from themisto.replay.replay import LoggedOutcome, Step
+
+    trajectory = read_june_log(TASK1_LOG)
+    restarts = {event.before for event in trajectory.events if event.kind == "restart"}
+    steps = [Step(kernel_id=trajectory.id, step=i, cell_id=ex.cell_id, code=ex.code, replayed_code=ex.code,
+                  cleaning=[], restarted_before=i in restarts, status="error" if ex.status == "error" else "ok",
+                  ename=ex.ename, evalue=ex.evalue, output="(not replayed)", outputs=[], output_types=ex.output_types,
+                  execution_time=0.0, memory_bytes=None, state_hash=None, variables=[], snapshot_failures={},
+                  kernel_restarted=False, rebuilt_steps=0,
+                  logged=LoggedOutcome(ex.status, ex.ename, ex.evalue, ex.output_types),
+                  notebook=trajectory.notebook, task=trajectory.task)
+             for i, ex in enumerate(trajectory.executions)]
+    out = tmp_path_factory.mktemp("task1") / "release"
+    build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0), source={"kind": "test"})
+    return out
+
+
+@pytest.mark.slow
+def test_task1_baseline_intervals_are_not_degenerate(task1_release, tmp_path, capsys):
+    run = tmp_path / "previous-cell"
+    assert main(["generate", "--release", str(task1_release), "--task", "next_cell", "--context", "none",
+                 "--backend", "baseline", "--model", "previous-cell", "-o", str(run), "--json"]) == 0
+    assert main(["score", str(run)]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((run / "results.json").read_text())
+    interval = results["interval"]
+    assert (interval["method"], interval["clusters"], interval["block_length"]) == ("block_bootstrap", 1, 8)
+    assert interval["blocks"] >= 60 and "percentile block bootstrap (1 trajectory, " in printed
+    assert results["counts"]["examples"] > 500
+    for metric in ("exact_match", "rouge_l", "chrf"):
+        entry = _pick(results["scores"], context="none", metric=metric, subset="all")
+        assert 0 < entry["low"] < entry["mean"] < entry["high"] < 1, entry
+    # Developers re-run edited cells: the previous cell alone is close to the developer's next cell.
+    exact = _pick(results["baselines"], baseline="previous-cell", metric="exact_match", subset="all")
+    rouge = _pick(results["baselines"], baseline="previous-cell", metric="rouge_l", subset="all")
+    assert exact["mean"] == pytest.approx(0.047, abs=0.01) and rouge["mean"] == pytest.approx(0.72, abs=0.02)
+    assert exact["high"] - exact["low"] > 0.02
