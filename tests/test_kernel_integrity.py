@@ -117,6 +117,9 @@ def test_the_hash_seed_is_fixed_and_recorded(session):
     session.restart()  # a new kernel process: a random seed would give another hash and most likely another order
     assert session.execute(probe).outputs[0]["data"]["text/plain"] == first
     assert kernel_environment()["hash_seed"] == "0"
+    from themisto.release.parquet import _library_versions
+
+    assert _library_versions()["kernel_hash_seed"] == "0"  # what a release's themisto_build.json records
 
 
 @pytest.mark.slow
