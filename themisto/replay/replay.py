@@ -269,10 +269,13 @@ def _digest(trajectory: Trajectory) -> str:
 
 
 def _resume_header(workspace: str | Path | None, settings: ReplaySettings, out: Path) -> dict:
-    """What changes a replay's steps besides the trajectory itself: the settings and the workspace's files."""
+    """What changes a replay's steps besides the trajectory itself: the settings, the workspace's files and the
+    kernel's environment (interpreter, hash seed, package versions)."""
     from themisto.resume import folder_fingerprint
+    from themisto.runtime.sandbox import kernel_environment
 
-    return {"settings": asdict(settings), "workspace": folder_fingerprint(workspace, output=out)}
+    return {"settings": asdict(settings), "workspace": folder_fingerprint(workspace, output=out),
+            "kernel": kernel_environment()}
 
 
 def _load_progress(out: Path, header: dict, digests: dict[str, str],

@@ -220,10 +220,11 @@ def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> di
 
 def resume_header(release: str | Path, ids: list[str], texts: list, settings: ScoreSettings,
                   workspace: str | Path | None, out: Path) -> dict:
-    """Everything that changes an execution run's records: settings, predictions, the release's content and the
-    workspace the states are rebuilt over."""
+    """Everything that changes an execution run's records: settings, predictions, the release's content, the
+    workspace the states are rebuilt over and the kernel's environment (interpreter, hash seed, package versions)."""
     import hashlib
 
+    from themisto.runtime.sandbox import kernel_environment
     from themisto.scoring.run_files import release_content_hash
 
     digest = hashlib.sha256(json.dumps([ids, texts], ensure_ascii=False).encode("utf-8")).hexdigest()
@@ -231,7 +232,7 @@ def resume_header(release: str | Path, ids: list[str], texts: list, settings: Sc
     return {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
             "release": str(release),
             "release_content_sha256": release_content_hash(folder) if folder.is_dir() else None,
-            "workspace": folder_fingerprint(workspace, output=out)}
+            "workspace": folder_fingerprint(workspace, output=out), "kernel": kernel_environment()}
 
 
 def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
