@@ -1,25 +1,30 @@
 """Scorer throughput with execution on the shipped sample: predictions per second, and what each branch costs
-beyond the cell's own execution time. Prints figures, then one JSON line; never asserts on time.
+beyond the cell's own run time, with the page check (delta "pages") and with the exact full rehash ("hash").
 
-Runs the reference cell and the previous cell as the predictions of each next_cell test example (the first
---limit of them), so it needs the same opt-in as any execution: HF_ALLOW_CODE_EVAL=1. The same examples are scored
-with continuation_match off (k=0) and on (k=--continuation-cells, default 3: k more cells per branch), to show what
-the continuation costs.
+Runs the reference cell and the previous cell as the predictions of each next_cell test example (the first --limit
+of them), once per delta mode and round, alternating which mode goes first; the trajectories run `--workers` at a
+time (default: one per core). It needs the same opt-in as any execution: HF_ALLOW_CODE_EVAL=1. Prints a table and
+one JSON line; never asserts on time. Every branch also runs --continuation-cells logged cells (default 3) for
+continuation_match; `--continuation-cells 0` shows what they cost (the records keep only the candidate's own run
+time, so the continuation cells' time counts as overhead: the branch machinery alone is measured with 0).
 
-    HF_ALLOW_CODE_EVAL=1 python bench/scorer_throughput.py [--release DIR] [--limit N] [--continuation-cells K]
+    HF_ALLOW_CODE_EVAL=1 python bench/scorer_throughput.py [--release DIR] [--limit N] [--rounds R] [--workers W]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import arguments, median, report  # noqa: E402
 
-def release_resources(given: Path | None, tmp: str) -> Path:
+MODES = ("pages", "hash")
+
+
+def release_folder(given: Path | None, tmp: str) -> Path:
     if given is not None:
         return given
     from themisto.release.parquet import BuildInputs, build_release, release_rows
@@ -31,83 +36,82 @@ def release_resources(given: Path | None, tmp: str) -> Path:
     return out
 
 
+def figures(result, total_s: float) -> dict:
+    """Per branch: the step's branch call minus the cells' own times, over its branches (references included)."""
+    by_id: dict[str, list] = {}
+    for record in result.predictions:
+        by_id.setdefault(record.id, []).append(record)
+    executed = [e for e in result.examples if e.branch_wall_s is not None]
+    overheads, own_all, candidates, wall = [], [], 0, 0.0
+    for example in executed:
+        own = [r.duration_s or 0.0 for r in by_id[example.id]] + list(example.reference_durations_s)
+        overheads.append(1000 * (example.branch_wall_s - sum(own)) / len(own))
+        own_all += own
+        candidates += len(by_id[example.id])
+        wall += example.branch_wall_s
+    return {"examples": len(executed), "candidates": candidates, "branches": len(own_all),
+            "overhead_ms_median": round(median(overheads), 1) if overheads else None,
+            "overhead_ms_mean": round(sum(overheads) / len(overheads), 1) if overheads else None,
+            "own_ms_median": round(1000 * median(own_all), 1) if own_all else None,
+            "predictions_per_s_branching": round(candidates / wall, 2) if wall else None,
+            "predictions_per_s_end_to_end": round(candidates / total_s, 2),
+            "total_s": round(total_s, 1), "functional_match": result.scores.get("functional_match"),
+            "continuation_match": result.scores.get("continuation_match"),
+            # k cells more in every branch (the predictions' and the reference's two): what continuation_match costs
+            "continuation_cells": sum((e.continuation_cells or 0) * (len(by_id[e.id]) + len(e.reference_durations_s))
+                                      for e in executed)}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--release", type=Path, help="a release folder (default: build the sample into a temp dir)")
     parser.add_argument("--limit", type=int, default=40, help="next_cell test examples to score (0: all)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per delta mode (the median run is reported)")
+    parser.add_argument("--workers", type=int, default=None, help="trajectories at once (default: one per core)")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="delta modes to measure")
     parser.add_argument("--continuation-cells", type=int, default=3, metavar="K",
-                        help="k of continuation_match for the second pass (the first runs k=0)")
+                        help="logged cells run after each branch for continuation_match (0: off; compare the two)")
     args = parser.parse_args(argv)
 
+    import pyarrow.parquet as pq
+
     from themisto.scoring.gate import ExecutionRefused
-    from themisto.scoring.scorer import ScoreSettings, load_release, score
+    from themisto.scoring.records import ScoreSettings
+    from themisto.scoring.scorer import load_release, score
 
+    runs: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     with tempfile.TemporaryDirectory(prefix="themisto-bench-score-") as tmp:
-        folder = release_resources(args.release, tmp)
+        folder = release_folder(args.release, tmp)
         release = load_release(folder, "next_cell")
-        import pyarrow.parquet as pq
-
         rows = pq.read_table(folder / "next_cell" / "test-00000-of-00001.parquet").to_pylist()
         rows = rows[: args.limit] if args.limit else rows
         ids = [r["id"] for r in rows]
         references = [r["target"] for r in rows]
         predictions = [[r["target"], r["history"][-1]["code"]] for r in rows]
-        passes = {}
-        for k in sorted({0, args.continuation_cells}):
-            started = time.perf_counter()
-            try:
-                result = score(predictions, references, ids=ids, execute=True, release=release,
-                               settings=ScoreSettings(continuation_cells=k))
-            except ExecutionRefused as refused:
-                print(refused, file=sys.stderr)
-                return 2
-            passes[k] = _figures(result, time.perf_counter() - started)
-    for k, figures in passes.items():
-        print(f"continuation_cells={k}: {figures['examples']} examples, {figures['candidates']} candidates "
-              f"({figures['branches']} branches with the reference runs, {figures['continuation_cells']} "
-              "continuation cells)")
-        print(f"  branching: {figures['candidates_per_s_branching']} candidates/s; end to end (replay included): "
-              f"{figures['candidates_per_s_end_to_end']} candidates/s")
-        print(f"  per branch: {figures['overhead_ms_per_branch']} ms overhead beyond the cell's own "
-              f"{figures['own_execution_ms_per_branch']} ms")
-    summary = {"passes": {str(k): f for k, f in passes.items()}}
-    if len(passes) == 2:
-        off, on = passes[0], passes[args.continuation_cells]
-        summary["continuation_wall_ratio"] = round(on["branch_wall_s"] / off["branch_wall_s"], 2) \
-            if off["branch_wall_s"] else None
-        print(f"continuation (k={args.continuation_cells}) costs {summary['continuation_wall_ratio']}x the branch "
-              "time of k=0")
-    print(json.dumps(summary, sort_keys=True))
+        for round_ in range(args.rounds):
+            for mode in args.modes if round_ % 2 == 0 else args.modes[::-1]:
+                started = time.perf_counter()
+                try:
+                    result = score(predictions, references, ids=ids, execute=True, release=release,
+                                   settings=ScoreSettings(branch_delta=mode,
+                                                          continuation_cells=args.continuation_cells),
+                                   workers=args.workers,
+                                   progress=lambda _: None)
+                except ExecutionRefused as refused:
+                    print(refused, file=sys.stderr)
+                    return 2
+                runs[mode].append(figures(result, time.perf_counter() - started))
+                print(f"{mode}: {runs[mode][-1]}", file=sys.stderr, flush=True)
+    chosen = {mode: sorted(found, key=lambda f: f["total_s"])[len(found) // 2] for mode, found in runs.items()}
+    rows_out = [{"delta": mode, **chosen[mode]} for mode in args.modes]
+    columns = [("delta", "delta"), ("overhead_ms_median", "overhead ms/branch (median)"),
+               ("overhead_ms_mean", "(mean)"), ("own_ms_median", "own ms/branch"),
+               ("predictions_per_s_branching", "predictions/s branching"),
+               ("predictions_per_s_end_to_end", "predictions/s end to end"), ("total_s", "total s")]
+    report("scorer_throughput", {"workers": args.workers, "rounds": args.rounds,
+                                 "continuation_cells": args.continuation_cells, **chosen},
+           rows_out, columns)
     return 0
-
-
-def _figures(result, total_s: float) -> dict:
-    executed = [e for e in result.examples if e.branch_wall_s is not None]
-    by_id = {}
-    for record in result.predictions:
-        by_id.setdefault(record.id, []).append(record)
-    candidates = sum(len(by_id[e.id]) for e in executed)
-    branches = candidates + sum(len(e.reference_durations_s) for e in executed)
-    wall = sum(e.branch_wall_s for e in executed)
-    # The candidate's own time only: the continuation cells are in the branch wall time, so they show as overhead.
-    own = sum(r.duration_s or 0.0 for e in executed for r in by_id[e.id]) + sum(
-        sum(e.reference_durations_s) for e in executed)
-    return {
-        "examples": len(executed),
-        "candidates": candidates,
-        "branches": branches,  # candidates + two reference runs per example
-        "continuation_cells": sum((e.continuation_cells or 0) * (len(by_id[e.id]) + len(e.reference_durations_s))
-                                  for e in executed),
-        "candidates_per_s_branching": round(candidates / wall, 2) if wall else None,
-        # End to end: replay, kernel starts and state checks included.
-        "candidates_per_s_end_to_end": round(candidates / total_s, 2),
-        "overhead_ms_per_branch": round(1000 * (wall - own) / branches, 1) if branches else None,
-        "own_execution_ms_per_branch": round(1000 * own / branches, 1) if branches else None,
-        "branch_wall_s": round(wall, 2),
-        "total_s": round(total_s, 2),
-        "functional_match": result.scores.get("functional_match"),
-        "continuation_match": result.scores.get("continuation_match"),
-    }
 
 
 if __name__ == "__main__":
