@@ -81,6 +81,11 @@ def board_submissions(folder: Path, release: Path) -> dict[str, Path]:
     (runs["tampered"] / "results.json").write_text(json.dumps({"scores": [
         {"task": "next_cell", "context": c, "metric": "exact_match", "subset": "all", "mean": 1.0, "low": 1.0,
          "high": 1.0, "n": 1} for c in ("none", "variables")]}))
+    # Three generations of the hostile run were over the prompt budget: skipped, empty, scored 0.
+    records = [json.loads(line) for line in (runs["hostile"] / "generations.jsonl").read_text().splitlines()]
+    for record in [r for r in records if r["context"] == "none"][:3]:
+        record.update(status="skipped", reason="over_budget", prediction="", raw="")
+    (runs["hostile"] / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     lines = (runs["missing"] / "generations.jsonl").read_text().splitlines()
     (runs["missing"] / "generations.jsonl").write_text("\n".join(lines[:-1]) + "\n")
     return runs

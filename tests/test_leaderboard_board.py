@@ -74,6 +74,16 @@ def test_baselines_are_rows_of_their_own_and_hard_subset_scores_sit_beside(board
     assert _row(table, "common-cell")["values"]["exact_match/hard"]["mean"] == 0.0
 
 
+def test_skipped_generations_are_counted_per_context(board):
+    folder, data, _ = board
+    none, variables = _table(data, "next_cell", "none"), _table(data, "next_cell", "variables")
+    n = _row(none, HOSTILE_MODEL)["values"]["exact_match/all"]["n"]
+    assert _row(none, HOSTILE_MODEL)["answered"] == {"generations": n, "unanswered": 3}
+    assert _row(variables, HOSTILE_MODEL)["answered"] == {"generations": n, "unanswered": 0}
+    assert _row(none, "common-cell")["answered"] is None  # computed by the board, not submitted
+    assert f"| 3/{n} |" in (folder / "leaderboard.md").read_text()
+
+
 def test_every_board_file_is_written(board):
     folder, data, _ = board
     assert (folder / "leaderboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

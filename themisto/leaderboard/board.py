@@ -41,6 +41,8 @@ class Entry:
     ignored: list[str] = field(default_factory=list)
     submitter: str | None = None
     link: str | None = None
+    # Per context mode: generations in all, and how many were skipped or failed (they score 0).
+    answered: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,11 +108,15 @@ def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = Fal
 
 def _entry(submission: Submission, results: dict, cached: bool) -> Entry:
     backend = submission.run["backend"]
+    answered = {c: {"generations": 0, "unanswered": 0} for c in submission.contexts}
+    for record in submission.generations:
+        answered[record["context"]]["generations"] += 1
+        answered[record["context"]]["unanswered"] += record["status"] != "ok"
     return Entry(folder=str(submission.folder), model=submission.model, backend=backend, task=submission.task,
                  contexts=list(submission.contexts), kind="baseline" if backend == BASELINE_BACKEND else "model",
                  predictions_sha256=submission.predictions_sha256, settings_key=submission.settings_key,
                  results=results, cached=cached, ignored=list(submission.ignored),
-                 submitter=submission.meta.get("submitter"), link=submission.meta.get("link"))
+                 submitter=submission.meta.get("submitter"), link=submission.meta.get("link"), answered=answered)
 
 
 def _latest(submissions: list[Submission], notes: list[str]) -> list[Submission]:

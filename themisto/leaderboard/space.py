@@ -10,7 +10,7 @@ import hashlib
 from html import escape
 
 from themisto.leaderboard.board import Board
-from themisto.leaderboard.tables import Row, Table, column_label, fmt
+from themisto.leaderboard.tables import Row, Table, column_label, fmt, unanswered
 
 SPACE_README = """---
 title: Themisto Leaderboard
@@ -97,6 +97,7 @@ def _row_html(rank: int, row: Row, table: Table) -> str:
     cells += [_score_cell(row.values.get(column)) for column in table.columns]
     if table.context != "none":
         cells.append(_score_cell(row.effect, "diff"))
+    cells.append(_cell(unanswered(row), row.answered["unanswered"] if row.answered else None))
     return f'<tr class="{escape(row.kind)}">' + "".join(cells) + "</tr>"
 
 
@@ -106,6 +107,8 @@ def _table_html(table: Table) -> str:
     heads += [f'<th data-type="num">{escape(column_label(c))}</th>' for c in table.columns]
     if table.context != "none":
         heads.append(f'<th data-type="num">Δ {escape(table.lead)} vs none</th>')
+    heads.append('<th data-type="num" title="generations skipped (over the prompt budget) or failed; they score 0">'
+                 'skipped or failed</th>')
     rows = "\n".join(_row_html(rank, row, table) for rank, row in enumerate(table.rows, start=1))
     anchor = escape(f"{table.task}-{table.context}")
     return (f'<section id="{anchor}"><h2>{escape(table.task)} · context <code>{escape(table.context)}</code></h2>\n'

@@ -31,6 +31,7 @@ class Row:
     source: str  # the submission folder, or "computed by the board" for a baseline the board ran itself
     values: dict[str, dict] = field(default_factory=dict)  # "metric/subset" -> {mean, low, high, n}
     effect: dict | None = None  # the lead metric's paired difference vs context "none": {diff, low, high, n}
+    answered: dict | None = None  # {generations, unanswered}: skipped or failed generations score 0
 
 
 @dataclass
@@ -70,7 +71,7 @@ def build_tables(board: Board) -> list[Table]:
                   key=lambda k: (k[0], CONTEXT_ORDER.index(k[1]) if k[1] in CONTEXT_ORDER else 99, k[1]))
     for task, context in keys:
         entries = [e for e in board.entries if e.task == task and context in e.contexts]
-        rows = [Row(e.model, e.kind, e.backend, e.folder) for e in entries]
+        rows = [Row(e.model, e.kind, e.backend, e.folder, answered=e.answered.get(context)) for e in entries]
         for row, entry in zip(rows, entries):
             for score in entry.results.get("scores", []):
                 if score.get("task", task) == task and score.get("context") == context:
@@ -111,6 +112,11 @@ def fmt(value: dict | None, key: str = "mean") -> str:
     return f"{value[key]:+.3f}{interval}" if key == "diff" else f"{value[key]:.3f}{interval}"
 
 
+def unanswered(row: Row) -> str:
+    """`3/88`: generations skipped (over the prompt budget) or failed, of all; an en dash for the board's baselines."""
+    return f"{row.answered['unanswered']}/{row.answered['generations']}" if row.answered else "–"
+
+
 def _md_text(text: str) -> str:
     # Markdown on the Hub renders inline HTML: a submitted name must stay text, and a pipe must not split the cell.
     return html.escape(text).replace("|", "&#124;").replace("`", "&#96;").replace("\n", " ")
@@ -124,12 +130,13 @@ def to_markdown(board: Board, tables: list[Table]) -> str:
              "Every score below was computed by the board from the submitted predictions; `(hard)` is the subset "
              "of examples no model-free baseline gets right; intervals are 95 %."]
     for table in tables:
-        head = ["#", "model", "kind"] + [column_label(c) for c in table.columns] + [f"Δ {table.lead} vs none"]
+        head = (["#", "model", "kind"] + [column_label(c) for c in table.columns]
+                + [f"Δ {table.lead} vs none", "skipped or failed"])
         lines += ["", f"## {table.task} · context `{table.context}` (sorted by {table.lead})", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for rank, row in enumerate(table.rows, start=1):
             cells = [str(rank), _md_text(row.model), row.kind] + [fmt(row.values.get(c)) for c in table.columns]
-            cells.append(fmt(row.effect, "diff") if table.context != "none" else "–")
+            cells += [fmt(row.effect, "diff") if table.context != "none" else "–", unanswered(row)]
             lines.append("| " + " | ".join(cells) + " |")
     if board.refused:
         lines += ["", "## Refused", ""] + [f"- `{_md_text(r.folder)}`: {_md_text(r.reason)}" for r in board.refused]
@@ -139,7 +146,7 @@ def to_markdown(board: Board, tables: list[Table]) -> str:
 
 
 CSV_FIELDS = ("task", "context", "model", "kind", "backend", "metric", "subset", "mean", "low", "high", "n",
-              "diff_vs_none", "diff_low", "diff_high")
+              "diff_vs_none", "diff_low", "diff_high", "generations", "skipped_or_failed")
 
 
 def _csv_text(text: str) -> str:
@@ -162,7 +169,8 @@ def to_csv(tables: list[Table]) -> str:
                 effect = row.effect if (metric == table.lead and subset == "all" and row.effect) else {}
                 writer.writerow([table.task, table.context, _csv_text(row.model), row.kind, _csv_text(row.backend),
                                  metric, subset, value["mean"], value["low"], value["high"], value["n"],
-                                 effect.get("diff"), effect.get("low"), effect.get("high")])
+                                 effect.get("diff"), effect.get("low"), effect.get("high"),
+                                 *((row.answered or {}).get(k) for k in ("generations", "unanswered"))])
     return out.getvalue()
 
 
