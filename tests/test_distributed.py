@@ -214,6 +214,26 @@ def test_scoring_on_ray_gives_the_records_of_a_local_run(ray_build, tmp_path, mo
     assert _without_timings(on_ray) == _without_timings(local)
 
 
+def test_a_trajectory_lost_on_ray_has_its_examples_refused_with_the_reason(ray_build):
+    from themisto.distributed.ray_scoring import refused_trajectory
+    from themisto.scoring.records import ScoreSettings, make_examples, text_records
+    from themisto.scoring.release_state import load_release
+
+    release = load_release(ray_build, "next_cell")
+    kernel_id = sorted({row["kernel_id"] for row in release.task_rows.values()})[0]
+    ids = sorted(i for i, row in release.task_rows.items() if row["kernel_id"] == kernel_id)[:2]
+    examples = make_examples(["x = 1", ["a = 1", "b = 2"]], [release.task_rows[i]["target"] for i in ids], ids)
+    records: dict[str, list] = {}
+    for record in text_records(examples, ScoreSettings()):
+        records.setdefault(record.id, []).append(record)
+    lost = refused_trajectory(release, kernel_id, examples, records, "WorkerCrashedError after 2 tries: gone")
+    assert [(e.id, e.status) for e in lost.examples] == [(ids[0], "refused"), (ids[1], "refused")]
+    assert all("on Ray failed: WorkerCrashedError after 2 tries" in e.reason for e in lost.examples)
+    assert [(p.id, p.index, p.outcome) for p in lost.predictions] == [
+        (ids[0], 0, "refused"), (ids[1], 0, "refused"), (ids[1], 1, "refused")]
+    assert records[ids[0]][0].outcome is None  # the driver's own records are left as they were
+
+
 class WorkerKiller(threading.Thread):
     """Kills (SIGKILL) the Ray worker replaying each given trajectory, as many times as given, each `after_s` after
     its kernel appeared (so mid-trajectory)."""
