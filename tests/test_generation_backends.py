@@ -21,23 +21,23 @@ def tiny(tiny_model_dir):
 
 
 def test_greedy_batches_with_left_padding_match_one_by_one(tiny, rows):  # noqa: F811
-    prompts = [render_prompt(r, "next_cell", "variables") for r in rows["next_cell"][:3]]
+    prompts = [render_prompt(r, "next_cell", "none") for r in rows["next_cell"][:3]]
     lengths = {len(messages_text(p.messages)) for p in prompts}
     assert len(lengths) == 3  # different lengths: the batch really is padded
-    sampling = Sampling(max_new_tokens=12)
+    sampling = Sampling(max_new_tokens=8)
     batched = tiny.generate(prompts, sampling)
     alone = [tiny.generate([p], sampling)[0] for p in prompts]
     assert [[g.raw for g in s] for s in batched] == [[g.raw for g in s] for s in alone]
     for samples, prompt in zip(batched, prompts):
         (g,) = samples
-        assert g.status == "ok" and g.raw and 1 <= g.tokens_out <= 12
+        assert g.status == "ok" and g.raw and 1 <= g.tokens_out <= 8
         # the backend's own count (used for the budget) agrees with what the model was fed, within the joins
         assert abs(tiny.count_tokens(messages_text(prompt.messages)) - g.tokens_in) <= 3
 
 
 def test_sampling_draws_n_different_samples_and_repeats_with_the_seed(tiny, rows):  # noqa: F811
-    prompts = [render_prompt(r, "output_prediction", "full") for r in rows["output_prediction"][:2]]
-    sampling = Sampling(n=3, temperature=1.0, top_p=0.95, max_new_tokens=10, seed=7)
+    prompts = [render_prompt(r, "output_prediction", "none") for r in rows["output_prediction"][:2]]
+    sampling = Sampling(n=3, temperature=1.0, top_p=0.95, max_new_tokens=6, seed=7)
     first = tiny.generate(prompts, sampling)
     assert [len(s) for s in first] == [3, 3]
     assert len({g.raw for g in first[0]}) > 1

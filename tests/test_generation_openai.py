@@ -65,12 +65,12 @@ def served_tiny_model(tiny_model_dir, tmp_path_factory):
 
 def test_generates_against_a_real_transformers_serve_process(served_tiny_model, tiny_model_dir, rows):  # noqa: F811
     backend = make_backend("openai", str(tiny_model_dir), base_url=served_tiny_model, concurrency=2)
-    prompts = [render_prompt(r, "next_cell", c) for r in rows["next_cell"][:2] for c in ("none", "variables")]
-    out = backend.generate(prompts, Sampling(n=2, max_new_tokens=8))
-    assert [len(s) for s in out] == [2, 2, 2, 2]
+    prompts = [render_prompt(rows["next_cell"][0], "next_cell", c) for c in ("none", "variables")]
+    out = backend.generate(prompts, Sampling(n=2, max_new_tokens=4))
+    assert [len(s) for s in out] == [2, 2]
     for samples in out:
         for g in samples:
-            assert g.status == "ok" and g.raw and g.tokens_out == 8 and g.tokens_in > 100, g
+            assert g.status == "ok" and g.raw and g.tokens_out == 4 and g.tokens_in > 100, g
     # the variables prompt is longer than the none prompt of the same row, as the server counted it
     assert out[1][0].tokens_in > out[0][0].tokens_in
     assert backend.describe()["backend"] == "openai"
