@@ -13,7 +13,7 @@ from themisto.replay.replay import ReplaySettings, replay_trajectory
 from themisto.runtime.branch import run_branches
 from themisto.runtime.kernel import KernelSession, Limits
 from themisto.scoring import scorer as sc
-from themisto.scoring.continuation import cell_names, continuation_rows, state_names
+from themisto.scoring.continuation import cell_names, continuation_rows, own_alarms, state_names
 from themisto.settings import settings as env_settings
 
 KERNEL = "cont-kernel"
@@ -81,6 +81,19 @@ def test_branch_runs_a_list_of_cells_in_sequence(tmp_path):
     # The replay fallback (no fork) runs the same sequence and reports the same way.
     assert [c["outputs"][0]["text"] for c in replayed.continuation] == ["14\n", "2\n"]
     assert replayed.continuation_state == {"squares": leftover.continuation_state["squares"]}
+
+
+def test_alarms_of_the_developers_own_next_cells_are_not_the_predictions(tmp_path):
+    walk = "import gc\nlen(gc.get_referents(data))"  # the developer's next cell walks referents (a library might)
+    with KernelSession(tmp_path, Limits(cell_timeout_s=20)) as session:
+        session.execute("data = [3, 1, 2]")
+        first, second, plain, walking = run_branches(
+            session, [["total = sum(data)", walk]] * 2 + [["total = 6", walk],
+                                                          ["import gc\ngc.get_referents(data)\ntotal = 6", walk]],
+            timeout_s=10, state_names=["total", "data"])
+    assert first.suspicious and all(a.startswith("continuation: ") for a in first.suspicious)
+    assert own_alarms(plain, [first, second]) == []
+    assert own_alarms(walking, [first, second]) == ["gc.get_referents"]  # the prediction's own walk still counts
 
 
 @pytest.fixture(scope="module")

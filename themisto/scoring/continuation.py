@@ -221,3 +221,12 @@ def judge_continuation(record: PredictionRecord, reference, candidate, names: li
     record.continuation_match = why is None
     if why is not None and record.output_match:
         record.reason = clip("; ".join(filter(None, [record.reason, f"continuation differs: {why}"])))
+
+
+def own_alarms(candidate, references: Sequence) -> list[str]:
+    """The candidate's alarms less those its continuation shares with the reference's runs: the developer's own next
+    cells may touch the machinery (a library walking gc referents), which is not the prediction's doing."""
+    from themisto.runtime.agent.integrity import CONTINUATION_PREFIX
+
+    developers = {a for r in references for a in (r.suspicious or []) if a.startswith(CONTINUATION_PREFIX)}
+    return [a for a in candidate.suspicious or [] if a not in developers]

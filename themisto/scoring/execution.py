@@ -12,8 +12,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from themisto.scoring.continuation import (continuation_rows, judge_continuation, reference_continuation_problem,
-                                           state_names)
+from themisto.scoring.continuation import (continuation_rows, judge_continuation, own_alarms,
+                                           reference_continuation_problem, state_names)
 from themisto.scoring.gate import ExecutionPermit
 from themisto.scoring.judging import clip, finish_example, judge, reference_problem, refuse
 from themisto.scoring.records import (
@@ -131,6 +131,7 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
         unjudged = reference_continuation_problem(first, second, names, len(after), settings) or ""
     for record, result in zip(ready, results[REFERENCE_RUNS:]):
         judge(record, first, result, settings)
+        record.suspicious = own_alarms(result, results[:REFERENCE_RUNS])
         if unjudged == "":
             judge_continuation(record, first, result, names, len(after), settings)
     for example in examples:

@@ -26,7 +26,8 @@ from themisto.runtime.agent.namespace import (_GRACE_S, _MAX_MESSAGE, _MONITOR_R
 from themisto.runtime.agent.hashing import content_hash, state_hash
 from themisto.runtime.agent.snapshots import _CACHE
 from themisto.runtime.agent.workdir import WorkdirGuard, _GUARDS
-from themisto.runtime.agent.integrity import Guard, close_inherited, json_encoder, read_alarms, seal, sealed_method
+from themisto.runtime.agent.integrity import (CONTINUATION_PREFIX, Guard, close_inherited, json_encoder, read_alarms,
+                                              seal, sealed_method)
 from themisto.runtime.agent.delta import Before, hash_after, hash_before, namespace_delta
 from themisto.runtime.agent.walls import connection_folder, end_descendants, enter, seal_candidate, set_dumpable
 from themisto.runtime.agent.capture import _BranchTimeout, _Recorder, _install_capture, _read_fd_output
@@ -194,6 +195,8 @@ def _run_continuation(shell: Any, cells: list[str], plan: _BranchPlan, fd_out: d
     """Run the cells the developer ran next, one after the other, after the candidate; each one's report, and the
     content hashes of `plan.state_names` (all user variables when None) in the state they leave."""
     reports: list[dict] = []
+    if plan.guard is not None:
+        plan.guard.alarm.prefix = CONTINUATION_PREFIX  # the developer's cells: alarms told apart from the candidate's
     for code in cells:
         try:
             report = _run_cell(shell, code, plan, fd_out, timed_out)

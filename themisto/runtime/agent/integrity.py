@@ -25,6 +25,7 @@ _ALWAYS = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_globals", "f_locals"})
 # /proc files that hold the process's memory, mappings or descriptors.
 _PROC_SECRETS = ("/mem", "/maps", "/smaps", "/pagemap", "/fd", "/fdinfo", "/map_files", "/environ", "/syscall")
+CONTINUATION_PREFIX = "continuation: "
 # Most distinct alarms one branch sends: enough to audit, never enough to fill the pipe.
 _MAX_ALARMS = 32
 ALARM_BYTES = 200
@@ -89,10 +90,14 @@ class Alarm:
         # Bound now: a candidate that patches os or signal later changes nothing here.
         self._write, self._fstat, self._kill, self._pid = os.write, os.fstat, os.kill, os.getpid()
         self._sent: set[str] = set()
+        # CONTINUATION_PREFIX while the developer's next cells run after the candidate: the host then counts only
+        # the alarms the reference's own continuation did not raise (themisto.scoring.continuation).
+        self.prefix = ""
         self.armed = False
         self._busy = False
 
     def __call__(self, what: str) -> None:
+        what = self.prefix + what
         if what in self._sent or len(self._sent) >= _MAX_ALARMS:
             return
         self._sent.add(what)
