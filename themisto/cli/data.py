@@ -1,0 +1,291 @@
+"""Subcommands that make the data: ingest, workspace, replay, build, check, push."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from themisto.cli.common import (
+    SIZE_CHOICES,
+    TASK_CHOICES,
+    CommandError,
+    add_ray_option,
+    add_trajectory_inputs,
+    format_counts,
+    ingest_inputs,
+    ray_target,
+    read_trajectories,
+)
+
+
+def _print_summary(traj_id: str, summary: dict) -> None:
+    logged = summary.get("logged_execute_events")
+    logged_note = f" ({logged} logged execute events)" if logged is not None else ""
+    print(
+        f"{traj_id}  {summary['notebook']} [{summary['task'] or 'no task'}, {summary['source']}]: "
+        f"{summary['executions']} executions{logged_note}, {summary['errors']} errors, "
+        f"{summary['restarts']} restarts, {summary['interrupts']} interrupts"
+    )
+    print(f"  statuses: {format_counts(summary['statuses'])}")
+    print(f"  errors by ename: {format_counts(summary['errors_by_ename'])}")
+    if summary.get("executions_without_code"):
+        print(f"  executions whose code was not logged: {summary['executions_without_code']}")
+    print(f"  not executions: {format_counts(summary['ignored'])}")
+
+
+def ingest_command(args: argparse.Namespace) -> int:
+    """Read JuNE logs, JuNE tables and notebooks into trajectories, print their figures, write JSONL."""
+    from themisto.ingest.trajectory import write_jsonl
+
+    trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
+    # Everything is read and checked before the output file is written, so a bad input leaves no file behind.
+    write_jsonl(trajectories, args.output)
+    summaries = {t.id: t.summary() for t in trajectories}
+    for traj_id, summary in summaries.items():
+        unknown = {k: v for k, v in summary["ignored"].items() if k.startswith("unknown:")}
+        if unknown:
+            print(f"warning: {traj_id}: events of unknown kinds, not executions: {format_counts(unknown)}",
+                  file=sys.stderr)
+        if summary["ignored"].get("bad_line"):
+            print(f"warning: {traj_id}: {summary['ignored']['bad_line']} bad line(s) skipped", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summaries, ensure_ascii=False, sort_keys=True))
+    else:
+        for traj_id, summary in summaries.items():
+            _print_summary(traj_id, summary)
+        print(f"wrote {len(trajectories)} trajectories to {args.output}")
+    return 0
+
+
+def add_ingest(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("ingest", help="read JuNE logs/tables/notebooks into trajectories (JSONL)")
+    add_trajectory_inputs(parser, output_help="trajectories JSONL to write")
+    parser.add_argument("--json", action="store_true", help="print one JSON object {trajectory_id: summary}")
+    parser.set_defaults(run=ingest_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# workspace
+
+
+def workspace_command(args: argparse.Namespace) -> int:
+    """Write a replay workspace (look-alike task inputs generated from a seed) into a directory."""
+    from themisto.ingest.workspace import write_workspace
+
+    tasks = ["task1", "task2"] if args.task == "all" else [args.task]
+    extra = {"overwrite": True} if args.overwrite else {}
+    result = write_workspace(args.output, tasks, seed=args.workspace_seed, size=args.size, **extra)
+    if args.json:
+        print(json.dumps({"root": str(result.root), "files": result.files}, ensure_ascii=False, sort_keys=True))
+    else:
+        for rel, digest in sorted(result.files.items()):
+            print(f"{digest}  {rel}")
+        print(f"wrote {len(result.files)} files to {result.root}")
+    return 0
+
+
+def add_workspace(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("workspace", help="write the task input files replay needs")
+    parser.add_argument("--task", required=True, choices=TASK_CHOICES, help="whose input files to write")
+    parser.add_argument("-o", "--output", required=True, type=Path, help="directory to write")
+    parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
+    parser.add_argument("--size", choices=SIZE_CHOICES, default="small", help="how many rows the inputs hold")
+    parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
+    parser.add_argument("--json", action="store_true", help="print one JSON object {root, files}")
+    parser.set_defaults(run=workspace_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# replay
+
+
+def _print_fidelity(report: dict) -> None:
+    def share(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f} %"
+
+    print(f"{report['kernel_id']}  {report['notebook']}: {report['executions_replayed']} executions replayed; "
+          f"status match {share(report['status_match'])} of {report['comparable']}, "
+          f"ename match {share(report['ename_match'])} of {report['logged_errors']} logged errors, "
+          f"output types match {share(report['output_types_match'])}")
+    for m in report["mismatches"]:
+        print(f"  step {m['step']:>4} {m['kind']:<12} log: {m['logged']:<28} replay: {m['replayed']:<28} {m['reason']}")
+
+
+def _replay_runner(args: argparse.Namespace):
+    """The replay runner --ray asks for (an unreachable address is refused here, before any work), or None."""
+    target = ray_target(args)
+    if target is None:
+        return None
+    from themisto.distributed.ray_runner import replay_runner
+
+    return replay_runner(target)
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    """Replay trajectories in sandboxed kernels, write one step record per execution, print the fidelity report."""
+    import tempfile
+
+    from themisto.ingest.workspace import write_workspace
+    from themisto.replay.fidelity import fidelity_report
+    from themisto.replay.replay import ReplayIncomplete, ReplaySettings, read_steps, replay_to_file
+
+    trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
+    settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.cell_timeout)
+    with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
+        workspace = args.workspace
+        if workspace is None:
+            workspace = write_workspace(Path(tmp) / "ws", seed=args.workspace_seed, size=args.size).root
+        elif not Path(workspace).is_dir():
+            raise CommandError(f"{workspace}: no such workspace directory (make one with `themisto workspace`)")
+        try:
+            run = replay_to_file(trajectories, args.output, workspace, settings, resume=not args.no_resume,
+                                 runner=_replay_runner(args))
+        except ReplayIncomplete as exc:
+            raise CommandError(str(exc)) from None
+    reports = [r.to_dict() for r in fidelity_report(read_steps(args.output))]
+    if args.json:
+        print(json.dumps({"steps": run.steps, "seconds": round(run.seconds, 2), "output": str(args.output),
+                          "resumed": run.resumed, "trajectories": {r["kernel_id"]: r for r in reports}},
+                         ensure_ascii=False, sort_keys=True))
+    else:
+        for report in reports:
+            _print_fidelity(report)
+        print(f"wrote {run.steps} steps to {args.output} in {run.seconds:.1f} s")
+    return 0
+
+
+def add_replay(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("replay", help="replay trajectories in sandboxed kernels with runtime snapshots")
+    add_trajectory_inputs(parser, output_help="steps JSONL to write")
+    parser.add_argument("--workspace", type=Path,
+                        help="input files (default: look-alike inputs made from --workspace-seed)")
+    parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
+    parser.add_argument("--size", choices=SIZE_CHOICES, default="small", help="size of the look-alike inputs")
+    parser.add_argument("--cell-timeout", type=float, default=60.0,
+                        help="seconds each replayed cell may run before the watchdog interrupts it")
+    parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
+    parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with the fidelity per trajectory")
+    add_ray_option(parser, "replay")
+    parser.set_defaults(run=replay_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# build, check, push (the dataset release)
+
+
+def build_command(args: argparse.Namespace) -> int:
+    """Replay the inputs (default: the shipped sample) and write a release folder: Parquet per config, card."""
+    from themisto.release.parquet import BuildInputs, build_release, release_rows
+    from themisto.release.tasks import TaskSettings
+
+    paths = ingest_inputs(args.paths) if args.paths else []
+    tables = [p for p in paths if p.suffix.lower() == ".csv"]
+    if len(tables) > 1:
+        raise CommandError(f"one JuNE table per build, got {len(tables)}: {', '.join(map(str, tables))}")
+    inputs = BuildInputs(
+        logs=tuple(p for p in paths if p.suffix.lower() == ".log"), table=tables[0] if tables else None,
+        notebooks=tuple(p for p in paths if p.suffix.lower() == ".ipynb"), steps=args.steps,
+        paper=args.paper, workspace=args.workspace, workspace_seed=args.workspace_seed, steps_out=args.steps_out,
+        cell_timeout_s=args.cell_timeout)
+    if args.workspace is not None and not args.workspace.is_dir():
+        raise CommandError(f"{args.workspace}: no such workspace directory (make one with `themisto workspace`)")
+    settings = TaskSettings(seed=args.split_seed, test_fraction=args.test_fraction,
+                            output_sample_size=None if args.all_outputs else TaskSettings.output_sample_size)
+    steps_default = args.output.with_name(args.output.name + ".steps.jsonl")
+    from themisto.replay.replay import ReplayIncomplete
+
+    try:
+        rows, source, extra = release_rows(inputs, steps_default, runner=_replay_runner(args))
+    except ReplayIncomplete as exc:
+        raise CommandError(str(exc)) from None
+    report = build_release(rows, args.output, settings, source=source, extra_settings=extra,
+                           overwrite=args.overwrite, allow_missing_files=args.allow_missing_files)
+    if args.json:
+        print(json.dumps({"output": str(args.output), **report.to_dict()}, ensure_ascii=False, sort_keys=True))
+    else:
+        for config, splits in report.sizes.items():
+            print(f"{config}: " + ", ".join(f"{split} {n}" for split, n in splits.items()))
+        for note in report.notes:
+            print(f"note: {note}")
+        print(f"wrote {args.output} (content sha256 {report.content_sha256})")
+    return 0
+
+
+def add_build(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("build", help="write the dataset release (Parquet per config and split + card)")
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help=".log, .csv (JuNE table) or .ipynb, or a directory (default: the shipped data/sample)")
+    parser.add_argument("--steps", type=Path, help="an existing replay (steps JSONL): build from it, replay nothing")
+    parser.add_argument("--paper", type=Path, help="the paper's published rows (.parquet/.jsonl/.json/.csv)")
+    parser.add_argument("--workspace", type=Path, help="replay input files (default: look-alike inputs)")
+    parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
+    parser.add_argument("--steps-out", type=Path, help="where replay writes steps (default: DIR.steps.jsonl)")
+    parser.add_argument("--cell-timeout", type=float, default=60.0,
+                        help="seconds each replayed cell may run before the watchdog interrupts it")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split and the output sample")
+    parser.add_argument("--test-fraction", type=float, default=0.5, help="share of steps for `test`")
+    parser.add_argument("--all-outputs", action="store_true", help="output_prediction test: all eligible rows")
+    parser.add_argument("--allow-missing-files", action="store_true",
+                        help="build even when replay failed for a file the workspace lacks")
+    parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
+    parser.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="release folder to write")
+    parser.add_argument("--json", action="store_true", help="print the build report as one JSON object")
+    add_ray_option(parser, "replay")
+    parser.set_defaults(run=build_command)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """Check a release folder: configs, splits, files, schema vs the declared Features; exit 1 on a problem."""
+    from themisto.release.check import check_release
+
+    report = check_release(args.folder)
+    if args.json:
+        print(json.dumps(report.to_dict(), ensure_ascii=False, sort_keys=True))
+    else:
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        for config, splits in report.sizes.items():
+            print(f"{config}: " + ", ".join(f"{split} {n}" for split, n in splits.items()))
+        print(f"{args.folder}: " + ("ok" if report.ok else f"{len(report.problems)} problem(s)"))
+    return 0 if report.ok else 1
+
+
+def add_check(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("check", help="check a release folder before anyone trains on it")
+    parser.add_argument("folder", type=Path, metavar="DIR")
+    parser.add_argument("--json", action="store_true", help="print {ok, problems, sizes} as one JSON object")
+    parser.set_defaults(run=check_command)
+
+
+def push_command(args: argparse.Namespace) -> int:
+    """Upload a checked release folder to a Hub dataset repository (huggingface_hub; needs network and a token)."""
+    from dataclasses import asdict
+
+    from themisto.release.push import push_release, upload_plan
+
+    plan = upload_plan(args.folder, args.repo_id, private=args.private, revision=args.revision,
+                       commit_message=args.message)
+    commit = None if args.dry_run else push_release(plan)
+    if args.json:
+        print(json.dumps({**asdict(plan), "folder": str(plan.folder), "dry_run": args.dry_run,
+                          "commit": None if commit is None else str(commit)}, sort_keys=True))
+    else:
+        for rel, size in plan.files.items():
+            print(f"{size:>12,}  {rel}")
+        print(("would upload" if args.dry_run else "uploaded") + f" {len(plan.files)} files to {plan.repo_id}")
+    return 0
+
+
+def add_push(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("push", help="upload a release folder to the Hugging Face Hub")
+    parser.add_argument("folder", type=Path, metavar="DIR")
+    parser.add_argument("--repo-id", required=True, help="dataset repository, owner/name")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--revision", help="branch to commit to")
+    parser.add_argument("--message", help="commit message")
+    parser.add_argument("--dry-run", action="store_true", help="check and list the files, upload nothing")
+    parser.add_argument("--json", action="store_true", help="print the upload plan as one JSON object")
+    parser.set_defaults(run=push_command)

@@ -1,0 +1,143 @@
+"""Subcommands that run or train models: generate, sft-export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from themisto.cli.common import add_ray_option, format_counts, ray_target
+
+
+def sft_export_command(args: argparse.Namespace) -> int:
+    """Write a release split as TRL prompt/completion examples (JSONL + datasets folder) with a manifest."""
+    from themisto.training.export import ExportSettings, export_sft
+
+    settings = ExportSettings(split=args.split, tasks=tuple(args.task), contexts=tuple(args.context), mix=args.mix,
+                              seed=args.mix_seed, verify=not args.no_verify, max_prompt_tokens=args.max_prompt_tokens)
+    report = export_sft(args.release, args.output, settings, overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps({"output": str(args.output), **report.manifest["counts"], "dropped": report.dropped},
+                         ensure_ascii=False, sort_keys=True))
+        return 0
+    for task, contexts in report.by_task_context.items():
+        dropped = {reason: n for reason, n in report.dropped[task].items() if n}
+        print(f"{task}: " + ", ".join(f"{context} {n}" for context, n in contexts.items())
+              + f"; dropped: {format_counts(dropped)}")
+    for note in report.manifest["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {report.examples} examples to {args.output}")
+    return 0
+
+
+def add_sft_export(subparsers: argparse._SubParsersAction) -> None:
+    from themisto.generation.prompts import CONTEXT_MODES, TASKS
+
+    parser = subparsers.add_parser("sft-export", help="a release split as fine-tuning examples (TRL format)")
+    parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder")
+    parser.add_argument("--split", default="train", help="split to export (default: train)")
+    parser.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS), help="tasks (default: both)")
+    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(CONTEXT_MODES),
+                        help="runtime-context modes (default: all)")
+    parser.add_argument("--mix", choices=("all", "one"), default="all",
+                        help="all: each row once per context mode; one: each row once, in a seeded context mode")
+    parser.add_argument("--mix-seed", type=int, default=0, help="seed of --mix one (which context each row gets)")
+    parser.add_argument("--max-prompt-tokens", type=int, help="drop examples over this estimated prompt length")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="keep targets the replay did not reproduce (the manifest says so)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")
+    parser.add_argument("-o", "--output", required=True, type=Path, metavar="OUT", help="folder to write")
+    parser.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    parser.set_defaults(run=sft_export_command)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# generate
+
+
+def _backend_options(args: argparse.Namespace) -> dict:
+    """The options each backend takes from the command line (recorded in run.json; a resume must match them)."""
+    if args.backend == "transformers":
+        return {"device": args.device}
+    if args.backend == "openai":
+        return {"base_url": args.base_url, "concurrency": args.concurrency, "max_retries": args.max_retries,
+                "timeout_s": args.request_timeout}
+    if args.backend == "vllm":
+        return {"tensor_parallel_size": args.tensor_parallel_size, "seed": args.seed}
+    return {}
+
+
+def _generation_backend(args: argparse.Namespace, settings):
+    """With --ray, a data-parallel backend (one engine per Ray actor) as a context manager; else None (the run
+    makes its own backend)."""
+    import contextlib
+
+    target = ray_target(args)
+    if target is None:
+        return contextlib.nullcontext(None)
+    from themisto.distributed.ray_generation import ray_backend
+
+    gpus = float(args.tensor_parallel_size) if args.backend == "vllm" else None
+    return ray_backend(settings, target, actors=args.ray_actors, gpus_per_actor=gpus)
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    """Generate predictions for every test example × context mode × sample into a resumable run folder."""
+    from themisto.generation.backends import Sampling
+    from themisto.generation.runs import RunSettings, generate_run
+
+    sampling = Sampling(n=args.n, temperature=args.temperature, top_p=args.top_p,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed)
+    settings = RunSettings(task=args.task, contexts=tuple(args.context), backend=args.backend, model=args.model,
+                           sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
+                           batch_size=args.batch_size, backend_options=_backend_options(args))
+    try:
+        with _generation_backend(args, settings) as backend:
+            report = generate_run(args.release, args.output, settings, backend=backend, progress=not args.json)
+    except KeyboardInterrupt:
+        print(f"themisto generate: interrupted; rerun the same command to resume into {args.output}",
+              file=sys.stderr)
+        return 130
+    summary = {"output": str(report.folder), "written": report.written, "resumed": report.resumed,
+               "torn_line_dropped": report.torn_line_dropped, "counts": report.counts,
+               "seconds": round(report.seconds, 2), "generations_per_s": report.run.get("generations_per_s")}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        counts = ", ".join(f"{k} {v}" for k, v in report.counts.items())
+        print(f"wrote {report.written} generations ({report.resumed} from before) to {report.folder} in "
+              f"{report.seconds:.1f} s: {counts}")
+    return 0
+
+
+def add_generate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("generate", help="run a model (or a baseline) on a release's task, resumable")
+    parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder (themisto build)")
+    parser.add_argument("--task", required=True, choices=("next_cell", "output_prediction"))
+    parser.add_argument("--context", nargs="+", default=["none", "variables", "full"], metavar="MODE",
+                        help="runtime-context modes: none, variables, full (default: all three)")
+    parser.add_argument("--backend", required=True, help="transformers, openai, vllm or baseline")
+    parser.add_argument("--model", required=True, help="model folder, Hub id or .gguf file; endpoint model name; "
+                        "or a baseline: previous-cell, common-cell, previous-output, last-repr")
+    parser.add_argument("--n", type=int, default=1, help="samples per example and context (default 1)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-prompt-tokens", type=int,
+                        help="prompt budget (default: the model's context length less --max-new-tokens)")
+    parser.add_argument("--limit", type=int, help="only K test examples, evenly spread over the release")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per batch and per write (default 8)")
+    parser.add_argument("--device", default="auto", help="transformers: cpu, cuda, auto (default)")
+    parser.add_argument("--base-url", help="openai: the endpoint (default: OPENAI_BASE_URL); key from OPENAI_API_KEY")
+    parser.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight (default 8)")
+    parser.add_argument("--max-retries", type=int, default=4, help="openai: retries on 429/5xx/timeouts")
+    parser.add_argument("--request-timeout", type=float, default=120.0, help="openai: seconds per request")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per model")
+    parser.add_argument("-o", "--output", required=True, type=Path, metavar="RUN", help="run folder")
+    parser.add_argument("--json", action="store_true", help="no progress bar; print a summary JSON object")
+    parser.add_argument("--ray-actors", type=int, help="with --ray: engines, one per actor (default: one per GPU "
+                        "for vllm, else one per CPU); each batch of --batch-size prompts is split among them")
+    add_ray_option(parser, "generate", unit="one engine per actor")
+    parser.set_defaults(run=generate_command)

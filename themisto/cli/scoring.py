@@ -1,0 +1,79 @@
+"""The score subcommand: a run folder, or predictions against a release."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from themisto.cli.common import CommandError, add_ray_option, scoring_runner
+
+
+def _score_run_folder(args: argparse.Namespace) -> int:
+    """`themisto score RUN/`: every context of a run folder, the baselines, intervals; prints the Markdown table."""
+    from themisto.scoring.results_table import render_markdown
+    from themisto.scoring.run_scores import score_run
+
+    if args.predictions is not None:
+        raise CommandError("give either a run folder or --predictions, not both")
+    results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output,
+                        runner=scoring_runner(args), workspace=args.workspace)
+    if args.json:
+        print(json.dumps(results, ensure_ascii=False, sort_keys=True))
+    else:
+        print(render_markdown(results))
+        print(f"wrote {args.output or args.run_dir / 'results.json'} and results.md in {results['seconds']:.1f} s")
+    return 0
+
+
+def score_command(args: argparse.Namespace) -> int:
+    """Score a predictions JSONL against a release: text scores, and with --execute (and HF_ALLOW_CODE_EVAL=1)
+    execution in the exact pre-cell state; results are written per trajectory and a rerun resumes."""
+    from themisto.scoring.scorer import ScoreSettings, score_to_file
+
+    if args.run_dir is not None:
+        return _score_run_folder(args)
+    if args.release is None or args.predictions is None or args.output is None:
+        raise CommandError("give a run folder (themisto score RUN/), or --release, --predictions and -o")
+    settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.prediction_timeout,
+                             continuation_cells=args.continuation_cells)
+    run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,
+                        workspace=args.workspace, resume=not args.no_resume, runner=scoring_runner(args))
+    scores = run.result.scores
+    if args.json:
+        print(json.dumps({"output": str(run.path), "scores": scores, "notes": run.result.notes,
+                          "resumed": run.resumed, "seconds": round(run.seconds, 2)}, ensure_ascii=False,
+                         sort_keys=True))
+    else:
+        for name, value in scores.items():
+            print(f"{name}: {value:.4f}" if isinstance(value, float) else f"{name}: {value}")
+        for note in run.result.notes:
+            print(f"note: {note}")
+        print(f"wrote {run.path} in {run.seconds:.1f} s")
+    return 0
+
+
+def add_score(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("score", help="score a run folder, or predictions against a release "
+                                                 "(text; --execute: run them)")
+    parser.add_argument("run_dir", nargs="?", type=Path, metavar="RUN",
+                        help="a run folder (themisto generate -o RUN/): writes RUN/results.json and RUN/results.md")
+    parser.add_argument("--release", type=Path, metavar="DIR",
+                        help="release folder (themisto build); for a run folder, default: the one run.json names")
+    parser.add_argument("--config", choices=("next_cell", "output_prediction"), default="next_cell",
+                        help="the task the predictions answer (with --predictions)")
+    parser.add_argument("--predictions", type=Path, metavar="JSONL",
+                        help='one {"id": ..., "prediction": str | [str, ...]} per line')
+    parser.add_argument("--execute", action="store_true",
+                        help="run next_cell predictions in the pre-cell state (also needs HF_ALLOW_CODE_EVAL=1)")
+    parser.add_argument("--k", nargs="+", type=int, default=[1], help="pass@k for each k (default: 1)")
+    parser.add_argument("--prediction-timeout", type=float, default=30.0,
+                        help="seconds each executed prediction may run (grown for slow reference cells)")
+    parser.add_argument("--continuation-cells", type=int, default=3, metavar="K",
+                        help="logged cells run after each prediction for continuation_match (default 3; 0: off)")
+    parser.add_argument("--workspace", type=Path, help="the release's replay inputs, if it was built with a given one")
+    parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
+    parser.add_argument("-o", "--output", type=Path, help="results JSON to write (a run folder: RUN/results.json)")
+    parser.add_argument("--json", action="store_true", help="print {output, scores, notes, ...} as one JSON object")
+    add_ray_option(parser, "with --execute, score", unit="one trajectory per task")
+    parser.set_defaults(run=score_command)
