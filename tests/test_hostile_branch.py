@@ -293,4 +293,5 @@ def test_a_candidate_and_its_continuation_are_not_suspicious(session):
 def test_a_patch_made_in_a_continuation_cell_is_flagged(session):
     result = _run_hostile(session, ["doubled = total * 2", "import json\njson.loads = None", "half = 1"],
                           timeout_s=10)
-    assert result.suspicious == ["patched json.loads"]
+    # Tagged with its phase: the scorer discounts what the reference's own continuation raised too.
+    assert result.suspicious == ["continuation: patched json.loads"]
