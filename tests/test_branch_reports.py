@@ -37,3 +37,25 @@ def test_alarms_are_distinct_bounded_lines():
     assert read_alarms(b"\ngc.get_objects\n\ngc.get_objects\nos.kill\n") == ["gc.get_objects", "os.kill"]
     assert len(read_alarms(b"\n".join(b"e%d" % i for i in range(100)))) == 32
     assert read_alarms(b"\x00\x01junk")[0].startswith("'")  # unprintable garbage is shown escaped
+
+
+def test_library_habits_are_not_suspicious():
+    import builtins
+
+    from themisto.runtime.agent.integrity import Integrity, _classify
+
+    # pandas asks gc for an object's referents; only the cell's own code doing so is suspicious.
+    assert _classify("gc.get_referents", ([],)) is None
+    assert _classify("gc.get_objects", ()) == "gc.get_objects"
+    picture = Integrity([], [])
+    builtins.__pybind11_internals_probe__ = object()  # what importing scipy (pybind11) does
+    try:
+        assert picture.changes() == []
+        original = builtins.len
+        builtins.len = lambda value: 0
+        try:
+            assert picture.changes() == ["patched builtins.len"]
+        finally:
+            builtins.len = original
+    finally:
+        del builtins.__pybind11_internals_probe__

@@ -19,8 +19,10 @@ import types
 from typing import Any, Callable
 
 # Events that are suspicious wherever they come from: nothing a notebook cell needs walks every object or frame.
-_ALWAYS = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
-                     "sys.settrace", "sys.setprofile", "os.kill", "os.killpg", "signal.pthread_kill"})
+_ALWAYS = frozenset({"gc.get_objects", "sys._current_frames", "sys.settrace", "sys.setprofile", "os.kill",
+                     "os.killpg", "signal.pthread_kill"})
+# Suspicious when the cell's own code does it (pandas asks gc for an object's referents, legitimately).
+_FROM_CELL = frozenset({"gc.get_referrers", "gc.get_referents"})
 # Frame objects reached from the cell's own code (libraries format tracebacks through them, legitimately).
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame", "f_globals", "f_locals"})
 # /proc files that hold the process's memory, mappings or descriptors.
@@ -66,7 +68,7 @@ def _classify(event: str, args: tuple) -> str | None:
     """What the event says about the candidate, or None when it is ordinary."""
     if event in _ALWAYS:
         return event
-    if event.startswith("ctypes.") and _caller_is_cell(3):
+    if (event in _FROM_CELL or event.startswith("ctypes.")) and _caller_is_cell(3):
         return event
     if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRIBUTES and _caller_is_cell(3):
         return f"frame access ({args[1]})"
@@ -209,7 +211,8 @@ class Integrity:
             after = vars(module) if module is not None else {}
             patched = sorted(key for key, value in before.items()
                              if after.get(key, before) is not value and key not in _VOLATILE)
-            patched += sorted(key for key in after if key not in before and name != "sys")
+            if name not in ("sys", "builtins"):  # extension modules add their own entries (pybind11 does)
+                patched += sorted(key for key in after if key not in before)
             if patched:
                 found.append(f"patched {name}." + f", {name}.".join(patched[:5]))
         if dict(vars(json.JSONEncoder)) != self._encoder_methods:
