@@ -189,6 +189,7 @@ def test_ctrl_c_and_kill_9_then_the_same_command_gives_exactly_one_record_each(s
     first.send_signal(signal.SIGINT)
     _, err = first.communicate(timeout=60)
     assert first.returncode == 130 and "rerun the same command to resume" in err
+    interrupted = len(_lines(run))
     second = _generate(small_release, tiny_model_dir, run)
     seen = _wait_for_lines(run, second, len(_lines(run)) + 4)
     second.send_signal(signal.SIGKILL)
@@ -205,6 +206,8 @@ def test_ctrl_c_and_kill_9_then_the_same_command_gives_exactly_one_record_each(s
     assert len(keys) == 4 * 3 * 2 and set(keys.values()) == {1}
     assert summary["resumed"] == before and summary["written"] == 24 - before
     assert json.loads((run / "run.json").read_text())["finished"]
+    print(f"Ctrl-C after {interrupted} lines (exit 130); kill -9 after {before} lines; rerun wrote {summary['written']},"
+          f" resumed {summary['resumed']}: {len(keys)} records, each (example, context, sample) once")
 
 
 def _lines_tolerant(run: Path) -> list[str]:
