@@ -350,7 +350,7 @@ def test_ray_auto_finds_the_cluster_ray_start_recorded(tmp_path, monkeypatch):
         replay_runner(RayTarget(address="auto"))
 
 
-def test_a_workspace_the_node_cannot_see_travels_with_the_tasks(tmp_path):
+def test_a_workspace_the_node_cannot_see_travels_with_the_tasks(local_ray, tmp_path):
     from themisto.distributed.ray_runner import node_workspace, pack_workspace
 
     (tmp_path / "ws" / "data").mkdir(parents=True)
@@ -359,8 +359,13 @@ def test_a_workspace_the_node_cannot_see_travels_with_the_tasks(tmp_path):
     assert node_workspace(str(tmp_path / "ws"), packed) == str(tmp_path / "ws")  # seen here: used as it is
     elsewhere = node_workspace("/no/such/driver/folder", packed)  # as on a node without the driver's disk
     assert (Path(elsewhere) / "data" / "a.csv").read_text(encoding="utf-8") == "x,y\n1,2\n"
+    # unpacked once per node: another worker process (or task) finds the same folder, no second copy
+    assert node_workspace("/no/such/driver/folder", packed) == elsewhere
+    assert not [p for p in Path(elsewhere).parent.iterdir() if p.name.startswith("." + Path(elsewhere).name)]
     with pytest.raises(FileNotFoundError, match="shared|mounts"):
         node_workspace("/no/such/other/folder", None)
+    context = local_ray.get_runtime_context()  # in Ray's own session folder, removed with Ray's temp folder
+    assert Path(elsewhere).parent == Path(context.get_temp_dir()) / context.get_session_name() / "themisto"
 
 
 def test_nothing_imports_ray_without_the_flag():

@@ -12,7 +12,7 @@ import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from themisto.errors import InputError
 
@@ -96,6 +96,46 @@ def remote(ray, function, **options):
     """`function` as a Ray task whose workers read the driver's Themisto settings (set per task, so that a Ray
     started before those settings, or by someone else, still gets them)."""
     return ray.remote(runtime_env={"env_vars": forwarded_environment()}, **options)(function)
+
+
+def _node_root() -> Path:
+    """Ray's own folder for this session on this node (it goes with Ray's temp folder); outside Ray, a temp folder."""
+    import sys
+    import tempfile
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        context = ray.get_runtime_context()
+        return Path(context.get_temp_dir()) / context.get_session_name() / "themisto"
+    from themisto.settings import settings
+
+    return Path(settings().tmp_dir or tempfile.gettempdir()) / "themisto-ray"
+
+
+def node_folder(key: str, fill: Callable[[Path], None]) -> Path:
+    """A folder on this node named for `key` (a digest of its content), filled once by `fill` and then shared by
+    every worker process here; workers die by signal, so per-process copies would never be removed."""
+    import shutil
+    import tempfile
+
+    root = _node_root()
+    final = root / key
+    if final.is_dir():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    try:
+        fill(partial)
+        partial.chmod(0o755)
+        try:
+            partial.rename(final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            # another worker on this node filled it first: theirs is used, ours removed below
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return final
 
 
 @contextmanager

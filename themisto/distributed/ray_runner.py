@@ -13,7 +13,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable, Iterator
 
-from themisto.distributed.cluster import RayTarget, check_reachable, ray_session, remote
+from themisto.distributed.cluster import RayTarget, check_reachable, node_folder, ray_session, remote
 from themisto.distributed.tasks import TaskFailed, run_tasks
 from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplayFailure, ReplaySettings, Runner, Step
@@ -22,7 +22,6 @@ from themisto.replay.replay import ReplayFailure, ReplaySettings, Runner, Step
 # A workspace up to this size travels with the tasks (once, through Ray's object store) to nodes that do not see
 # the driver's folder; a larger one must lie on storage every node mounts at the same path.
 SHIPPED_WORKSPACE_BYTES = 256 * 2**20
-_UNPACKED: dict[str, str] = {}  # per worker process: the driver's workspace path -> its copy on this node
 
 
 def pack_workspace(folder: str | Path) -> bytes | None:
@@ -40,25 +39,23 @@ def pack_workspace(folder: str | Path) -> bytes | None:
 
 
 def node_workspace(workspace: str | None, packed: bytes | None) -> str | None:
-    """The workspace on this node: the driver's path where this node sees it, else the shipped copy unpacked."""
-    import atexit
+    """The workspace on this node: the driver's path where this node sees it, else the shipped copy, unpacked once
+    per node."""
+    import hashlib
     import io
-    import shutil
     import tarfile
-    import tempfile
 
     if workspace is None or Path(workspace).is_dir():
         return workspace
-    if workspace not in _UNPACKED:
-        if packed is None:
-            raise FileNotFoundError(f"workspace {workspace} is not on node {socket.gethostname()} and is too large "
-                                    f"to ship: put it on storage every node mounts at the same path")
-        target = tempfile.mkdtemp(prefix="themisto-ws-ray-")
-        atexit.register(shutil.rmtree, target, ignore_errors=True)
+    if packed is None:
+        raise FileNotFoundError(f"workspace {workspace} is not on node {socket.gethostname()} and is too large to "
+                                f"ship: put it on storage every node mounts at the same path")
+
+    def unpack(folder: Path) -> None:
         with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
-            tar.extractall(target, filter="data")  # the driver's own files; "data" refuses links out of it
-        _UNPACKED[workspace] = target
-    return _UNPACKED[workspace]
+            tar.extractall(folder, filter="data")  # the driver's own files; "data" refuses links out of the folder
+
+    return str(node_folder("ws-" + hashlib.sha256(packed).hexdigest()[:24], unpack))
 
 
 def replay_one(trajectory: Trajectory, workspace: str | None, packed: bytes | None, settings: ReplaySettings) -> dict:

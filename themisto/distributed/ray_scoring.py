@@ -8,30 +8,32 @@ raised, gets its examples `refused` with the reason; the other trajectories are 
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
 from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from themisto.distributed.cluster import RayTarget, check_reachable, ray_session, remote
+from themisto.distributed.cluster import RayTarget, check_reachable, node_folder, ray_session, remote
 from themisto.distributed.tasks import TaskFailed, run_tasks
 
-_WORKSPACES: dict[tuple[str, str | None], Path] = {}  # per worker process: (release, workspace) -> folder
-
-
 def _workspace(release, workspace: str | None) -> Path:
-    """The release's input files on this node, prepared once per worker process and removed when it exits."""
+    """The release's input files on this node: a given folder as it is (it must be on storage the nodes share),
+    else the look-alike inputs rebuilt from the release's build settings, once per node."""
+    import hashlib
+    import json
+
     from themisto.scoring.release_state import prepare_workspace
 
-    key = (str(getattr(release, "name", "")) + "|" + repr(sorted(release.workspace.items())), workspace)
-    if key not in _WORKSPACES:
-        tmp = Path(tempfile.mkdtemp(prefix="themisto-score-ray-"))
-        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-        _WORKSPACES[key] = prepare_workspace(release, workspace, tmp)
-    return _WORKSPACES[key]
+    if workspace is not None:
+        return prepare_workspace(release, workspace, Path("."))  # checks that this node sees it
+    key = "score-" + hashlib.sha256(json.dumps(release.workspace, sort_keys=True).encode("utf-8")).hexdigest()[:24]
+
+    def rebuild(folder: Path) -> None:
+        made = prepare_workspace(release, None, folder)
+        if made != folder / "ws":  # one known place inside the node's folder, whatever name it was written under
+            made.rename(folder / "ws")
+
+    return node_folder(key, rebuild) / "ws"
 
 
 def score_one(release, kernel_id: str, group: list, records: dict, workspace: str | None, settings):
