@@ -8,6 +8,8 @@ subset beside all examples, and the paired runtime effect (context − none on t
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 POSITIONS: tuple[str, ...] = ("early", "middle", "late")
 
 
@@ -34,13 +36,20 @@ def _interval_line(interval: dict) -> str:
     return line + (f" **Warning:** {interval['warning']}." if interval.get("warning") else "")
 
 
+def _model_name(model: object) -> str:
+    """A model file is named by its file name (the folder is the machine's); a Hub id or a name stays whole."""
+    text = str(model)
+    return PurePath(text).name if text.endswith(".gguf") or PurePath(text).is_absolute() else text
+
+
 def _header(results: dict) -> list[str]:
     run, counts, hard = results["run"], results["counts"], results["hard_subset"]
     sampling = run.get("sampling") or {}
     skipped = sum(counts["skipped"].values()) + sum(counts["failed"].values())
+    limited = f" (--limit {run['limit']})" if run.get("limit") else ""
     return [
-        f"### {run['task']} · {run.get('model')} ({run.get('backend')})", "",
-        f"{counts['examples']} examples, {sampling.get('n', 1)} sample(s) each at temperature "
+        f"### {run['task']} · {_model_name(run.get('model'))} ({run.get('backend')})", "",
+        f"{counts['examples']} examples{limited}, {sampling.get('n', 1)} sample(s) each at temperature "
         f"{sampling.get('temperature', '?')}; contexts: {', '.join(run['contexts'])}; release "
         f"{results['release_hash'][:12]}; {'with' if results['executed'] else 'without'} execution"
         + (f"; {skipped} generation(s) skipped or failed, scored 0" if skipped else "") + ".",

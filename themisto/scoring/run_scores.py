@@ -227,7 +227,8 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
     results = {
         "format": RESULTS_FORMAT,
         "run": {"model": meta.get("model"), "backend": meta.get("backend"), "task": run.task,
-                "contexts": run.contexts, "sampling": meta.get("sampling"), "n": len(run.ids)},
+                "contexts": run.contexts, "sampling": meta.get("sampling"), "n": len(run.ids),
+                "limit": meta.get("limit")},
         "release_hash": release_hash, "executed": executed, "metrics": list(metrics),
         **_tables(run, systems, hard, rows, lengths, metrics, settings),
         "hard_subset": {"rule": HARD_RULES[run.task + ("+executed" if executed else "")], "examples": sum(hard),
