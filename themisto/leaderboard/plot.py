@@ -49,7 +49,7 @@ def _scores_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
             levels.setdefault(round(value["mean"], 6), []).append(_short(row.model, 20))
     for level, names in levels.items():
         ax.axhline(level, linestyle="--", linewidth=0.8, color="gray")
-        ax.annotate("baseline " + ", ".join(names), (len(models) - 0.5, level), fontsize=7, ha="right",
+        ax.annotate("baseline " + ", ".join(names), (max(len(models), 1) - 0.45, level), fontsize=7, ha="right",
                     va="bottom", color="dimgray")
     ax.set_xticks(range(len(models)), [_short(m) for m in models], rotation=20, ha="right", fontsize=8)
     ax.set_xlim(-0.6, max(len(models), 1) - 0.4)
@@ -94,6 +94,10 @@ def plot_png(tables: list[Table]) -> bytes:
         models = _models(task_tables)
         _scores_axis(line[0], task, task_tables, models)
         _effect_axis(line[1], task, task_tables, models)
+        if not models:
+            for ax in line:
+                ax.text(0.5, 0.5, "no model submitted yet (baselines only)", transform=ax.transAxes, ha="center",
+                        color="dimgray")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")  # Figure without pyplot draws with Agg
     return buffer.getvalue()
