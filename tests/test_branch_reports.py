@@ -59,3 +59,14 @@ def test_library_habits_are_not_suspicious():
             builtins.len = original
     finally:
         del builtins.__pybind11_internals_probe__
+
+
+@pytest.mark.parametrize("answer", [{"status": "ok", "data": {"text/plain": "not json"}}, {"status": "ok"},
+                                    {"status": "ok", "data": None}])
+def test_a_malformed_agent_answer_is_an_agent_error(answer):
+    # In the replay fallback a prediction runs in the kernel itself and may have patched the agent.
+    from themisto.runtime.snapshot import AgentError, agent_answer
+
+    with pytest.raises(AgentError, match="malformed"):
+        agent_answer(answer, "snapshot()")
+

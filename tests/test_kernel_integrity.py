@@ -142,3 +142,17 @@ def test_a_kernel_that_dies_of_the_interrupt_is_restarted_once_with_its_exit_sta
     assert "exit status 3" in result.evalue and "interrupted" in result.evalue
     assert session._session._starts == starts + 1
     assert session.execute("1 + 1").outputs[0]["data"]["text/plain"] == "2"
+
+
+@pytest.mark.slow
+def test_a_snapshot_from_a_patched_agent_is_an_agent_error(session):
+    # In the replay fallback a prediction runs in the kernel itself and may replace the agent's answers.
+    from themisto.runtime.snapshot import AgentError, take_snapshot
+
+    session.execute("import themisto.runtime.agent.snapshots as s\ns.snapshot = lambda shell=None: '[1, 2]'\n"
+                    "import themisto.runtime.agent as a\na.snapshot = s.snapshot")
+    try:
+        with pytest.raises(AgentError, match="malformed"):
+            take_snapshot(session)
+    finally:
+        session.restart()

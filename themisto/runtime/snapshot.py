@@ -32,7 +32,10 @@ def agent_answer(answer: dict | None, call: str) -> Any:
     if answer.get("status") != "ok":
         raise AgentError(f"kernel agent call {call[:60]!r} failed in the kernel: "
                          f"{answer.get('ename')}: {answer.get('evalue')}")
-    return json.loads(answer["data"]["text/plain"])
+    try:
+        return json.loads(answer["data"]["text/plain"])
+    except (KeyError, TypeError, ValueError) as error:  # the kernel's answer is input too (a prediction ran there)
+        raise AgentError(f"kernel agent call {call[:60]!r}: a malformed answer ({type(error).__name__})") from error
 
 
 def agent_call(session: Any, call: str, *, timeout: float) -> Any:
@@ -125,7 +128,11 @@ def snapshot_from_expressions(user_expressions: dict) -> Snapshot | None:
 
 def take_snapshot(session: Any, *, timeout: float = SNAPSHOT_TIMEOUT_S) -> Snapshot:
     """Read the session kernel's runtime snapshot silently (In/Out and the execution count stay as they were)."""
-    return Snapshot.from_dict(agent_call(session, "snapshot()", timeout=timeout))
+    answer = agent_call(session, "snapshot()", timeout=timeout)
+    try:
+        return Snapshot.from_dict(answer)
+    except (ValueError, AttributeError) as error:
+        raise AgentError(f"the kernel's snapshot was malformed: {error}") from error
 
 
 @dataclass
