@@ -6,7 +6,7 @@
 #   HF_ALLOW_CODE_EVAL=1 bash scripts/main_job.sh --execute   # next_cell predictions also run in the pre-cell state
 #   bash scripts/main_job.sh                                   # text scores only
 #
-# THEMISTO_DEMO_LIMIT (default 12) examples per task keep it within 15 minutes on 2 cores; every step resumes, so
+# THEMISTO_DEMO_LIMIT (default 20) examples per task keep it within 15 minutes on 2 cores; every step resumes, so
 # a rerun after a stop redoes only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ for arg in "$@"; do
     *) echo "usage: [HF_ALLOW_CODE_EVAL=1] bash scripts/main_job.sh [--execute]" >&2; exit 2 ;;
   esac
 done
-LIMIT=${THEMISTO_DEMO_LIMIT:-12}
+LIMIT=${THEMISTO_DEMO_LIMIT:-20}
 # Idle OpenMP threads sleep instead of spinning: on a shared CPU (CI runners, other jobs) spinning threads make
 # torch several times slower; on an idle one the difference is small.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
