@@ -80,9 +80,11 @@ def enter(hide: list[str]) -> str | None:
         for target in hide:
             if target and os.path.isdir(target):
                 _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY, "size=4k")
-        # The kernel's work folder and home often lie under /tmp: bound back into the new /tmp at the same paths.
+        # The kernel's work folder, home and import path often lie under /tmp: bound back into the new /tmp at the
+        # same paths (its connection folder is not, so it stays hidden).
         cwd = os.getcwd()
-        keep = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in {cwd, os.path.expanduser("~")}
+        wanted = {cwd, os.path.expanduser("~"), *(os.path.abspath(p) for p in sys.path if p)}
+        keep = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in wanted
                 if any(path == top or path.startswith(top + "/") for top in _PRIVATE) and os.path.isdir(path)}
         try:
             for target in _PRIVATE:
