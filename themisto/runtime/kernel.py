@@ -1,8 +1,8 @@
 """The sandboxed kernel session: the one module that owns a Jupyter kernel, its limits, its watchdog and its cleanup.
 
 (Over 400 lines on purpose: `AsyncKernelSession` is one object whose methods share the kernel's life — start, the
-watchdog, restarts, cleanup — and splitting it would spread that state over modules. What does not touch it lives in
-`sandbox` (host probes, uids, process cleanup) and `collector` (IOPub messages into outputs).)
+watchdog, restarts, cleanup — and splitting it further would spread that state over modules. Its setup steps live in
+`kernel_setup`, host probes, uids and process cleanup in `sandbox`, IOPub messages into outputs in `collector`.)
 
 Every cell ends in a closed outcome (ok, error, timeout, kernel_died). A cell past its timeout is interrupted, and
 the kernel is restarted when the interrupt does not end it; a dead kernel is replaced by a fresh one. The kernel runs
@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -37,9 +33,9 @@ from themisto.runtime.outputs import strip_ansi
 from themisto.settings import settings
 from themisto.runtime.agent.recorder import cut_text, text_bytes
 from themisto.runtime.collector import OutputCollector
-from themisto.runtime.sandbox import (KernelResources, KernelStartError, SandboxWarning, bwrap_works, choose_uid,
-                                      interpreter_paths, is_running, kernel_python, kill_all, processes_of_uid,
-                                      release_resources, remove_tree)
+from themisto.runtime.kernel_setup import KERNEL_NAME, KernelSetup
+from themisto.runtime.sandbox import (KernelResources, KernelStartError, SandboxWarning, is_running, kernel_python,
+                                      kill_all, processes_of_uid, release_resources)
 
 Status = Literal["ok", "error", "timeout", "kernel_died"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died")
@@ -52,7 +48,6 @@ EXPRESSIONS_TIMEOUT_S = 120.0
 _STOP_S = 10.0
 # How often the kernel process is checked for life while a cell runs.
 _LIVENESS_PERIOD_S = 0.2
-_KERNEL_NAME = "themisto-sandbox"
 _STDERR_TAIL_BYTES = 8192
 
 
@@ -86,7 +81,7 @@ class CellResult:
     user_expressions: dict = field(default_factory=dict)  # evaluated after the cell (IPython: only when it succeeded)
 
 
-class AsyncKernelSession:
+class AsyncKernelSession(KernelSetup):
     """One sandboxed kernel; the coroutine twin of `KernelSession` (use one or the other, from one event loop)."""
 
     def __init__(self, workspace: str | Path | None = None, limits: Limits = Limits(), *,
@@ -168,124 +163,6 @@ class AsyncKernelSession:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _plan_sandbox(self) -> None:
-        self._python = kernel_python()
-        is_root = os.geteuid() == 0
-        bwrap = settings().bwrap
-        if bwrap is not None and not bwrap_works(bwrap):
-            warnings.warn(f"bubblewrap at {bwrap} cannot create namespaces here; the kernel runs without filesystem, "
-                          "network and pid isolation", SandboxWarning, stacklevel=3)
-            bwrap = None
-        elif bwrap is None and (self.limits.isolate_fs or not self.limits.network):
-            warnings.warn("bubblewrap not found (apt-get install bubblewrap) or THEMISTO_SANDBOX=0: the kernel runs "
-                          "without filesystem, network and pid isolation; only rlimits apply", SandboxWarning,
-                          stacklevel=3)
-        self._bwrap = bwrap
-        if is_root and bwrap is not None and self.limits.isolate_fs:
-            self._uid = choose_uid(self._resources)
-            self._gid = self._uid
-            self._resources.uid = self._uid
-        elif is_root:
-            warnings.warn("the kernel runs as root, which ignores the process cap (RLIMIT_NPROC); install bubblewrap "
-                          "and keep isolate_fs=True to run it as an unprivileged uid", SandboxWarning, stacklevel=3)
-
-    def _prepare_folders(self) -> None:
-        root = Path(tempfile.mkdtemp(prefix="themisto-kernel-", dir=settings().tmp_dir))
-        self._resources.root = root
-        paths = kernel_launcher.SandboxPaths(root=root, work=root / "work", home=root / "home", run=root / "run")
-        if self.workspace is not None:
-            shutil.copytree(self.workspace, paths.work, symlinks=True)
-        else:
-            paths.work.mkdir()
-        paths.run.mkdir()
-        # The kernel imports the agent and the launcher from here: a folder holding the themisto package alone. The
-        # folder above the package is the host's site-packages in an installed copy, whose numpy 2 would shadow
-        # the kernel environment's own.
-        (root / "lib").mkdir()
-        (root / "lib" / "themisto").symlink_to(Path(kernel_launcher.__file__).resolve().parents[1])
-        if self._uid is not None:
-            os.chmod(root / "lib", 0o755)
-            os.chmod(root, 0o711)  # the kernel's uid traverses the root but cannot write in it
-            for folder in (paths.work, paths.run):
-                os.chmod(folder, 0o700)
-                for dirpath, dirnames, filenames in os.walk(folder):
-                    os.lchown(dirpath, self._uid, self._gid)
-                    for name in dirnames + filenames:
-                        os.lchown(os.path.join(dirpath, name), self._uid, self._gid)
-        self._paths = paths
-
-    def _kernel_env(self) -> dict[str, str]:
-        assert self._paths is not None
-        env = {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "HOME": str(self._paths.home),
-            "USER": "themisto",
-            "LOGNAME": "themisto",
-            "IPYTHONDIR": str(self._paths.home / ".ipython"),
-            "MPLCONFIGDIR": str(self._paths.home / ".config" / "matplotlib"),
-            "PYTHONPATH": str(self._paths.root / "lib"),  # the themisto package alone (see _prepare_folders)
-            "PYTHONNOUSERSITE": "1",
-            **kernel_launcher.KERNEL_ENV,
-        }
-        if self._bwrap is None:
-            env["TMPDIR"] = str(self._paths.home)
-        env.update({str(k): str(v) for k, v in self.extra_env.items()})
-        return env
-
-    def _write_spec(self) -> Path:
-        assert self._paths is not None
-        limits = self.limits
-        argv = []
-        if self._bwrap is not None:
-            argv += self._bwrap_argv()
-        launcher = kernel_launcher.launcher_argv(
-            memory_bytes=limits.memory_bytes, max_processes=limits.max_processes,
-            file_size_bytes=limits.file_size_bytes, cpu_seconds=limits.cpu_seconds, uid=self._uid, gid=self._gid,
-            output_bytes=limits.output_bytes)
-        # The launcher is written for the interpreter that runs it; the kernel's own interpreter runs it here (it
-        # imports the standard library only) and execs ipykernel from the same environment.
-        assert launcher[0] == sys.executable, launcher
-        argv += [self.kernel_python] + launcher[1:]
-        spec_dir = self._paths.root / "spec" / _KERNEL_NAME
-        spec_dir.mkdir(parents=True, exist_ok=True)
-        spec = {"argv": argv, "display_name": "Themisto sandbox", "language": "python", "interrupt_mode": "signal",
-                "env": {}}
-        (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
-        return spec_dir.parent
-
-    def _bwrap_argv(self) -> list[str]:
-        """The bubblewrap prefix, with the kernel interpreter's folders readable by the kernel's uid too."""
-        assert self._bwrap is not None and self._paths is not None
-        limits, drop_uid = self.limits, self._uid is not None
-        if not (drop_uid and limits.isolate_fs):
-            return kernel_launcher.bwrap_argv(self._bwrap, self._paths, isolate_fs=limits.isolate_fs,
-                                              network=limits.network, drop_uid=drop_uid)
-        # kernel_launcher masks the folders only its own interpreter needs (e.g. a 0700 /root that holds the Python
-        # install); the masks must cover the kernel's interpreter as well, and one tmpfs per folder, so they are
-        # built here over both sets and put where bwrap_argv would put them (right after the root bind).
-        argv = kernel_launcher.bwrap_argv(self._bwrap, self._paths, isolate_fs=True, network=limits.network,
-                                          drop_uid=False)
-        assert argv[1:4] == ["--ro-bind", "/", "/"], argv
-        readable = kernel_launcher.readable_paths()
-        readable += [path for path in interpreter_paths(self.kernel_python) if path not in readable]
-        # The sandbox's /tmp is a fresh tmpfs: an interpreter kept under the host's /tmp is bound in after it.
-        under_tmp = [path for path in readable if Path("/tmp") in path.parents]
-        binds: list[str] = []
-        made: set[Path] = set()
-        for path in sorted(under_tmp, key=lambda p: len(p.parts)):
-            if any(bound in path.parents for bound in under_tmp):
-                continue
-            # bwrap would make the missing folders 0700, closed to the kernel's uid.
-            for folder in reversed(path.parents):
-                if Path("/tmp") in folder.parents and folder not in made:
-                    binds += ["--perms", "0755", "--dir", str(folder)]
-                    made.add(folder)
-            binds += ["--ro-bind", str(path), str(path)]
-        masks = kernel_launcher._mask_untraversable([path for path in readable if path not in under_tmp])
-        flags = argv.index("--unshare-pid")
-        return argv[:4] + masks + argv[4:flags] + binds + argv[flags:]
-
     async def _start_kernel(self) -> None:
         from jupyter_client.kernelspec import KernelSpecManager
         from jupyter_client.manager import AsyncKernelManager
@@ -295,7 +172,7 @@ class AsyncKernelSession:
         self._fresh_home()
         connection_file = self._paths.run / f"kernel-{self._starts}.json"
         km = AsyncKernelManager(
-            transport="ipc", kernel_name=_KERNEL_NAME, connection_file=str(connection_file),
+            transport="ipc", kernel_name=KERNEL_NAME, connection_file=str(connection_file),
             kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(self._write_spec())]),
         )
         km.write_connection_file()
@@ -320,18 +197,6 @@ class AsyncKernelSession:
             raise KernelStartError(f"the kernel did not start ({exc}); its stderr ends with:\n{tail}") from exc
         self._kernel_pid = self._find_kernel_pid()
         await self._drain_iopub()
-
-    def _fresh_home(self) -> None:
-        """An empty home (and IPYTHONDIR, MPLCONFIGDIR below it) for each kernel life: a startup file or an rc file
-        planted in the last life must not run in this one."""
-        assert self._paths is not None
-        home = self._paths.home
-        if home.exists():
-            remove_tree(home)
-        home.mkdir()
-        if self._uid is not None:
-            os.chmod(home, 0o700)
-            os.chown(home, self._uid, self._gid)
 
     def _watch_stderr(self, process: subprocess.Popen) -> None:
         """Keep the last few KB of the kernel's stderr (startup errors; fd-level output echoed by ipykernel) in
