@@ -4,8 +4,6 @@ versions, an unprivileged uid of its own, and killing and removing what a kernel
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import fcntl
 import functools
 import json

@@ -2,11 +2,14 @@
 
 The host reaches it through silent user expressions (`themisto.runtime.snapshot`, `themisto.runtime.branch`), so
 reading it never touches In/Out or the execution count. Module level imports only the standard library; importing
-it changes no user variable. Branches run each candidate in a forked grandchild of the kernel that shares the kernel's memory
-copy-on-write, captures its own output, and reports on a pipe; the kernel itself only waits, kills and reaps.
+it changes no user variable. Branches run each candidate in a forked grandchild of the kernel that shares the
+kernel's memory copy-on-write, captures its own output, and reports back; the kernel itself only waits, kills and
+reaps.
 
 The package is split by concern: `namespace` (shared limits, the shell, the user's names, bounded reprs), `hashing`,
-`describe`, `snapshots`, `workdir` (the work-folder guard), `capture` (a branch child's output) and `branching`.
+`describe`, `snapshots`, `workdir` (the work-folder guard), `recorder` and `capture` (a cell's outputs), `integrity`,
+`delta`, `pages` and `walls` (what guards a branch), `branching` (the kernel's side of a branch) and `branch_child`
+(the monitor's and the candidate's side).
 Every module imports only the standard library; this `__init__` gathers the names the host calls through user
 expressions (`themisto.runtime.snapshot.AGENT`).
 """

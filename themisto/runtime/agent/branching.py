@@ -1,13 +1,11 @@
-"""Branch execution: each candidate runs in a forked grandchild of the kernel, reports on a pipe, and is reaped.
+"""Branch execution, the kernel side: each candidate runs in a forked grandchild of the kernel (`branch_child`),
+reports through shared memory and a pipe, and is reaped; the kernel only waits, reads, kills and reaps.
 
 Runs inside the kernel: standard library only.
 """
 
 from __future__ import annotations
 
-from __future__ import annotations
-
-import ctypes
 import gc
 import json
 import mmap
@@ -15,347 +13,20 @@ import os
 import random
 import select
 import signal
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from themisto.runtime.agent.namespace import (_GRACE_S, _MAX_MESSAGE, _MONITOR_REAP_S, _MSG_HEADER,
-                                              _PR_SET_CHILD_SUBREAPER, _REHASH_BYTES, _shell, user_variables)
-from themisto.runtime.agent.hashing import content_hash, state_hash
+                                              _shell, user_variables)
+from themisto.runtime.agent.hashing import state_hash
 from themisto.runtime.agent.snapshots import _CACHE
 from themisto.runtime.agent.workdir import WorkdirGuard, _GUARDS
-from themisto.runtime.agent.integrity import (CONTINUATION_PREFIX, Guard, close_inherited, json_encoder, read_alarms,
-                                              seal, sealed_method)
-from themisto.runtime.agent.delta import Before, hash_after, hash_before, namespace_delta
-from themisto.runtime.agent.walls import connection_folder, end_descendants, enter, seal_candidate, set_dumpable
-from themisto.runtime.agent.capture import _BranchTimeout, _Recorder, _install_capture, _read_fd_output
-
-
-def _data_limit(extra_bytes: int) -> tuple[int, int]:
-    """(limit, hard): what the process maps now + extra, within the hard RLIMIT_DATA. The heap a forked child
-    inherits is counted in its VmData already, so the cap is relative to it."""
-    import resource
-
-    used = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmData:"):
-                used = int(line.split()[1]) * 1024
-    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    limit = used + int(extra_bytes)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    return limit, hard
-
-
-@dataclass
-class _BranchPlan:
-    """What every child of one branch call needs, computed once in the kernel before the forks."""
-
-    timeout_s: float
-    memory_bytes: int
-    output_bytes: int
-    delta: str
-    pre_hashes: dict[str, str]
-    pre_ids: dict[str, int]
-    pre_prints: dict[str, Any]
-    random_state: Any
-    # After a continuation (cells run after the candidate), hash only these names (None: every user variable).
-    state_names: frozenset[str] | None = None
-    guard: Any = None  # the child's own Guard (integrity), armed while candidate code runs
-    # delta="pages": the fingerprints and buffer spans of large frames and arrays (themisto.runtime.agent.delta)
-    page_prints: dict[str, tuple] = field(default_factory=dict)
-    hide: tuple[str, ...] = ()  # folders the candidate must not see (the kernel's connection folder and sockets)
-
-
-def _fingerprint(value: Any) -> Any:
-    """Cheap structure of a value (shape, columns, dtypes, buffers): when it differs, the value surely changed."""
-    try:
-        module = type(value).__module__ or ""
-        if module.startswith("pandas") and type(value).__name__ == "DataFrame":
-            blocks = tuple(id(getattr(b, "values", None)) for b in value._mgr.blocks)
-            return ("df", value.shape, tuple(map(repr, value.columns)), tuple(map(repr, value.dtypes)),
-                    id(value.index), blocks)
-        if module.startswith("pandas") and type(value).__name__ == "Series":
-            return ("s", value.shape, repr(value.dtype), id(value.index), id(value._mgr.array), value.name)
-        if module == "numpy" and hasattr(value, "__array_interface__"):
-            return ("nd", value.shape, value.dtype.str, value.__array_interface__["data"][0], value.strides)
-        if isinstance(value, (list, dict, set, bytearray)):
-            return (type(value).__name__, len(value))
-    except Exception:  # noqa: BLE001 - a fingerprint is an optimisation; None means "rehash"
-        return None
-    return None
-
-
-def _cheap_size(value: Any) -> int:
-    module = type(value).__module__ or ""
-    try:
-        if module == "numpy" and hasattr(value, "nbytes"):
-            return int(value.nbytes)
-        if module.startswith("pandas") and hasattr(value, "memory_usage"):
-            usage = value.memory_usage(deep=False)
-            return int(getattr(usage, "sum", lambda: usage)())
-        if isinstance(value, (list, tuple, dict, set, frozenset, str, bytes)):
-            return len(value) * 8
-    except Exception:  # noqa: BLE001
-        return 0
-    return 0
-
-
-def _delta(shell: Any, plan: _BranchPlan) -> dict:
-    """Added, changed and deleted user variables against the pre-branch hashes, and the post-branch state hash."""
-    if plan.delta != "identity":  # exact: "hash" rehashes everything, "pages" what the page flags cannot clear
-        post, kept = hash_after(user_variables(shell), Before(plan.pre_hashes, plan.page_prints), _CACHE.kept_hash,
-                                full=plan.delta == "hash", end=end_descendants)
-        return {**namespace_delta(plan.pre_hashes, post), "state_hash_after": state_hash(post), "unverified": [],
-                "kept_by_pages": kept}
-    post: dict[str, str] = {}
-    unverified: list[str] = []
-    for name, value in user_variables(shell).items():
-        same_object = plan.pre_ids.get(name) == id(value)
-        if (plan.delta == "identity" and same_object and _cheap_size(value) > _REHASH_BYTES
-                and plan.pre_prints.get(name) is not None and _fingerprint(value) == plan.pre_prints[name]):
-            post[name] = plan.pre_hashes[name]  # trusted: same object, same structure, too large to rehash
-            unverified.append(name)
-        else:
-            post[name] = _CACHE.kept_hash(value) or content_hash(value)
-    pre = plan.pre_hashes
-    return {
-        "added": {n: h for n, h in post.items() if n not in pre},
-        "changed": {n: h for n, h in post.items() if n in pre and pre[n] != h},
-        "deleted": {n: h for n, h in pre.items() if n not in post},
-        "state_hash_after": state_hash(post),
-        "unverified": sorted(unverified),
-    }
-
-
-def _send(fd: int, kind: bytes, payload: bytes) -> None:
-    data = _MSG_HEADER.pack(kind, len(payload)) + payload
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _run_cell(shell: Any, code: str, plan: _BranchPlan, fd_out: dict[int, int], timed_out: list[bool]) -> dict:
-    """Run one cell in the child under its own timer, outputs captured; its status, outputs, time and truncation."""
-    recorder = _Recorder(plan.output_bytes)
-    _install_capture(shell, recorder)
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        timed_out[0] = True
-        raise _BranchTimeout(f"the cell ran past its {plan.timeout_s:g} s timeout")
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    # IPython decides whether to show the last expression by tokenizing the newest history entry; without
-    # history that is the previous cell, and one with a SyntaxError makes every candidate fail (TokenError).
-    # This is the child's own copy of the history, so the kernel's stays as it was.
-    history = getattr(shell, "history_manager", None)
-    if history is not None:
-        history.input_hist_raw.append(code)
-        history.input_hist_parsed.append(code)
-    started = time.perf_counter()
-    signal.setitimer(signal.ITIMER_REAL, plan.timeout_s)
-    try:
-        if plan.guard is not None:
-            plan.guard.arm()
-        run = shell.run_cell(code, store_history=False, silent=False)
-    finally:
-        if plan.guard is not None:
-            plan.guard.disarm()
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    duration = time.perf_counter() - started
-    try:
-        ctypes.CDLL(None).fflush(None)  # C-level stdio buffers would die with os._exit
-    except (OSError, AttributeError):
-        pass
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        recorder.stream(name, _read_fd_output(fd_out[fd], plan.output_bytes))
-        os.ftruncate(fd_out[fd], 0)  # the next cell of a continuation starts with empty fd output
-        os.lseek(fd_out[fd], 0, os.SEEK_SET)
-    error = run.error_before_exec or run.error_in_exec
-    if timed_out[0] or isinstance(error, _BranchTimeout):
-        recorder.outputs = [o for o in recorder.outputs if o.get("ename") != "_BranchTimeout"]
-        result = {"status": "timeout", "ename": "CellTimeout",
-                  "evalue": f"the cell ran past its {plan.timeout_s:g} s timeout"}
-    elif error is not None:
-        result = {"status": "error", "ename": type(error).__name__, "evalue": str(error)}
-    else:
-        result = {"status": "ok", "ename": None, "evalue": None}
-    result["duration_s"] = duration
-    result["truncated"] = recorder.truncated
-    result["outputs"] = recorder.finish()
-    return result
-
-
-def _run_continuation(shell: Any, cells: list[str], plan: _BranchPlan, fd_out: dict[int, int],
-                      timed_out: list[bool]) -> tuple[list[dict], dict[str, str]]:
-    """Run the cells the developer ran next, one after the other, after the candidate; each one's report, and the
-    content hashes of `plan.state_names` (all user variables when None) in the state they leave."""
-    reports: list[dict] = []
-    if plan.guard is not None:
-        plan.guard.alarm.prefix = CONTINUATION_PREFIX  # the developer's cells: alarms told apart from the candidate's
-    for code in cells:
-        try:
-            report = _run_cell(shell, code, plan, fd_out, timed_out)
-        except BaseException as error:  # noqa: BLE001 - reported as this cell's failure; the candidate's report stands
-            report = {"status": "timeout" if timed_out[0] else "error", "outputs": [], "duration_s": 0.0,
-                      "ename": "CellTimeout" if timed_out[0] else "BranchAgentError",
-                      "evalue": f"{type(error).__name__}: {error}"[:1000], "truncated": False}
-        reports.append(report)
-        if report["status"] == "timeout":
-            break  # the state is cut mid-cell: the cells after it would only measure the cut
-    names = plan.state_names
-    state = {name: _CACHE.kept_hash(value) or content_hash(value) for name, value in user_variables(shell).items()
-             if names is None or name in names}
-    return reports, state
-
-
-# The report channel: an anonymous shared mapping the monitor makes before forking the candidate (no descriptor,
-# no module global); a length prefix written last says the report is complete.
-_REPORT_BYTES = 32 * 2**20  # on top of four times the output cap
-_ALARM_BYTES = 16384
-_AGENT = "themisto.runtime.agent."
-
-
-@dataclass(frozen=True)
-class _SealedCache:
-    """The snapshot cache's lookup as the hashing code of a branch child sees it: bound before the candidate ran."""
-
-    kept_hash: Any
-
-
-def _write_report(channel: mmap.mmap, data: bytes) -> None:
-    if len(data) > len(channel) - 8:
-        data = b'{"status": "error", "ename": "BranchAgentError", "evalue": "the report was over its size limit"}'
-    channel[8:8 + len(data)] = data
-    channel[:8] = len(data).to_bytes(8, "big")
-
-
-def _unsafe_run_candidate(shell: Any, cells: list[str], plan: _BranchPlan, channel: mmap.mmap,
-                          alarm_fd: int) -> None:
-    """The one place a candidate runs: in the grandchild, under its own memory cap and timer, followed by its
-    continuation cells (`cells[1:]`) when given. Its only descriptors: stdin, the output files, the alarm pipe; it
-    hashes and reports with code sealed before the candidate ran. Never returns."""
-    result: dict[str, Any] = {"status": "error", "ename": "BranchAgentError", "evalue": "the child failed to start"}
-    timed_out = [False]
-    exit_now, encode = os._exit, None
-    try:
-        os.setpgid(0, 0)  # its own process group, so the kernel can kill it with everything it forks
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        random.setstate(plan.random_state)  # `random` reseeds itself after fork; the branch must see the parent's
-        fd_out = {1: os.memfd_create("themisto-stdout"), 2: os.memfd_create("themisto-stderr")}
-        for target, source in fd_out.items():
-            os.dup2(source, target)  # fd-level output must not reach the kernel's capture pipe (it would leak)
-        fd_out = {1: 1, 2: 2}  # read back through 1 and 2: the candidate gets no other descriptor to them
-        close_inherited({0, 1, 2, alarm_fd})  # the kernel's zmq sockets and pipes included
-        encode = json_encoder()
-        # Every agent module, so the hashing and delta code the child runs after the candidate is the sealed copy.
-        spaces = seal([module for name, module in list(sys.modules.items()) if name.startswith(_AGENT)])
-        space = spaces["themisto.runtime.agent.branching"]
-        space["_CACHE"] = _SealedCache(sealed_method(_CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
-        seal_candidate()  # no capabilities, no new privileges, no page moving; dumpable for its own pagemap
-        plan.guard = Guard(alarm_fd)
-        import resource
-
-        limit, _ = _data_limit(plan.memory_bytes)
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-        result = space["_run_cell"](shell, cells[0], plan, fd_out, timed_out)
-        plan.guard.check()
-        hashing = time.perf_counter()
-        result.update(space["_delta"](shell, plan))
-        result["delta_s"] = time.perf_counter() - hashing
-        if len(cells) > 1 and not timed_out[0]:
-            result["continuation"], result["continuation_state"] = space["_run_continuation"](
-                shell, cells[1:], plan, fd_out, timed_out)
-            plan.guard.check()
-    except BaseException as error:  # noqa: BLE001 - the child reports whatever happened, then always exits
-        result.setdefault("outputs", [])
-        result.update({"status": "timeout" if timed_out[0] else "error",
-                       "ename": "CellTimeout" if timed_out[0] else "BranchAgentError",
-                       "evalue": f"{type(error).__name__}: {error}"[:1000]})
-    finally:
-        try:
-            try:
-                data = encode(result) if encode is not None else json.dumps(result, default=str)
-            except BaseException as error:  # noqa: BLE001 - an unencodable report is still a report
-                data = encode({"status": "error", "ename": "BranchAgentError", "outputs": [],
-                               "evalue": f"the report could not be encoded: {type(error).__name__}"[:1000]})
-            _write_report(channel, data.encode("utf-8", "replace"))
-        finally:
-            exit_now(0)
-
-
-def _monitor(shell: Any, cells: list[str], plan: _BranchPlan, wfd: int, channel: mmap.mmap, alarm_w: int) -> None:
-    """The kernel's child: a new session, the subreaper of the candidate's processes, and their reaper; it tells the
-    kernel the candidate's pid ("P") and when it ended ("D"). Never returns. The candidate runs one level further
-    down, so `os.kill(os.getppid(), 9)` in it hits this monitor, not the kernel."""
-    code_out = 97
-    try:
-        os.setsid()
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-        why = enter(list(plan.hide))  # when it cannot, the candidate runs without them (the kernel says so)
-        _send(wfd, b"W", (why or "").encode()[:500])
-        child = os.fork()
-        if child == 0:
-            _unsafe_run_candidate(shell, cells, plan, channel, alarm_w)
-        os.close(alarm_w)
-        try:
-            os.setpgid(child, child)
-        except OSError:
-            pass  # the child already did it, or already exited
-        _send(wfd, b"P", str(child).encode())
-        while True:
-            pid, status = os.waitpid(-1, 0)
-            if pid == child:
-                exit_code = os.waitstatus_to_exitcode(status)
-                code_out = min(exit_code, 99) if exit_code >= 0 else 100 - exit_code  # 100 + signal number
-                break
-        _send(wfd, b"D", str(code_out).encode())
-        os.close(wfd)
-        # Whatever the candidate left behind (sleeping children, a fork storm) dies with its group; orphans that
-        # left the group were reparented to this subreaper and are killed one by one.
-        try:
-            os.killpg(child, signal.SIGKILL)
-        except OSError:
-            pass
-        deadline = time.monotonic() + _MONITOR_REAP_S
-        while time.monotonic() < deadline:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                for orphan in _children_of(os.getpid()):
-                    try:
-                        os.kill(orphan, signal.SIGKILL)
-                    except OSError:
-                        pass
-                time.sleep(0.005)
-    except BaseException:  # noqa: BLE001 - the monitor must exit, never return into the kernel's code
-        code_out = 98
-    finally:
-        os._exit(code_out)
-
-
-def _children_of(pid: int) -> list[int]:
-    found = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    return found
-
-
-# ----- branch execution: the kernel side ------------------------------------------------------------------------
+from themisto.runtime.agent.integrity import (read_alarms)
+from themisto.runtime.agent.delta import hash_before
+from themisto.runtime.agent.walls import connection_folder, set_dumpable
+from themisto.runtime.agent.branch_child import (ALARM_BYTES, BranchPlan, REPORT_BYTES, data_limit, run_monitor,
+                                                 value_fingerprint)
 
 
 def _parse_messages(buffer: bytearray, messages: dict[bytes, bytes]) -> None:
@@ -398,7 +69,7 @@ def _read_alarms(fd: int, alarms: bytearray) -> bool:
         chunk = os.read(fd, 65536)
     except BlockingIOError:
         return False
-    alarms += chunk[:_ALARM_BYTES - len(alarms)]
+    alarms += chunk[:ALARM_BYTES - len(alarms)]
     return bool(chunk)
 
 
@@ -469,14 +140,14 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
     return monitor_status, timed_out
 
 
-def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dict:
+def _run_one(shell: Any, cells: list[str], plan: BranchPlan, index: int) -> dict:
     """Fork the monitor, collect the candidate's alarms and report until its deadline, then kill and reap everything.
 
     The kernel holds the candidate's channels itself (the report's shared mapping, the alarm pipe), so a candidate
     that kills its monitor still reports, and is still seen."""
     rfd, wfd = os.pipe()
     alarm_r, alarm_w = os.pipe()
-    channel = mmap.mmap(-1, 4 * plan.output_bytes + _REPORT_BYTES)  # shared, anonymous: pages cost once written
+    channel = mmap.mmap(-1, 4 * plan.output_bytes + REPORT_BYTES)  # shared, anonymous: pages cost once written
     started = time.monotonic()
     deadline = started + plan.timeout_s * len(cells) + _GRACE_S
     gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
@@ -485,7 +156,7 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
         if monitor == 0:
             os.close(rfd)
             os.close(alarm_r)
-            _monitor(shell, cells, plan, wfd, channel, alarm_w)
+            run_monitor(shell, cells, plan, wfd, channel, alarm_w)
     finally:
         gc.unfreeze()
     os.close(wfd)
@@ -512,7 +183,7 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
         else:
             monitor_status = _reap_monitor(monitor, monitor_status)
         os.set_blocking(alarm_r, False)
-        while len(alarms) < _ALARM_BYTES and _read_alarms(alarm_r, alarms):
+        while len(alarms) < ALARM_BYTES and _read_alarms(alarm_r, alarms):
             pass
         os.close(rfd)
         os.close(alarm_r)
@@ -523,7 +194,7 @@ def _run_one(shell: Any, cells: list[str], plan: _BranchPlan, index: int) -> dic
     return _result(result, plan, index, elapsed, timed_out, monitor_status, messages, alarms)
 
 
-def _result(result: dict | None, plan: _BranchPlan, index: int, elapsed: float, timed_out: bool,
+def _result(result: dict | None, plan: BranchPlan, index: int, elapsed: float, timed_out: bool,
             monitor_status: int | None, messages: dict[bytes, bytes], alarms: bytearray) -> dict:
     """The candidate's report (or the timeout or death that replaced it) with what the kernel itself saw."""
     if result is not None:
@@ -585,10 +256,10 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
     variables = user_variables(shell)
     before = hash_before(variables, _CACHE.kept_hash, prints=delta == "pages")
     pre_hashes = before.hashes
-    plan = _BranchPlan(
+    plan = BranchPlan(
         timeout_s=float(timeout_s), memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), delta=delta,
         pre_hashes=pre_hashes, pre_ids={name: id(value) for name, value in variables.items()},
-        pre_prints={name: _fingerprint(value) for name, value in variables.items()} if delta == "identity" else {},
+        pre_prints={name: value_fingerprint(value) for name, value in variables.items()} if delta == "identity" else {},
         random_state=random.getstate(), state_names=None if state_names is None else frozenset(state_names),
         page_prints=before.prints, hide=tuple(p for p in [connection_folder()] if p))
     del variables, before
@@ -646,7 +317,7 @@ def set_data_limit(extra_bytes: int | None) -> str:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    limit = hard if extra_bytes is None else _data_limit(extra_bytes)[0]
+    limit = hard if extra_bytes is None else data_limit(extra_bytes)[0]
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
     return json.dumps({"previous_soft": soft, "hard": hard})
 

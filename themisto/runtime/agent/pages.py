@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import sys
 from array import array
 

@@ -5,8 +5,6 @@ Runs inside the kernel: standard library only.
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import datetime
 import io
 import json
