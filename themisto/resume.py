@@ -11,12 +11,14 @@ a torn last line (the process died mid-write). Whole files are written to a temp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from themisto.errors import InputError
 
@@ -106,6 +108,33 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def folder_written_whole(dest: Path) -> Iterator[Path]:
+    """A fresh folder beside `dest` to write into; when the block ends it replaces `dest` whole (the old one is moved
+    aside first, so `dest` is never a mix of old and new files); when the block raises, it is removed and `dest` is
+    left as it was."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; what we publish is meant to be read
+    try:
+        yield tmp
+        if not dest.exists():
+            os.replace(tmp, dest)
+            return
+        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+        os.replace(dest, old / "previous")
+        try:
+            os.replace(tmp, dest)
+        except BaseException:
+            os.replace(old / "previous", dest)
+            raise
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -27,6 +27,7 @@ from themisto.errors import InputError
 from themisto.ingest.lookalike_features import cell_feature_splits
 from themisto.ingest.lookalike_jetnet import jetnet_log_lines
 from themisto.ingest.lookalike_spec import SIZE_SPECS
+from themisto.resume import folder_written_whole
 
 TASKS: tuple[str, ...] = ("task1", "task2")
 SIZES: tuple[str, ...] = ("small", "medium", "full")
@@ -79,9 +80,7 @@ def write_workspace(dest, tasks=TASKS, *, seed: int = 0, size: str = "small",
         raise WorkspaceError(f"{dest}: folder is not empty (pass overwrite=True to replace it)")
     spec = SIZE_SPECS[size]
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
+    with folder_written_whole(dest) as tmp:
         files: dict[str, str] = {}
         stand_in = resources.files("themisto.ingest._stand_ins").joinpath("mining_extension.py").read_bytes()
         files[STAND_IN_MODULE] = _write_bytes(tmp / STAND_IN_MODULE, stand_in)
@@ -91,10 +90,6 @@ def write_workspace(dest, tasks=TASKS, *, seed: int = 0, size: str = "small",
             splits = cell_feature_splits(spec, seed)
             for rel, frame in zip((TRAIN_FEATURES, VALIDATION_FEATURES, TEST_FEATURES), splits):
                 files[rel] = _write_bytes(tmp / rel, portable_frame_pickle(frame))
-        _replace_dir(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return Workspace(root=dest, files=dict(sorted(files.items())), seed=seed, size=size, tasks=tasks)
 
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
 from themisto.errors import InputError
+from themisto.resume import folder_written_whole
 
 RUN_FILE = "run.json"
 GENERATIONS_FILE = "generations.jsonl"
@@ -315,18 +313,9 @@ def submission_bytes(submission: Submission) -> dict[str, bytes]:
 def write_submission(submission: Submission, dest: str | Path) -> Path:
     """Write the validated submission (`submission_bytes`; nothing ignored) to the folder `dest` whole."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
+    with folder_written_whole(dest) as tmp:
         for name, data in submission_bytes(submission).items():
             (tmp / name).write_bytes(data)
-        os.chmod(tmp, 0o755)
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.replace(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 

@@ -13,7 +13,6 @@ import importlib
 import importlib.util
 import json
 import re
-import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from themisto.errors import InputError
 from themisto.release.tasks import TaskSettings, build_tasks
+from themisto.resume import folder_written_whole
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -179,10 +179,7 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
     for report in taskset.reports.values():
         notes += report.notes
     schema = schema_module()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the release is meant to be read by others
-    try:
+    with folder_written_whole(out) as tmp:
         files: dict[str, str] = {}
         num_bytes: dict[str, dict[str, int]] = {}
         for config in schema.CONFIGS:
@@ -209,12 +206,6 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         from themisto.release.eval_yaml import write_eval_yaml
 
         write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")])
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.replace(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return report
 
 

@@ -14,8 +14,6 @@ import hashlib
 import json
 import random
 import re
-import shutil
-import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Callable
 
 from themisto.errors import InputError
 from themisto.generation.prompts import CONTEXT_MODES, TASKS, render_prompt, template_sha256
+from themisto.resume import folder_written_whole
 from themisto.training.verify import DROP_REASONS, Verifier, has_snapshot
 
 EXAMPLES_FILE = "examples.jsonl"
@@ -275,16 +274,9 @@ def export_sft(release: str | Path, out: str | Path, settings: ExportSettings = 
     read = read_release(release, settings)
     collected = collect_examples(read, settings, progress)
     manifest = build_manifest(read, settings, collected)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private
-    try:
+    if out.exists() and not out.is_dir():
+        out.unlink()  # _check_out allowed replacing it
+    with folder_written_whole(out) as tmp:
         _write(tmp, collected, manifest)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        tmp.replace(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     by_task_context, dropped = _counts(collected, settings)
     return ExportReport(out, len(collected.examples), by_task_context, dropped, manifest)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from themisto.errors import InputError
 from themisto.generation.prompts import messages_text
+from themisto.resume import folder_written_whole
 
 TRAINING_FILE = "themisto_training.json"
 EXPORT_MANIFEST_FILE = "export_manifest.json"
@@ -319,10 +319,9 @@ def _record(settings: FinetuneSettings, manifest: dict, trainer, losses: list[fl
 
 def save_model_folder(model, tokenizer, out: Path, record: dict, manifest: dict, *, merge: bool) -> None:
     """Write weights (LoRA merged unless `merge` is False), tokenizer, training record and export manifest, whole."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)
-    try:
+    if out.exists() and not out.is_dir():
+        out.unlink()
+    with folder_written_whole(out) as tmp:
         is_adapter = hasattr(model, "peft_config")
         if is_adapter and merge:
             model = model.merge_and_unload()
@@ -333,12 +332,6 @@ def save_model_folder(model, tokenizer, out: Path, record: dict, manifest: dict,
         (tmp / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         (tmp / EXPORT_MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n",
                                                 encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        tmp.replace(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def merge_adapter(adapter: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
