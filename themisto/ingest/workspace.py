@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import pickle
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -130,21 +127,3 @@ def _write_chunks(path: Path, chunks: Iterator[str]) -> str:
             out.write(chunk)
             digest.update(chunk.encode("ascii"))
     return digest.hexdigest()
-
-
-def _replace_dir(tmp: Path, dest: Path) -> None:
-    if not dest.exists():
-        os.replace(tmp, dest)
-        return
-    # Move the old folder aside first, so that dest is never a mix of old and new files.
-    old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-    os.replace(dest, old / "previous")
-    try:
-        os.replace(tmp, dest)
-    except BaseException:
-        os.replace(old / "previous", dest)
-        raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
-
-
