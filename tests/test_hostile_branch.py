@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _isolation import isolation_unavailable
 
 from themisto.runtime.branch import run_branches
 from themisto.runtime.kernel import KernelSession
@@ -99,7 +100,7 @@ def test_the_branch_memory_cap_is_lower_than_the_kernels(session):
 
 def test_fork_storm_hits_the_process_cap_and_leaves_no_children(session):
     if session.kernel_uid is None and os.geteuid() == 0:
-        pytest.skip("the kernel runs as root, which the process cap does not bind")
+        isolation_unavailable("the kernel runs as root, which the process cap does not bind")
     code = ("import os, time\nborn = 0\nfor _ in range(5000):\n    if os.fork() == 0:\n        time.sleep(600)\n"
             "        os._exit(0)\n    born += 1")
     result = _run_hostile(session, code, timeout_s=30)  # each fork copies the page tables: ~20 ms here
@@ -146,7 +147,7 @@ def test_workspace_files_deleted_or_overwritten_are_restored(session):
 
 def test_writing_outside_the_workdir_fails(session):
     if not session.sandboxed:
-        pytest.skip("no bubblewrap: the filesystem outside the workdir is not read-only")
+        isolation_unavailable("no bubblewrap: the filesystem outside the workdir is not read-only")
     outside = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="themisto-outside-"))
     try:
         outside.chmod(0o777)  # writable by the kernel's uid, were the filesystem not read-only

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _isolation import isolation_unavailable, needs_isolation
 from _processes import live_children
 
 from themisto.runtime.kernel import STATUSES, KernelSession, Limits
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SANDBOX = sandbox_available()
-needs_sandbox = pytest.mark.skipif(
-    not SANDBOX, reason="bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
+needs_sandbox = needs_isolation(
+    SANDBOX, "bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
 
 
 
@@ -94,7 +95,7 @@ def test_huge_allocation_raises_memory_error(shared):
 
 def test_fork_storm_hits_the_process_cap(fresh):
     if fresh.kernel_uid is None and os.geteuid() == 0:
-        pytest.skip("as root without bubblewrap the kernel keeps uid 0, which RLIMIT_NPROC does not bind")
+        isolation_unavailable("as root without bubblewrap the kernel keeps uid 0, which RLIMIT_NPROC does not bind")
     code = (
         "import os, time\n"
         "pids, failure = [], None\n"

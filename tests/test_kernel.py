@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _isolation import needs_isolation
 from _processes import live_children
 
 from themisto import settings as settings_module
@@ -233,7 +234,7 @@ def test_a_dropped_session_is_cleaned_up():
     assert _wait_gone(live_children() - before) == set()
 
 
-@pytest.mark.skipif(not SANDBOX, reason="bubblewrap is missing or cannot create namespaces here")
+@needs_isolation(SANDBOX, "bubblewrap is missing or cannot create namespaces here")
 def test_network_only_when_asked():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy
 import pytest
+from _isolation import needs_isolation
 
-from themisto.runtime import sandbox as kernel_module
 from themisto import settings as settings_module
+from themisto.runtime import sandbox as kernel_module
 from themisto.runtime.kernel import KernelSession, Limits
 from themisto.runtime.sandbox import SandboxWarning, kernel_environment, sandbox_available
 
@@ -143,8 +144,8 @@ def private_dir(request, tmp_path):
     return private
 
 
-@pytest.mark.skipif(not (sandbox_available() and os.geteuid() == 0),
-                    reason="the kernel's uid is dropped from root only under bubblewrap")
+@needs_isolation(sandbox_available() and os.geteuid() == 0,
+                 "the kernel's uid is dropped from root only under bubblewrap")
 def test_env_var_interpreter_in_a_private_folder_is_bound_into_the_sandbox(fresh_choice, monkeypatch, private_dir,
                                                                             kernel_venv):
     # A venv that borrows the kernel environment's packages through a .pth file, somewhere the kernel's uid cannot

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from _isolation import needs_isolation
 
 from themisto.runtime import sandbox
 from themisto.runtime.sandbox import KernelResources, KernelStartError, release_resources
@@ -32,7 +33,7 @@ def test_a_privileged_or_own_uid_is_refused(kernel_uid, uid):
         sandbox.choose_uid(KernelResources())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another uid")
+@needs_isolation(os.geteuid() == 0, "needs root to start a process as another uid")
 def test_a_uid_with_running_processes_is_refused(kernel_uid):
     uid = 1_234_321
     other = subprocess.Popen(["sleep", "30"], user=uid, group=uid)
