@@ -84,6 +84,10 @@ def enter(hide: list[str]) -> str | None:
         # same paths (its connection folder is not, so it stays hidden).
         cwd = os.getcwd()
         wanted = {cwd, os.path.expanduser("~"), *(os.path.abspath(p) for p in sys.path if p)}
+        # Links resolved too: the kernel's import folder holds a link to the themisto package, which lies under /tmp
+        # when the checkout does (a CI clone in a temp folder).
+        package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+        wanted |= {os.path.realpath(path) for path in wanted} | {package}
         keep = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in wanted
                 if any(path == top or path.startswith(top + "/") for top in _PRIVATE) and os.path.isdir(path)}
         try:
