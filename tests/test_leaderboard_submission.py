@@ -64,6 +64,16 @@ def test_claimed_scores_are_ignored_and_reported(run, release, tmp_path):
     assert read_submission(copy, release).predictions_sha256 == sub.predictions_sha256
 
 
+def test_a_linked_file_is_refused_without_reading_its_target(run, release, tmp_path):
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text('{"id": "the-secret-token"}\n')
+    (run / "generations.jsonl").unlink()
+    (run / "generations.jsonl").symlink_to(secret)
+    with pytest.raises(SubmissionError, match="not a plain file") as info:
+        read_submission(run, release)
+    assert "the-secret-token" not in str(info.value)
+
+
 def test_a_missing_id_is_refused_naming_it(run, release):
     lines = _lines(run)
     dropped = json.loads(lines[3])

@@ -283,6 +283,10 @@ def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
         raise SubmissionError(f"{folder}: no such submission folder")
     ignored: list[str] = []
     for entry in sorted(folder.iterdir()):
+        # A link could point the board at any file it can read (a key, another submission) and print what it
+        # finds in a refusal on the public page.
+        if entry.name in SUBMITTED_FILES and (entry.is_symlink() or not entry.is_file()):
+            raise SubmissionError(f"{entry}: not a plain file (a link or a folder); a submission holds plain files")
         if entry.name not in SUBMITTED_FILES:
             why = "claimed scores, ignored: the board re-scores the predictions" if claims_score(entry.name) \
                 else "not part of a submission, ignored"
