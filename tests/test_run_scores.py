@@ -141,7 +141,7 @@ def test_results_md_is_the_table(next_cell_run):
     assert "percentile block bootstrap (4 trajectories" in table and "**Warning:**" in table
     assert f"| metric | system | all (n={len(rows)}) | hard (n={results['hard_subset']['examples']}) |" in table
     effect = _pick(results["paired"], context="variables", metric="chrf", subset="all")
-    assert f"| chrf | model · variables |" in table and f"{effect['diff']:+.3f} [" in table
+    assert "| chrf | model · variables |" in table and f"{effect['diff']:+.3f} [" in table
     assert "| exact_match | baseline · common-cell |" in table and "early (n=" in table
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from themisto.errors import InputError
-from themisto.resume import LineWriter, ResumeError, read_lines, write_json_atomic
+from themisto.resume import LineWriter, ResumeError, read_lines
 
 RUN_FILE = "run.json"
 GENERATIONS_FILE = "generations.jsonl"

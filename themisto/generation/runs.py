@@ -34,8 +34,8 @@ from themisto.generation.run_folder import (
     check_same_run,
     read_generations,
     read_run_json,
-    write_json_atomic,
 )
+from themisto.resume import write_json_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES: tuple[str, ...] = ("themisto", "transformers", "torch", "tokenizers", "accelerate", "gguf", "openai",

@@ -30,18 +30,24 @@ def _label(ax, context: str) -> str | None:
     return None if context in ax.get_legend_handles_labels()[1] else context
 
 
-def _scores_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
+def _intervals(ax, tables: list[Table], models: list[str], pick, centre: str) -> None:
+    """One point with its interval per model and table (a context), side by side within each model's slot;
+    `pick(table, row)` gives the {centre, low, high} dict to draw, or None."""
     width = 0.8 / max(len(tables), 1)
     for k, table in enumerate(tables):
         rows = {r.model: r for r in table.rows}
         for i, model in enumerate(models):
-            value = rows.get(model).values.get(f"{table.lead}/all") if model in rows else None
-            if not value or value.get("mean") is None:
+            value = pick(table, rows[model]) if model in rows else None
+            if not value or value.get(centre) is None:
                 continue
             x = i - 0.4 + width * (k + 0.5)
-            err = [[value["mean"] - value["low"]], [value["high"] - value["mean"]]]
-            ax.errorbar(x, value["mean"], yerr=err, fmt=_MARKERS.get(table.context, "o"), capsize=3,
+            err = [[value[centre] - value["low"]], [value["high"] - value[centre]]]
+            ax.errorbar(x, value[centre], yerr=err, fmt=_MARKERS.get(table.context, "o"), capsize=3,
                         color=_COLORS.get(table.context, "gray"), label=_label(ax, table.context))
+
+
+def _scores_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
+    _intervals(ax, tables, models, lambda table, row: row.values.get(f"{table.lead}/all"), "mean")
     levels: dict[float, list[str]] = {}  # baselines with the same score share one line and one label
     for row in tables[0].rows if tables else []:
         value = row.values.get(f"{tables[0].lead}/all")
@@ -60,18 +66,7 @@ def _scores_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
 
 
 def _effect_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
-    others = [t for t in tables if t.context != "none"]
-    width = 0.8 / max(len(others), 1)
-    for k, table in enumerate(others):
-        rows = {r.model: r for r in table.rows}
-        for i, model in enumerate(models):
-            effect = rows[model].effect if model in rows else None
-            if not effect or effect.get("diff") is None:
-                continue
-            x = i - 0.4 + width * (k + 0.5)
-            err = [[effect["diff"] - effect["low"]], [effect["high"] - effect["diff"]]]
-            ax.errorbar(x, effect["diff"], yerr=err, fmt=_MARKERS.get(table.context, "o"), capsize=3,
-                        color=_COLORS.get(table.context, "gray"), label=_label(ax, table.context))
+    _intervals(ax, [t for t in tables if t.context != "none"], models, lambda table, row: row.effect, "diff")
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(models)), [_short(m) for m in models], rotation=20, ha="right", fontsize=8)
     ax.set_xlim(-0.6, max(len(models), 1) - 0.4)
