@@ -109,6 +109,24 @@ def test_limits_hold_inside_the_kernel():
             assert int(nproc) == 100
 
 
+def test_the_kernels_heap_asks_for_huge_pages(session):
+    # A branch forks the kernel; glibc's tunable makes its heap 2 MiB pages, so a fork copies far fewer page-table
+    # entries (bench/branch_vs_replay.py). Seen as the `hg` flag (MADV_HUGEPAGE) on a large allocation's mapping.
+    code = ("import ctypes\nblock = bytearray(16 * 2**20)\n"
+            "address = ctypes.addressof((ctypes.c_char * len(block)).from_buffer(block))\nflags = None\n"
+            "for line in open('/proc/self/smaps'):\n"
+            "    head = line.split()[0]\n"
+            "    if '-' in head and not head.endswith(':'):\n"
+            "        low, high = (int(x, 16) for x in head.split('-'))\n"
+            "        inside = low <= address < high\n"
+            "    elif inside and line.startswith('VmFlags'):\n"
+            "        flags = line.split()[1:]\n"
+            "print('hg' in flags)")
+    result = session.execute(code)
+    assert result.status == "ok", result.traceback
+    assert result.outputs[0]["text"] == "True\n"
+
+
 def test_workspace_is_copied_and_the_source_left_alone(tmp_path):
     source = tmp_path / "ws"
     (source / "data").mkdir(parents=True)
