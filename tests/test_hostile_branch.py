@@ -107,6 +107,28 @@ def test_fork_storm_hits_the_process_cap_and_leaves_no_children(session):
     assert (result.status, result.ename) == ("error", "BlockingIOError")
 
 
+def test_the_candidates_after_a_fork_storm_still_run(session):
+    # The next candidate is forked while this one runs; where the storm holds every process the uid may have, that
+    # fork fails and is made again in its turn.
+    if session.kernel_uid is None and os.geteuid() == 0:
+        isolation_unavailable("the kernel runs as root, which the process cap does not bind")
+    storm = ("import os, time\nfor _ in range(5000):\n    if os.fork() == 0:\n        time.sleep(600)\n"
+             "        os._exit(0)")
+    results = run_branches(session, [storm, "print(len(words))", "print(words[0])"], timeout_s=30,
+                           memory_bytes=BRANCH_MEMORY)
+    assert (results[0].status, results[0].ename) == ("error", "BlockingIOError")
+    assert [r.outputs[0]["text"] for r in results[1:]] == ["2\n", "a\n"]
+
+
+def test_the_next_candidate_sees_the_work_folder_restored(session):
+    # It was forked while the one before it ran and changed the files; it runs only after they are restored.
+    change = "open('input.csv', 'w').write('changed')\nimport time\ntime.sleep(0.3)"
+    read = "print(open('input.csv').read(), end='')"
+    changed, seen = run_branches(session, [change, read], timeout_s=TIMEOUT_S)
+    assert changed.workdir_changes == {"modified": ["input.csv"]}
+    assert seen.outputs[0]["text"] == _INPUTS["input.csv"]
+
+
 def test_os_exit_is_a_dead_branch(session):
     result = _run_hostile(session, "import os\nos._exit(1)")
     assert result.status == "kernel_died" and "status 1" in result.evalue

@@ -230,10 +230,11 @@ def _write_report(channel: mmap.mmap, data: bytes) -> None:
 
 
 def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channel: mmap.mmap,
-                          alarm_fd: int) -> None:
+                          alarm_fd: int, go_fd: int) -> None:
     """The one place a candidate runs: in the grandchild, under its own memory cap and timer, followed by its
     continuation cells (`cells[1:]`) when given. Its only descriptors: stdin, the output files, the alarm pipe; it
-    hashes and reports with code sealed before the candidate ran. Never returns."""
+    hashes and reports with code sealed before the candidate ran. It sets itself up, then waits for the kernel's
+    go (`go_fd`; at its end instead it exits without running anything). Never returns."""
     result: dict[str, Any] = {"status": "error", "ename": "BranchAgentError", "evalue": "the child failed to start"}
     timed_out = [False]
     exit_now, encode = os._exit, None
@@ -246,7 +247,7 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
         for target, source in fd_out.items():
             os.dup2(source, target)  # fd-level output must not reach the kernel's capture pipe (it would leak)
         fd_out = {1: 1, 2: 2}  # read back through 1 and 2: the candidate gets no other descriptor to them
-        close_inherited({0, 1, 2, alarm_fd})  # the kernel's zmq sockets and pipes included
+        close_inherited({0, 1, 2, alarm_fd, go_fd})  # the kernel's zmq sockets and pipes included
         encode = json_encoder()
         # Every agent module, so the hashing and delta code the child runs after the candidate is the sealed copy.
         spaces = seal([module for name, module in list(sys.modules.items()) if name.startswith(_AGENT)])
@@ -258,6 +259,9 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
 
         limit, _ = data_limit(plan.memory_bytes)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+        if os.read(go_fd, 1) != b"g":
+            exit_now(0)  # cancelled: the kernel never let it go, and reads no report
+        os.close(go_fd)
         result = space["_run_cell"](shell, cells[0], plan, fd_out, timed_out)
         plan.guard.check()
         hashing = time.perf_counter()
@@ -284,7 +288,8 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
             exit_now(0)
 
 
-def run_monitor(shell: Any, cells: list[str], plan: BranchPlan, wfd: int, channel: mmap.mmap, alarm_w: int) -> None:
+def run_monitor(shell: Any, cells: list[str], plan: BranchPlan, wfd: int, channel: mmap.mmap, alarm_w: int,
+                go_r: int) -> None:
     """The kernel's child: a new session, the subreaper of the candidate's processes, and their reaper; it tells the
     kernel the candidate's pid ("P") and when it ended ("D"). Never returns. The candidate runs one level further
     down, so `os.kill(os.getppid(), 9)` in it hits this monitor, not the kernel."""
@@ -299,8 +304,9 @@ def run_monitor(shell: Any, cells: list[str], plan: BranchPlan, wfd: int, channe
         _send(wfd, b"W", (why or "").encode()[:500])
         child = os.fork()
         if child == 0:
-            _unsafe_run_candidate(shell, cells, plan, channel, alarm_w)
+            _unsafe_run_candidate(shell, cells, plan, channel, alarm_w, go_r)
         os.close(alarm_w)
+        os.close(go_r)
         try:
             os.setpgid(child, child)
         except OSError:

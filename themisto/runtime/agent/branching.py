@@ -1,5 +1,7 @@
 """Branch execution, the kernel side: each candidate runs in a forked grandchild of the kernel (`branch_child`),
-reports through shared memory and a pipe, and is reaped; the kernel only waits, reads, kills and reaps.
+reports through shared memory and a pipe, and is reaped; the kernel only waits, reads, kills and reaps. The next
+candidate is forked and set up behind its walls while the one before it runs, and waits for the kernel's go: its
+fork then costs no time of its own where a core is free.
 
 Runs inside the kernel: standard library only.
 """
@@ -15,7 +17,8 @@ import select
 import signal
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from themisto.runtime.agent.namespace import (_GRACE_S, _MAX_MESSAGE, _MONITOR_REAP_S, _MSG_HEADER,
                                               _shell, user_variables)
@@ -140,33 +143,82 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
     return monitor_status, timed_out
 
 
-def _run_one(shell: Any, cells: list[str], plan: BranchPlan, index: int) -> dict:
-    """Fork the monitor, collect the candidate's alarms and report until its deadline, then kill and reap everything.
+@dataclass
+class _Started:
+    """A candidate forked and ready behind its walls, blocked until the kernel writes to `go` (or closes it)."""
+
+    cells: list[str]
+    monitor: int
+    rfd: int
+    alarm_r: int
+    go: int
+    channel: mmap.mmap
+
+
+def _start(shell: Any, cells: list[str], plan: BranchPlan) -> _Started:
+    """Fork the monitor, which raises the walls and forks the candidate; the candidate sets itself up and waits.
 
     The kernel holds the candidate's channels itself (the report's shared mapping, the alarm pipe), so a candidate
     that kills its monitor still reports, and is still seen."""
     rfd, wfd = os.pipe()
     alarm_r, alarm_w = os.pipe()
+    go_r, go_w = os.pipe()
     channel = mmap.mmap(-1, 4 * plan.output_bytes + REPORT_BYTES)  # shared, anonymous: pages cost once written
-    started = time.monotonic()
-    deadline = started + plan.timeout_s * len(cells) + _GRACE_S
     gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
     try:
         monitor = os.fork()
         if monitor == 0:
-            os.close(rfd)
-            os.close(alarm_r)
-            run_monitor(shell, cells, plan, wfd, channel, alarm_w)
+            for fd in (rfd, alarm_r, go_w):
+                os.close(fd)
+            run_monitor(shell, cells, plan, wfd, channel, alarm_w, go_r)
+    except BaseException:
+        for fd in (rfd, wfd, alarm_r, alarm_w, go_r, go_w):
+            os.close(fd)
+        channel.close()
+        raise
     finally:
         gc.unfreeze()
-    os.close(wfd)
-    os.close(alarm_w)
+    for fd in (wfd, alarm_w, go_r):
+        os.close(fd)
+    return _Started(cells, monitor, rfd, alarm_r, go_w, channel)
+
+
+def _cancel(started: _Started) -> None:
+    """End a candidate that was never let go: it reads the end of its go pipe and exits; its monitor is killed."""
+    os.close(started.go)
+    try:
+        os.kill(started.monitor, signal.SIGKILL)
+    except OSError:
+        pass
+    os.waitpid(started.monitor, 0)
+    for fd in (started.rfd, started.alarm_r):
+        os.close(fd)
+    started.channel.close()
+
+
+def _finish(started: _Started, plan: BranchPlan, index: int,
+            then: Callable[[], _Started | None] | None = None) -> tuple[dict, _Started | None]:
+    """Let the candidate go, then (`then()` first: the next candidate's fork overlaps this one's run) collect its
+    alarms and report until its deadline, and kill and reap everything. Its result, and what `then` gave."""
+    rfd, alarm_r, monitor, channel = started.rfd, started.alarm_r, started.monitor, started.channel
+    begun = time.monotonic()
+    deadline = begun + plan.timeout_s * len(started.cells) + _GRACE_S
+    try:
+        os.write(started.go, b"g")
+    except OSError:
+        pass  # the candidate is gone already: its monitor says how
+    os.close(started.go)
+    following = then() if then is not None else None
     messages: dict[bytes, bytes] = {}
     alarms = bytearray()
     monitor_status: int | None = None
     timed_out = False
     try:
         monitor_status, timed_out = _collect(rfd, alarm_r, monitor, deadline, messages, alarms)
+    except BaseException:
+        if following is not None:
+            _cancel(following)
+        raise
     finally:
         child = int(messages[b"P"]) if b"P" in messages else None
         if child is not None and (timed_out or b"D" not in messages or monitor_status is not None):
@@ -187,11 +239,18 @@ def _run_one(shell: Any, cells: list[str], plan: BranchPlan, index: int) -> dict
             pass
         os.close(rfd)
         os.close(alarm_r)
-    elapsed = time.monotonic() - started
+    elapsed = time.monotonic() - begun
     length = int.from_bytes(channel[:8], "big")
     result = _decode_report(channel[8:8 + length]) if 0 < length <= len(channel) - 8 else None
     channel.close()
-    return _result(result, plan, index, elapsed, timed_out, monitor_status, messages, alarms)
+    return _result(result, plan, index, elapsed, timed_out, monitor_status, messages, alarms), following
+
+
+def _try_start(shell: Any, cells: list[str], plan: BranchPlan) -> _Started | None:
+    try:
+        return _start(shell, cells, plan)
+    except OSError:
+        return None
 
 
 def _result(result: dict | None, plan: BranchPlan, index: int, elapsed: float, timed_out: bool,
@@ -271,15 +330,26 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
         _guard_home()
     prepared = time.perf_counter() - started
     results = []
+    cells = [[code] if isinstance(code, str) else list(code) for code in codes]
     set_dumpable(False)  # while candidates run, no process of this uid may read or write the kernel's memory
+    ready: _Started | None = None
     try:
-        for index, code in enumerate(codes):
-            result = _run_one(shell, [code] if isinstance(code, str) else list(code), plan, index)
+        for index, candidate in enumerate(cells):
+            started = ready or _start(shell, candidate, plan)
+            ready = None
+            # The next candidate is forked, walled and set up while this one runs (the kernel's state is the same,
+            # and it cannot run code of its own before this one is gone and the work folder restored). Where that
+            # fork fails (this candidate may hold every process the uid may have), it is forked in its turn.
+            more = index + 1 < len(cells)
+            result, ready = _finish(started, plan, index, then=(lambda: _try_start(shell, cells[index + 1], plan))
+                                    if more else None)
             if guard is not None:
                 result["workdir"] = guard.check_and_restore()
                 _restore_home(result["workdir"])
             results.append(result)
     finally:
+        if ready is not None:
+            _cancel(ready)
         while _LATE_MONITORS:
             _reap_monitor(_LATE_MONITORS.pop(), None)
         set_dumpable(True)
