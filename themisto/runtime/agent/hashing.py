@@ -114,28 +114,33 @@ def _member_groups(value: Any) -> tuple:
 def _holds_set_or_object(value: Any) -> bool:
     """True when a builtin structure holds a set or an object whose pickle is not known to be canonical.
 
-    Visits containers only; the leaves of each container are checked at C speed through the set of their types.
-    """
+    Visits the structure a level at a time: the members of all of a level's containers are gathered and their types
+    checked at C speed (a column of short lists has as many containers as rows)."""
     leaves = _pickle_leaves()
-    stack = [value]
-    seen: set[int] = set()
-    while stack:
-        item = stack.pop()
-        if id(item) in seen:
-            continue  # shared or cyclic: one visit is enough
-        seen.add(id(item))
-        kind = type(item)
-        if kind is set or kind is frozenset:
+    allowed = leaves | _CONTAINERS
+    if type(value) in (set, frozenset):
+        return True
+    if type(value) not in _CONTAINERS:
+        return False
+    level, seen = [value], {id(value)}
+    while level:
+        dicts = [item for item in level if type(item) is dict]
+        members = list(itertools.chain.from_iterable(level if not dicts else
+                                                     [item for item in level if type(item) is not dict]))
+        if dicts:
+            members += itertools.chain.from_iterable(dicts)
+            members += itertools.chain.from_iterable(map(dict.values, dicts))
+        kinds = set(map(type, members))
+        if not kinds <= allowed or set in kinds or frozenset in kinds:
             return True
-        if kind not in _CONTAINERS:
-            continue
-        for members in _member_groups(item):
-            kinds = set(map(type, members))
-            if kinds <= leaves:
-                continue
-            if not kinds <= leaves | _CONTAINERS:
-                return True
-            stack.extend(member for member in members if type(member) in _CONTAINERS)
+        if not kinds & _CONTAINERS:
+            return False
+        found = list(itertools.compress(members, map(_CONTAINERS.__contains__, map(type, members))))
+        fresh = dict(zip(map(id, found), found))
+        for known in seen.intersection(fresh):  # shared or cyclic: one visit is enough
+            del fresh[known]
+        seen.update(fresh)
+        level = list(fresh.values())
     return False
 
 
@@ -335,9 +340,39 @@ _FRAME_TYPES = frozenset({"DataFrame", "Series", "Index", "RangeIndex", "MultiIn
                           "CategoricalIndex"})
 
 
+# During one pass over a namespace (`memo_pass`): id -> (value, digest) of the frames and arrays hashed so far, so a
+# frame bound to two names, or held in a dict as well, is hashed once. The value is held, so its id stays its own.
+_MEMO: dict[int, tuple[Any, str]] | None = None
+
+
+def memo_pass(active: bool) -> None:
+    """Begin (True) or end (False) a pass over one namespace in which each frame or array is hashed once. Nothing
+    but the pass's own hashing may run between; a fresh memo each pass."""
+    global _MEMO
+    _MEMO = {} if active else None
+
+
+def memo_keep(value: Any, digest: str) -> None:
+    """Record a frame's or array's digest found another way in this pass (a footprint, the page check)."""
+    if _MEMO is not None and _memoized(value):
+        _MEMO[id(value)] = (value, digest)
+
+
+def _memoized(value: Any) -> bool:
+    module = type(value).__module__ or ""
+    return ((module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES)
+            or (module == "numpy" and type(value).__name__ == "ndarray"))
+
+
 def content_hash(value: Any) -> str:
     """A hash of the value's content that is stable across processes, or "unhashable:<reason>"."""
-    return _content_hash(value)[0]
+    memo = _MEMO
+    if memo is None or not _memoized(value):
+        return _content_hash(value)[0]
+    kept = memo.get(id(value))
+    if kept is None:
+        kept = memo[id(value)] = (value, _content_hash(value)[0])
+    return kept[1]
 
 
 def _content_hash(value: Any, sink: Any = None) -> tuple[str, bool]:
