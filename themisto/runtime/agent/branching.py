@@ -28,8 +28,8 @@ from themisto.runtime.agent.workdir import WorkdirGuard, _GUARDS
 from themisto.runtime.agent.integrity import (read_alarms)
 from themisto.runtime.agent.delta import hash_before
 from themisto.runtime.agent.walls import connection_folder, set_dumpable
-from themisto.runtime.agent.branch_child import (ALARM_BYTES, BranchPlan, REPORT_BYTES, data_limit, run_monitor,
-                                                 value_fingerprint)
+from themisto.runtime.agent.branch_child import (ALARM_BYTES, BranchPlan, REPORT_BYTES, data_limit, go_message,
+                                                 run_monitor, value_fingerprint)
 
 
 def _parse_messages(buffer: bytearray, messages: dict[bytes, bytes]) -> None:
@@ -204,7 +204,9 @@ def _finish(started: _Started, plan: BranchPlan, index: int,
     begun = time.monotonic()
     deadline = begun + plan.timeout_s * len(started.cells) + _GRACE_S
     try:
-        os.write(started.go, b"g")
+        view = memoryview(plan.go)
+        while view:
+            view = view[os.write(started.go, view):]
     except OSError:
         pass  # the candidate is gone already: its monitor says how
     os.close(started.go)
@@ -311,37 +313,42 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
     if delta not in ("pages", "hash", "identity"):
         raise ValueError(f"delta must be 'pages', 'hash' or 'identity', not {delta!r}")
     shell = _shell(shell)
-    started = time.perf_counter()
-    variables = user_variables(shell)
-    before = hash_before(variables, _CACHE.kept_hash, prints=delta == "pages")
-    pre_hashes = before.hashes
+    began = time.perf_counter()
     plan = BranchPlan(
         timeout_s=float(timeout_s), memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), delta=delta,
-        pre_hashes=pre_hashes, pre_ids={name: id(value) for name, value in variables.items()},
-        pre_prints={name: value_fingerprint(value) for name, value in variables.items()} if delta == "identity" else {},
-        random_state=random.getstate(), state_names=None if state_names is None else frozenset(state_names),
-        page_prints=before.prints, hide=tuple(p for p in [connection_folder()] if p))
-    del variables, before
-    guard = None
-    if workdir is not None:
-        guard = _GUARDS.get(workdir) or WorkdirGuard(workdir)
-        _GUARDS[workdir] = guard
-        guard.refresh()
-        _guard_home()
-    prepared = time.perf_counter() - started
-    results = []
+        pre_hashes={}, pre_ids={}, pre_prints={}, random_state=random.getstate(),
+        state_names=None if state_names is None else frozenset(state_names),
+        hide=tuple(p for p in [connection_folder()] if p))
     cells = [[code] if isinstance(code, str) else list(code) for code in codes]
+    results = []
     set_dumpable(False)  # while candidates run, no process of this uid may read or write the kernel's memory
-    ready: _Started | None = None
+    # The first candidate is forked and set up while the kernel hashes the namespace; what it needs of the hashes
+    # (only after its cell) comes with its go.
+    ready = _try_start(shell, cells[0], plan) if cells else None
     try:
+        variables = user_variables(shell)
+        before = hash_before(variables, _CACHE.kept_hash, prints=delta == "pages")
+        plan.pre_hashes, plan.page_prints = before.hashes, before.prints
+        plan.pre_ids = {name: id(value) for name, value in variables.items()}
+        if delta == "identity":
+            plan.pre_prints = {name: value_fingerprint(value) for name, value in variables.items()}
+        plan.go = go_message(plan)
+        del variables, before
+        guard = None
+        if workdir is not None:
+            guard = _GUARDS.get(workdir) or WorkdirGuard(workdir)
+            _GUARDS[workdir] = guard
+            guard.refresh()
+            _guard_home()
+        prepared = time.perf_counter() - began
         for index, candidate in enumerate(cells):
-            started = ready or _start(shell, candidate, plan)
+            current = ready or _start(shell, candidate, plan)
             ready = None
             # The next candidate is forked, walled and set up while this one runs (the kernel's state is the same,
             # and it cannot run code of its own before this one is gone and the work folder restored). Where that
             # fork fails (this candidate may hold every process the uid may have), it is forked in its turn.
             more = index + 1 < len(cells)
-            result, ready = _finish(started, plan, index, then=(lambda: _try_start(shell, cells[index + 1], plan))
+            result, ready = _finish(current, plan, index, then=(lambda: _try_start(shell, cells[index + 1], plan))
                                     if more else None)
             if guard is not None:
                 result["workdir"] = guard.check_and_restore()
@@ -353,7 +360,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
         while _LATE_MONITORS:
             _reap_monitor(_LATE_MONITORS.pop(), None)
         set_dumpable(True)
-    return json.dumps({"state_hash_before": state_hash(pre_hashes), "prepare_s": prepared, "results": results},
+    return json.dumps({"state_hash_before": state_hash(plan.pre_hashes), "prepare_s": prepared, "results": results},
                       default=str)
 
 
