@@ -193,6 +193,34 @@ def test_a_thread_left_running_dies_with_the_branch(session):
     assert result.status == "ok" and result.outputs[0]["text"] == "started\n"
 
 
+_WRITERS = ("import os, threading\n"
+            "def write():\n"
+            "    while True:\n"
+            "        with open('input.csv', 'w') as f:\n"
+            "            f.write('overwritten')\n"
+            "for _ in range(3):\n"
+            "    threading.Thread(target=write, daemon=True).start()\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        write()\n"
+            "    os._exit(0)\n"
+            "print('writing')")
+
+
+def test_what_a_candidate_left_writing_cannot_reach_the_next_one(session):
+    # The kernel goes on as soon as a candidate that reported can do nothing more (every thread exiting, no
+    # process left in its pid namespace), not when its exit is over: threads and an escaped grandchild that keep
+    # writing the work folder are all stopped before it is restored and the next candidate starts.
+    reader = "print(open('input.csv').read(), end='')"
+    results = run_branches(session, [_WRITERS, reader, _WRITERS, reader], timeout_s=TIMEOUT_S,
+                           memory_bytes=BRANCH_MEMORY)
+    assert [r.outputs[0]["text"] for r in results] == ["writing\n", _INPUTS["input.csv"]] * 2
+    assert results[0].workdir_changes == {"modified": ["input.csv"]} and results[0].workdir_restored
+    time.sleep(0.2)
+    assert (session.workdir / "input.csv").read_text() == _INPUTS["input.csv"]
+
+
 def test_recursion_error_is_an_error(session):
     # A lower limit: IPython takes seconds to format a traceback of 3,000 frames (in a real cell too).
     result = _run_hostile(session, "import sys\nsys.setrecursionlimit(400)\ndef down(n):\n    return down(n + 1)\n"

@@ -276,7 +276,7 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
     go (`go_fd`; at its end instead it exits without running anything). Never returns."""
     result: dict[str, Any] = {"status": "error", "ename": "BranchAgentError", "evalue": "the child failed to start"}
     timed_out = [False]
-    exit_now, encode = os._exit, None
+    exit_now, encode, end, say = os._exit, None, end_descendants, os.write  # bound before the candidate runs
     try:
         os.setpgid(0, 0)  # its own process group, so the kernel can kill it with everything it forks
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -300,7 +300,6 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         if not _await_go(go_fd, plan):
             exit_now(0)  # cancelled: the kernel never let it go, and reads no report
-        os.close(go_fd)
         result = space["_run_cell"](shell, cells[0], plan, fd_out, timed_out)
         plan.guard.check()
         hashing = time.perf_counter()
@@ -322,7 +321,9 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
             except BaseException as error:  # noqa: BLE001 - an unencodable report is still a report
                 data = encode({"status": "error", "ename": "BranchAgentError", "outputs": [],
                                "evalue": f"the report could not be encoded: {type(error).__name__}"[:1000]})
+            end()  # so the kernel can go on as soon as it is killed (branching._ended)
             _write_report(channel, data.encode("utf-8", "replace"))
+            say(go_fd, b"R")  # reported
         finally:
             exit_now(0)
 

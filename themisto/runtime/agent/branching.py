@@ -15,6 +15,7 @@ import os
 import random
 import select
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ def _read_alarms(fd: int, alarms: bytearray) -> bool:
 
 
 _LATE_MONITORS: list[int] = []  # monitors whose candidate has reported; reaped at the end of the branch call
+_EARLY_END_S = 0.05  # how long a killed candidate may take to stop; past it the kernel waits for its exit
 
 
 def _reap_monitor(monitor: int, status: int | None) -> int:
@@ -90,9 +92,11 @@ def _reap_monitor(monitor: int, status: int | None) -> int:
 
 
 def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: dict[bytes, bytes],
-             alarms: bytearray) -> tuple[int | None, bool]:
+             alarms: bytearray, done: int, reported: Callable[[], bool]) -> tuple[int | None, bool, bool]:
     """Read the monitor's messages and the candidate's alarms until the candidate is done, its monitor is gone or
-    the deadline passes; the monitor's wait status (None while it runs) and whether the deadline passed."""
+    the deadline passes; the monitor's wait status (None while it runs), whether the deadline passed, and whether
+    the candidate was ended early: it said on `done` that it had reported, and `reported()` (which kills it) found
+    it could do nothing more."""
     buffer = bytearray()
     monitor_status: int | None = None
     timed_out = False
@@ -106,6 +110,7 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
         poller.register(alarm_r, select.POLLIN | select.POLLHUP)
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)
+        poller.register(done, select.POLLIN | select.POLLHUP)
         eof = False
         while b"D" not in messages:
             left = deadline - time.monotonic()
@@ -114,6 +119,15 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
                 break
             wait_ms = left * 1000 if pidfd is not None else min(left * 1000, 20)
             for fd, _ in poller.poll(max(1, int(wait_ms))):
+                if fd == done:
+                    try:
+                        said = os.read(done, 64)
+                    except OSError:
+                        said = b""
+                    if not said:
+                        poller.unregister(done)
+                    elif reported():
+                        return monitor_status, False, True
                 if fd == alarm_r and not _read_alarms(alarm_r, alarms):
                     poller.unregister(alarm_r)
                 if fd == rfd:
@@ -140,7 +154,35 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
     finally:
         if pidfd is not None:
             os.close(pidfd)
-    return monitor_status, timed_out
+    return monitor_status, timed_out, False
+
+
+_PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit and runs no more user code
+
+
+def _ended(pid: int, until: float) -> bool:
+    """Whether a killed candidate can do nothing more: every thread of it is exiting (a syscall one was in has
+    returned) and it has no child. It is the init of its pid namespace, where every other process descends from
+    it, so none is left there. Polled until `until`."""
+    while True:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+            quiet = True
+            for task in tasks:
+                with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+                    flags = int(f.read().rsplit(b")", 1)[1].split()[6])
+                with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                    children = f.read().split()
+                quiet = quiet and bool(flags & _PF_EXITING) and not children
+        except FileNotFoundError:
+            return True  # reaped already
+        except (OSError, ValueError, IndexError):
+            quiet = False  # a task that went away between the reads: look again
+        if quiet:
+            return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.0002)
 
 
 @dataclass
@@ -162,7 +204,8 @@ def _start(shell: Any, cells: list[str], plan: BranchPlan) -> _Started:
     that kills its monitor still reports, and is still seen."""
     rfd, wfd = os.pipe()
     alarm_r, alarm_w = os.pipe()
-    go_r, go_w = os.pipe()
+    # Both ways: the kernel's go (with the hashes), then the candidate's word that its report is written.
+    go_w, go_r = (end.detach() for end in socket.socketpair())
     channel = mmap.mmap(-1, 4 * plan.output_bytes + REPORT_BYTES)  # shared, anonymous: pages cost once written
     gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
     try:
@@ -209,30 +252,36 @@ def _finish(started: _Started, plan: BranchPlan, index: int,
             view = view[os.write(started.go, view):]
     except OSError:
         pass  # the candidate is gone already: its monitor says how
-    os.close(started.go)
     following = then() if then is not None else None
     messages: dict[bytes, bytes] = {}
     alarms = bytearray()
     monitor_status: int | None = None
-    timed_out = False
+    timed_out = early = False
+
+    def reported() -> bool:
+        # Its report is complete and it ran behind its walls: kill it, and go on once it can do nothing more,
+        # without waiting for its exit to unmap its copy of the kernel (the monitor reaps it).
+        if b"P" not in messages or messages.get(b"W") != b"" or int.from_bytes(channel[:8], "big") <= 0:
+            return False
+        _kill(int(messages[b"P"]))
+        return _ended(int(messages[b"P"]), time.monotonic() + _EARLY_END_S)
+
     try:
-        monitor_status, timed_out = _collect(rfd, alarm_r, monitor, deadline, messages, alarms)
+        monitor_status, timed_out, early = _collect(rfd, alarm_r, monitor, deadline, messages, alarms, started.go,
+                                                    reported)
     except BaseException:
         if following is not None:
             _cancel(following)
         raise
     finally:
+        os.close(started.go)
         child = int(messages[b"P"]) if b"P" in messages else None
         if child is not None and (timed_out or b"D" not in messages or monitor_status is not None):
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(child, signal.SIGKILL)
-                except OSError:
-                    pass
-        if (monitor_status is None and not timed_out and b"D" in messages and messages.get(b"W") == b""
-                and int.from_bytes(channel[:8], "big") > 0):
-            # The candidate reported and is gone, and with it its whole pid namespace: the monitor has nothing
-            # left to do that matters, and its exit (unmapping a copy of the kernel) need not be waited for here.
+            _kill(child)
+        if (monitor_status is None and not timed_out and (early or b"D" in messages)
+                and messages.get(b"W") == b"" and int.from_bytes(channel[:8], "big") > 0):
+            # The candidate reported and is gone (or can do nothing more), and with it its whole pid namespace: the
+            # monitor has nothing left to do that matters, and its exit need not be waited for here.
             _LATE_MONITORS.append(monitor)
         else:
             monitor_status = _reap_monitor(monitor, monitor_status)
@@ -246,6 +295,15 @@ def _finish(started: _Started, plan: BranchPlan, index: int,
     result = _decode_report(channel[8:8 + length]) if 0 < length <= len(channel) - 8 else None
     channel.close()
     return _result(result, plan, index, elapsed, timed_out, monitor_status, messages, alarms), following
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a candidate and its process group (its walls' pid namespace goes with it)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _try_start(shell: Any, cells: list[str], plan: BranchPlan) -> _Started | None:
