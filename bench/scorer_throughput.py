@@ -5,8 +5,8 @@ Runs the reference cell and the previous cell as the predictions of each next_ce
 of them), once per delta mode and round, alternating which mode goes first; the trajectories run `--workers` at a
 time (default: one per core). It needs the same opt-in as any execution: HF_ALLOW_CODE_EVAL=1. Prints a table and
 one JSON line; never asserts on time. Every branch also runs --continuation-cells logged cells (default 3) for
-continuation_match; `--continuation-cells 0` shows what they cost (the records keep only the candidate's own run
-time, so the continuation cells' time counts as overhead: the branch machinery alone is measured with 0).
+continuation_match; their own run time counts as the cells' own (the records keep it), the rest of what they cost
+as overhead; `--continuation-cells 0` leaves them out.
 
     HF_ALLOW_CODE_EVAL=1 python bench/scorer_throughput.py [--release DIR] [--limit N] [--rounds R] [--workers W]
 """
@@ -44,7 +44,10 @@ def figures(result, total_s: float) -> dict:
     executed = [e for e in result.examples if e.branch_wall_s is not None]
     overheads, own_all, candidates, wall = [], [], 0, 0.0
     for example in executed:
-        own = [r.duration_s or 0.0 for r in by_id[example.id]] + list(example.reference_durations_s)
+        # The cells' own run time: the candidate's and, after it, its continuation cells'.
+        after = example.reference_continuation_s or [0.0] * len(example.reference_durations_s)
+        own = ([(r.duration_s or 0.0) + (r.continuation_s or 0.0) for r in by_id[example.id]]
+               + [d + c for d, c in zip(example.reference_durations_s, after)])
         overheads.append(1000 * (example.branch_wall_s - sum(own)) / len(own))
         own_all += own
         candidates += len(by_id[example.id])

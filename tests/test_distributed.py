@@ -179,7 +179,8 @@ def test_vllm_engines_on_ray_match_one_engine(ray_build, tiny_model_dir, tmp_pat
         (r["id"], r["context"], r["prediction"]) for r in one]
 
 
-_TIMINGS = ("duration_s", "branch_wall_s", "reference_durations_s")
+_TIMINGS = ("duration_s", "continuation_s", "branch_wall_s", "reference_durations_s",
+            "reference_continuation_s")
 
 
 def _without_timings(results: dict) -> dict:

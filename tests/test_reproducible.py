@@ -23,7 +23,8 @@ SAMPLE_LOG = REPO / "data" / "sample" / "2851258b-9d31-4a50-b2ec-a96ac55e075c.lo
 SAMPLE_LINES = 40
 ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]{4,}\b")
 # Timing and memory differ between any two runs; everything else in a record must not.
-TIMING = {"duration_s", "branch_wall_s", "reference_durations_s", "replay_s", "execution_time", "memory_bytes"}
+TIMING = {"duration_s", "continuation_s", "branch_wall_s", "reference_durations_s", "reference_continuation_s",
+          "replay_s", "execution_time", "memory_bytes"}
 
 
 def _cli(args: list[str], seed: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:

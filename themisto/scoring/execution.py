@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 from themisto.scoring.continuation import (continuation_rows, judge_continuation, own_alarms,
                                            reference_continuation_problem, state_names)
 from themisto.scoring.gate import ExecutionPermit
-from themisto.scoring.judging import clip, finish_example, judge, reference_problem, refuse
+from themisto.scoring.judging import clip, continuation_time, finish_example, judge, reference_problem, refuse
 from themisto.scoring.records import (
     EXAMPLE_STATUSES,
     REFERENCE_RUNS,
@@ -138,6 +138,7 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Exampl
         summary = example_records[example.id]
         summary.reference_status, summary.branch_wall_s = first.status, round(wall, 6)
         summary.reference_durations_s = [round(float(r.duration_s), 6) for r in results[:REFERENCE_RUNS]]
+        summary.reference_continuation_s = [continuation_time(r) for r in results[:REFERENCE_RUNS]]
         if unjudged is not None:
             summary.continuation_cells, summary.continuation_problem = len(after), unjudged
         if problem is not None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from themisto.scoring.records import REASON_CHARS, ExampleRecord, PredictionRecord, ScoreSettings, pass_at_k
 from themisto.scoring.text_scores import clip as clip_text
@@ -92,6 +92,7 @@ def judge(record: PredictionRecord, reference, candidate, settings: ScoreSetting
 
     record.outcome = candidate.status
     record.duration_s = round(float(candidate.duration_s), 6)
+    record.continuation_s = continuation_time(candidate)
     record.suspicious = list(getattr(candidate, "suspicious", None) or [])
     if candidate.status in ("timeout", "kernel_died"):
         record.exec_ok = record.output_match = record.state_match = record.functional_match = False
@@ -133,3 +134,8 @@ def finish_example(example: ExampleRecord, records: list[PredictionRecord], sett
     example.correct = sum(1 for r in records if r.functional_match)
     example.pass_at_k = {f"pass@{k}": pass_at_k(len(records), example.correct, k)
                          for k in settings.k if k <= len(records)}
+
+
+def continuation_time(result: Any) -> float:
+    """The own run time of the continuation cells a branch ran after its candidate (0 when none)."""
+    return round(sum(float(cell.get("duration_s") or 0.0) for cell in result.continuation), 6)

@@ -102,6 +102,7 @@ class PredictionRecord:
     functional_match: bool | None = None
     continuation_match: bool | None = None  # judged by the next logged cells (themisto.scoring.continuation)
     duration_s: float | None = None  # the prediction's own run time in its branch
+    continuation_s: float | None = None  # the continuation cells' own run time after it, in its branch
     # What the prediction touched in the scorer's machinery (gc walks, ctypes, /proc, signals, patched modules, a
     # malformed report), as its branch saw it; empty when nothing. A leaderboard audits these predictions.
     suspicious: list[str] = field(default_factory=list)
@@ -128,6 +129,7 @@ class ExampleRecord:
     state_differences: list[str] = field(default_factory=list)  # variables whose rebuilt hash differs (first 20)
     branch_wall_s: float | None = None  # wall time of the step's branch call (references + predictions)
     reference_durations_s: list[float] = field(default_factory=list)  # the reference's own time in each run
+    reference_continuation_s: list[float] = field(default_factory=list)  # its continuation cells' own time, each run
     continuation_cells: int | None = None  # logged cells run after each prediction (fewer than k near a restart)
     continuation_problem: str = ""  # why continuation_match is undefined for this example ("" when defined)
 

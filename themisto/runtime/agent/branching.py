@@ -167,22 +167,29 @@ def _ended(pid: int, until: float) -> bool:
     while True:
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
-            quiet = True
-            for task in tasks:
-                with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
-                    flags = int(f.read().rsplit(b")", 1)[1].split()[6])
-                with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
-                    children = f.read().split()
-                quiet = quiet and bool(flags & _PF_EXITING) and not children
         except FileNotFoundError:
             return True  # reaped already
-        except (OSError, ValueError, IndexError):
-            quiet = False  # a task that went away between the reads: look again
-        if quiet:
+        except OSError:
+            return False
+        if all(map(_task_ended, [f"/proc/{pid}/task/{task}" for task in tasks])):
             return True
         if time.monotonic() >= until:
             return False
         time.sleep(0.0002)
+
+
+def _task_ended(folder: str) -> bool:
+    """Whether a task is exiting with no child, or gone."""
+    try:
+        with open(f"{folder}/stat", "rb") as f:
+            flags = int(f.read().rsplit(b")", 1)[1].split()[6])
+        with open(f"{folder}/children", "rb") as f:
+            children = f.read().split()
+    except FileNotFoundError:
+        return True  # it has exited since the listing
+    except (OSError, ValueError, IndexError):
+        return False
+    return bool(flags & _PF_EXITING) and not children
 
 
 @dataclass
@@ -227,7 +234,7 @@ def _start(shell: Any, cells: list[str], plan: BranchPlan) -> _Started:
 
 
 def _cancel(started: _Started) -> None:
-    """End a candidate that was never let go: it reads the end of its go pipe and exits; its monitor is killed."""
+    """End a candidate that was never let go: it reads the end of its go socket and exits; its monitor is killed."""
     os.close(started.go)
     try:
         os.kill(started.monitor, signal.SIGKILL)
