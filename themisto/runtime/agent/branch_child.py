@@ -20,7 +20,7 @@ from typing import Any
 
 from themisto.runtime.agent.namespace import (_MONITOR_REAP_S, _MSG_HEADER,
                                               _PR_SET_CHILD_SUBREAPER, _REHASH_BYTES, user_variables)
-from themisto.runtime.agent.hashing import content_hash, state_hash
+from themisto.runtime.agent.hashing import content_hash, memo_pass, state_hash
 from themisto.runtime.agent.snapshots import _CACHE
 from themisto.runtime.agent.integrity import (CONTINUATION_PREFIX, Guard, close_inherited, json_encoder, seal,
                                               sealed_method)
@@ -242,8 +242,12 @@ def _run_continuation(shell: Any, cells: list[str], plan: BranchPlan, fd_out: di
         if report["status"] == "timeout":
             break  # the state is cut mid-cell: the cells after it would only measure the cut
     names = plan.state_names
-    state = {name: _CACHE.kept_hash(value) or content_hash(value) for name, value in user_variables(shell).items()
-             if names is None or name in names}
+    memo_pass(True)  # a frame held under two names, or in a dict too, is hashed once
+    try:
+        state = {name: _CACHE.kept_hash(value) or content_hash(value)
+                 for name, value in user_variables(shell).items() if names is None or name in names}
+    finally:
+        memo_pass(False)
     return reports, state
 
 
@@ -271,9 +275,10 @@ def _write_report(channel: mmap.mmap, data: bytes) -> None:
 def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channel: mmap.mmap,
                           alarm_fd: int, go_fd: int) -> None:
     """The one place a candidate runs: in the grandchild, under its own memory cap and timer, followed by its
-    continuation cells (`cells[1:]`) when given. Its only descriptors: stdin, the output files, the alarm pipe; it
-    hashes and reports with code sealed before the candidate ran. It sets itself up, then waits for the kernel's
-    go (`go_fd`; at its end instead it exits without running anything). Never returns."""
+    continuation cells (`cells[1:]`) when given. Its only descriptors: stdin, the output files, the alarm pipe and
+    the go socket; it hashes and reports with code sealed before the candidate ran. It sets itself up, then waits
+    for the kernel's go on `go_fd` (at its end instead it exits without running anything), and says there when its
+    report is written. Never returns."""
     result: dict[str, Any] = {"status": "error", "ename": "BranchAgentError", "evalue": "the child failed to start"}
     timed_out = [False]
     exit_now, encode, end, say = os._exit, None, end_descendants, os.write  # bound before the candidate runs

@@ -139,8 +139,8 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
                         eof = True
                         poller.unregister(rfd)
             if monitor_status is None:
-                done, status = os.waitpid(monitor, os.WNOHANG)
-                if done:
+                exited, status = os.waitpid(monitor, os.WNOHANG)
+                if exited:
                     monitor_status = status
                     if pidfd is not None:
                         poller.unregister(pidfd)
