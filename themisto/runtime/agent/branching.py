@@ -81,6 +81,24 @@ _LATE_MONITORS: list[int] = []  # monitors whose candidate has reported; reaped 
 _EARLY_END_S = 0.05  # how long a killed candidate may take to stop; past it the kernel waits for its exit
 
 
+_REAPERS: list[threading.Thread] = []
+
+
+def _reap_later(monitors: list[int]) -> None:
+    """Reap monitors in a thread: each one waits for its candidate's exit to unmap its copy of the kernel, which
+    the kernel's answer need not wait for (their candidates reported and can do nothing more)."""
+    if monitors:
+        thread = threading.Thread(target=lambda: [_reap_monitor(monitor, None) for monitor in monitors],
+                                  name="themisto-reaper", daemon=True)
+        thread.start()
+        _REAPERS.append(thread)
+
+
+def _join_reapers() -> None:
+    while _REAPERS:
+        _REAPERS.pop().join()
+
+
 def _reap_monitor(monitor: int, status: int | None) -> int:
     """The monitor's wait status, after a bounded wait and then SIGKILL."""
     if status is None:
@@ -379,6 +397,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
         raise ValueError(f"delta must be 'pages', 'hash' or 'identity', not {delta!r}")
     shell = _shell(shell)
     began = time.perf_counter()
+    _join_reapers()  # the last call's monitors are gone long since
     plan = BranchPlan(
         timeout_s=float(timeout_s), memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), delta=delta,
         pre_hashes={}, pre_ids={}, pre_prints={}, random_state=random.getstate(),
@@ -422,8 +441,8 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
     finally:
         if ready is not None:
             _cancel(ready)
-        while _LATE_MONITORS:
-            _reap_monitor(_LATE_MONITORS.pop(), None)
+        _reap_later(_LATE_MONITORS[:])
+        _LATE_MONITORS.clear()
         set_dumpable(True)
     return json.dumps({"state_hash_before": state_hash(plan.pre_hashes), "prepare_s": prepared, "results": results},
                       default=str)
@@ -467,6 +486,6 @@ def set_data_limit(extra_bytes: int | None) -> str:
 def process_count() -> str:
     """JSON count of the processes visible in this kernel's /proc (its pid namespace under bubblewrap) and of
     this process's threads: what a branch must leave as it found them."""
-
+    _join_reapers()  # the monitors of the last branch call are part of what it left
     return json.dumps({"processes": sum(1 for entry in os.listdir("/proc") if entry.isdigit()),
                        "threads": threading.active_count()})
