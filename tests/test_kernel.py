@@ -112,6 +112,9 @@ def test_limits_hold_inside_the_kernel():
 def test_the_kernels_heap_asks_for_huge_pages(session):
     # A branch forks the kernel; glibc's tunable makes its heap 2 MiB pages, so a fork copies far fewer page-table
     # entries (bench/branch_vs_replay.py). Seen as the `hg` flag (MADV_HUGEPAGE) on a large allocation's mapping.
+    libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    if not libc.startswith("glibc ") or tuple(map(int, libc.split()[1].split(".")[:2])) < (2, 35):
+        pytest.skip(f"{libc or 'this C library'} has no glibc.malloc.hugetlb tunable (glibc 2.35 added it)")
     code = ("import ctypes\nblock = bytearray(16 * 2**20)\n"
             "address = ctypes.addressof((ctypes.c_char * len(block)).from_buffer(block))\nflags = None\n"
             "for line in open('/proc/self/smaps'):\n"
