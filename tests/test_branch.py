@@ -115,16 +115,16 @@ def test_identity_delta_trusts_large_unchanged_objects_and_sees_structure(sessio
 def test_a_next_candidate_that_could_not_be_forked_early_runs_in_its_turn(session):
     # The next candidate is forked while the one before runs; when that fork fails (every process the uid may have
     # is taken), it is forked again in its turn. Made to fail here, in the kernel, for every second early fork.
-    patch = ("import themisto.runtime.agent.branching as _b\n_b._real_start, _b._calls = _b._start, [0]\n"
+    patch = ("import themisto.runtime.agent.candidate as _b\n_b._real_start, _b._calls = _b.start, [0]\n"
              "def _failing(*args):\n    _b._calls[0] += 1\n    if _b._calls[0] % 2 == 0:\n"
              "        raise BlockingIOError(11, 'Resource temporarily unavailable')\n    return _b._real_start(*args)\n"
-             "_b._start = _failing")
+             "_b.start = _failing")
     assert session.execute_silent(patch)["status"] == "ok"
     try:
         results = run_branches(session, ["print(1)", "print(2)", "print(3)", "print(4)"], timeout_s=10)
         calls = session.execute_silent("", user_expressions={"n": "_b._calls[0]"})["user_expressions"]["n"]
     finally:
-        session.execute_silent("_b._start = _b._real_start")
+        session.execute_silent("_b.start = _b._real_start")
     assert [r.outputs[0]["text"] for r in results] == ["1\n", "2\n", "3\n", "4\n"]
     assert calls["data"]["text/plain"] == "7"  # 1 + 3 early forks that failed + the 3 made again in their turn
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import marshal
 import mmap
 import os
 import random
@@ -25,6 +24,7 @@ from themisto.runtime.agent.snapshots import _CACHE
 from themisto.runtime.agent.integrity import (CONTINUATION_PREFIX, Guard, close_inherited, json_encoder, seal,
                                               sealed_method)
 from themisto.runtime.agent.delta import Before, hash_after, namespace_delta
+from themisto.runtime.agent.handoff import await_go
 from themisto.runtime.agent.walls import end_descendants, enter, seal_candidate
 from themisto.runtime.agent.capture import _BranchTimeout, _Recorder, _install_capture, _read_fd_output
 
@@ -64,44 +64,7 @@ class BranchPlan:
     # delta="pages": the fingerprints and buffer spans of large frames and arrays (themisto.runtime.agent.delta)
     page_prints: dict[str, tuple] = field(default_factory=dict)
     hide: tuple[str, ...] = ()  # folders the candidate must not see (the kernel's connection folder and sockets)
-    go: bytes = b""  # what the kernel writes to let a candidate go: the hashes above (go_message)
-
-
-def go_message(plan: BranchPlan) -> bytes:
-    """The go a candidate waits for, with what it needs of the kernel's hashes: a candidate forked while the kernel
-    was still hashing has none of them in its copy of the plan. Values marshal cannot carry are dropped from the
-    identity fingerprints (those names are then rehashed)."""
-    prints = {name: found if _marshals(found) else None for name, found in plan.pre_prints.items()}
-    payload = marshal.dumps((plan.pre_hashes, plan.page_prints, plan.pre_ids, prints))
-    return b"g" + len(payload).to_bytes(8, "big") + payload
-
-
-def _marshals(value: Any) -> bool:
-    try:
-        marshal.dumps(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _read_exactly(fd: int, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = os.read(fd, count - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def _await_go(fd: int, plan: BranchPlan) -> bool:
-    """Block until the kernel lets this candidate go (True, the plan's hashes filled in) or cancels it (False)."""
-    head = _read_exactly(fd, 9)
-    if len(head) != 9 or head[:1] != b"g":
-        return False
-    payload = _read_exactly(fd, int.from_bytes(head[1:], "big"))
-    plan.pre_hashes, plan.page_prints, plan.pre_ids, plan.pre_prints = marshal.loads(payload)
-    return True
+    go: bytes = b""  # what the kernel writes to let a candidate go: the hashes above (handoff.go_message)
 
 
 def value_fingerprint(value: Any) -> Any:
@@ -303,7 +266,7 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
 
         limit, _ = data_limit(plan.memory_bytes)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-        if not _await_go(go_fd, plan):
+        if not await_go(go_fd, plan):
             exit_now(0)  # cancelled: the kernel never let it go, and reads no report
         result = space["_run_cell"](shell, cells[0], plan, fd_out, timed_out)
         plan.guard.check()

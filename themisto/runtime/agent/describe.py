@@ -12,7 +12,8 @@ import types
 from typing import Any
 
 from themisto.runtime.agent.namespace import _EXACT_DEEP_ROWS, _FLAT_SIZE_MAX, _SIZE_NODES, _qualname, _safe_repr
-from themisto.runtime.agent.hashing import _pickle_leaves, content_hash
+from themisto.runtime.agent.hashing import content_hash
+from themisto.runtime.agent.leaves import _pickle_leaves
 
 
 # ----- sizes, reprs, shapes -------------------------------------------------------------------------------------

@@ -5,19 +5,14 @@ Runs inside the kernel: standard library only.
 
 from __future__ import annotations
 
-import array
-import datetime
 import hashlib
-import io
-import itertools
-import operator
-import pickle
 import re
 import struct
 import sys
 import types
 from typing import Any
 
+from themisto.runtime.agent.leaves import _fast_pickle, _hash_timestamps, _holds_set_or_object, _pickle_leaves
 from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, _CANON_NODES, _qualname, _safe_repr
 
 
@@ -82,98 +77,6 @@ def _canonical(h: Any, value: Any, budget: list[int], path: set[int]) -> None:
 
 _CANONICAL_TYPES = frozenset({type(None), type(Ellipsis), bool, int, float, complex, str, bytes, bytearray, list, tuple,
                               dict, set, frozenset, range})
-_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
-# Leaves whose memo-free pickle is canonical (equal content, equal bytes) and the same in every kernel of one stack.
-_BUILTIN_LEAVES = frozenset({type(None), bool, int, float, complex, str, bytes, datetime.date, datetime.datetime,
-                             datetime.time, datetime.timedelta})
-# Lists of this many Timestamps or more are hashed as one int64 vector (pickling each one costs ~2 µs).
-_TIMESTAMP_VECTOR = 64
-
-
-def _pickle_leaves() -> frozenset:
-    """_BUILTIN_LEAVES plus pandas' Timestamp and Timedelta once pandas is loaded (it is never imported for this)."""
-    pd = sys.modules.get("pandas")
-    timestamp, timedelta = getattr(pd, "Timestamp", None), getattr(pd, "Timedelta", None)
-    if timestamp is None or timedelta is None:
-        return _BUILTIN_LEAVES
-    key = (timestamp, timedelta)
-    found = _LEAVES_MEMO.get(key)
-    if found is None:
-        found = _LEAVES_MEMO[key] = _BUILTIN_LEAVES | {timestamp, timedelta}
-    return found
-
-
-_LEAVES_MEMO: dict[tuple, frozenset] = {}
-_TZ_ATTRIBUTE = operator.attrgetter("tzinfo")
-
-
-def _member_groups(value: Any) -> tuple:
-    return (value.keys(), value.values()) if type(value) is dict else (value,)
-
-
-def _holds_set_or_object(value: Any) -> bool:
-    """True when a builtin structure holds a set or an object whose pickle is not known to be canonical.
-
-    Visits the structure a level at a time: the members of all of a level's containers are gathered and their types
-    checked at C speed (a column of short lists has as many containers as rows)."""
-    leaves = _pickle_leaves()
-    allowed = leaves | _CONTAINERS
-    if type(value) in (set, frozenset):
-        return True
-    if type(value) not in _CONTAINERS:
-        return False
-    level, seen = [value], {id(value)}
-    while level:
-        dicts = [item for item in level if type(item) is dict]
-        members = list(itertools.chain.from_iterable(level if not dicts else
-                                                     [item for item in level if type(item) is not dict]))
-        if dicts:
-            members += itertools.chain.from_iterable(dicts)
-            members += itertools.chain.from_iterable(map(dict.values, dicts))
-        kinds = set(map(type, members))
-        if not kinds <= allowed or set in kinds or frozenset in kinds:
-            return True
-        if not kinds & _CONTAINERS:
-            return False
-        found = list(itertools.compress(members, map(_CONTAINERS.__contains__, map(type, members))))
-        fresh = dict(zip(map(id, found), found))
-        for known in seen.intersection(fresh):  # shared or cyclic: one visit is enough
-            del fresh[known]
-        seen.update(fresh)
-        level = list(fresh.values())
-    return False
-
-
-def _hash_timestamps(h: Any, value: Any, kinds: set) -> bool:
-    """Hash a list or tuple of leaves holding many naive Timestamps without pickling each (~2 µs apiece): which
-    items are Timestamps, their units and nanoseconds as vectors, and the memo-free pickle of the other items.
-    False where it does not apply (few Timestamps, a timezone, other members, an older pandas)."""
-    pd = sys.modules.get("pandas")
-    timestamp = getattr(pd, "Timestamp", None)
-    if len(value) < _TIMESTAMP_VECTOR or timestamp not in kinds or not kinds <= _pickle_leaves():
-        return False
-    flags = bytes(map(operator.is_, map(type, value), itertools.repeat(timestamp)))
-    stamps = list(itertools.compress(value, flags)) if len(kinds) > 1 else value
-    if len(stamps) < _TIMESTAMP_VECTOR:
-        return False
-    try:
-        if set(map(_TZ_ATTRIBUTE, stamps)) != {None}:
-            return False
-        units = list(map(operator.attrgetter("unit"), stamps))
-        nanoseconds = array.array("q", map(operator.attrgetter("value"), stamps))
-    except (AttributeError, OverflowError):  # no `unit` before pandas 2; a date past int64 nanoseconds
-        return False
-    if sys.byteorder != "little":
-        nanoseconds.byteswap()
-    others = list(itertools.compress(value, map(operator.not_, flags))) if len(kinds) > 1 else []
-    h.update(b"@ts%s%d[" % (type(value).__name__[:2].encode(), len(value)))
-    h.update(flags)  # an item is a Timestamp (1) or not (0): this fixes how the parts below interleave
-    h.update(_fast_pickle(units))
-    h.update(nanoseconds.tobytes())
-    h.update(_fast_pickle(others))
-    return True
-
-
 def _hash_builtin(h: Any, value: Any, kinds: set | None = None) -> None:
     """Without sets or unknown objects inside, the memo-free pickle of a builtin structure is canonical (and C-fast);
     otherwise the type-tagged encoder sorts set members, falling back to the pickle past its budget. `kinds`: the
@@ -196,15 +99,6 @@ def _hash_builtin(h: Any, value: Any, kinds: set | None = None) -> None:
         except _NotCanonical:
             pass
     h.update(b"p" + _fast_pickle(value))
-
-
-def _fast_pickle(value: Any) -> bytes:
-    """Pickle without the memo, so equal content gives equal bytes whatever the objects' identities."""
-    buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, protocol=4)
-    pickler.fast = True  # deprecated but exactly what is wanted: no memo, no identity in the bytes
-    pickler.dump(value)
-    return buffer.getvalue()
 
 
 def _code_digest(h: Any, code: types.CodeType) -> None:

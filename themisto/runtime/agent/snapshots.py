@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from themisto.runtime.agent.namespace import UNHASHABLE, _qualname, _shell, user_variables
-from themisto.runtime.agent.hashing import _FRAME_TYPES, _TZ_ATTRIBUTE, _content_hash, _pickle_leaves, state_hash
+from themisto.runtime.agent.hashing import _FRAME_TYPES, _content_hash, state_hash
+from themisto.runtime.agent.leaves import _TZ_ATTRIBUTE, _pickle_leaves
 from themisto.runtime.agent.describe import _describe, memory_usage
 
 
