@@ -63,12 +63,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
             plan.pre_prints = {name: value_fingerprint(value) for name, value in variables.items()}
         plan.go = go_message(plan)
         del variables, before
-        guard = None
-        if workdir is not None:
-            guard = _GUARDS.get(workdir) or WorkdirGuard(workdir)
-            _GUARDS[workdir] = guard
-            guard.refresh()
-            _guard_home()
+        guard = None if workdir is None else _workdir_guard(workdir)
         prepared = time.perf_counter() - began
         for index, cells in enumerate(candidates):
             current = ready or candidate.start(shell, cells, plan)
@@ -91,6 +86,15 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
         set_dumpable(True)
     return json.dumps({"state_hash_before": state_hash(plan.pre_hashes), "prepare_s": prepared, "results": results},
                       default=str)
+
+
+def _workdir_guard(workdir: str) -> WorkdirGuard:
+    """The guard of the work folder (and of the kernel's home), its files as they are now kept."""
+    guard = _GUARDS.get(workdir) or WorkdirGuard(workdir)
+    _GUARDS[workdir] = guard
+    guard.refresh()
+    _guard_home()
+    return guard
 
 
 def _restore_home(changes: dict) -> None:

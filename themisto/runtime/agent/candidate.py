@@ -129,15 +129,8 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
                 break
             wait_ms = left * 1000 if pidfd is not None else min(left * 1000, 20)
             for fd, _ in poller.poll(max(1, int(wait_ms))):
-                if fd == done:
-                    try:
-                        said = os.read(done, 64)
-                    except OSError:
-                        said = b""
-                    if not said:
-                        poller.unregister(done)
-                    elif reported():
-                        return monitor_status, False, True
+                if fd == done and _heard(done, poller) and reported():
+                    return monitor_status, False, True
                 if fd == alarm_r and not _read_alarms(alarm_r, alarms):
                     poller.unregister(alarm_r)
                 if fd == rfd:
@@ -165,6 +158,17 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
         if pidfd is not None:
             os.close(pidfd)
     return monitor_status, timed_out, False
+
+
+def _heard(done: int, poller: Any) -> bool:
+    """Whether the candidate said something on its go socket (it reported); at its end, stop listening."""
+    try:
+        said = os.read(done, 64)
+    except OSError:
+        said = b""
+    if not said:
+        poller.unregister(done)
+    return bool(said)
 
 
 _PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit and runs no more user code
