@@ -1,6 +1,7 @@
 """The scorer on a tiny release built here from a short trajectory replayed in a real kernel: text scores, execution
 in the exact pre-cell state, nondeterminism, errors, hostile predictions, bad input and resume."""
 
+import dataclasses
 import itertools
 import math
 
@@ -317,6 +318,38 @@ def test_hostile_predictions_cost_one_outcome_each(executed):
     assert result.scores["outcomes"]["timeout"] == 1
     example = _example(result, _id(6))
     assert example.correct == 2 and example.pass_at_k["pass@1"] == pytest.approx(2 / 8)
+
+
+_TIMINGS = {"duration_s", "continuation_s", "branch_wall_s", "reference_durations_s", "reference_continuation_s",
+            "replay_s"}
+
+
+def _without_timings(items) -> list[dict]:
+    return [{k: v for k, v in dataclasses.asdict(item).items() if k not in _TIMINGS} for item in items]
+
+
+@pytest.mark.slow
+def test_the_page_check_and_the_full_rehash_score_alike(executed, release, workspace, monkeypatch):
+    # The same predictions (the references, the previous cells, the hostile ones) with every name rehashed in every
+    # branch: the same outcomes, reasons and state verdicts as with the page check.
+    result, _, predictions, references = executed
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    env_settings.cache_clear()
+    try:
+        hashed = sc.score(predictions, references, ids=ids, execute=True, release=release, workspace=workspace,
+                          settings=sc.ScoreSettings(k=(1, 2), timeout_s=3, memory_bytes=512 * 2**20,
+                                                    branch_delta="hash"))
+    finally:
+        env_settings.cache_clear()
+    # A clock-reading reference prints another time in each run: its reasons quote them (it is excluded anyway).
+    clock = {e.id for e in result.examples if e.status != "scored"}
+    paged, rehashed = _without_timings(result.predictions), _without_timings(hashed.predictions)
+    for record in (*paged, *rehashed):
+        if record["id"] in clock:
+            record.pop("reason")
+    assert rehashed == paged
+    assert _without_timings(hashed.examples) == _without_timings(result.examples)
+    assert any(p.state_match is False for p in result.predictions)  # state verdicts that could differ, do not
 
 
 @pytest.mark.slow
