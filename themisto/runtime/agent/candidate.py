@@ -261,7 +261,7 @@ def cancel(started: Started) -> None:
 
 
 def finish(started: Started, plan: BranchPlan, index: int,
-            then: Callable[[], Started | None] | None = None) -> tuple[dict, Started | None]:
+           then: Callable[[], Started | None] | None = None) -> tuple[dict, Started | None]:
     """Let the candidate go, then (`then()` first: the next candidate's fork overlaps this one's run) collect its
     alarms and report until its deadline, and kill and reap everything. Its result, and what `then` gave."""
     rfd, alarm_r, monitor, channel = started.rfd, started.alarm_r, started.monitor, started.channel
@@ -328,6 +328,7 @@ def _kill(pid: int) -> None:
 
 
 def try_start(shell: Any, cells: list[str], plan: BranchPlan) -> Started | None:
+    """`start`, or None where the fork fails (the candidate before may hold every process the uid may have)."""
     try:
         return start(shell, cells, plan)
     except OSError:
