@@ -19,7 +19,7 @@ from typing import Any
 
 from themisto.runtime.agent.namespace import (_MONITOR_REAP_S, _MSG_HEADER,
                                               _PR_SET_CHILD_SUBREAPER, _REHASH_BYTES, user_variables)
-from themisto.runtime.agent.hashing import content_hash, memo_pass, state_hash
+from themisto.runtime.agent.hashing import hash_each, state_hash
 from themisto.runtime.agent.snapshots import _CACHE
 from themisto.runtime.agent.integrity import (CONTINUATION_PREFIX, Guard, close_inherited, json_encoder, seal,
                                               sealed_method)
@@ -64,7 +64,6 @@ class BranchPlan:
     # delta="pages": the fingerprints and buffer spans of large frames and arrays (themisto.runtime.agent.delta)
     page_prints: dict[str, tuple] = field(default_factory=dict)
     hide: tuple[str, ...] = ()  # folders the candidate must not see (the kernel's connection folder and sockets)
-    go: bytes = b""  # what the kernel writes to let a candidate go: the hashes above (handoff.go_message)
 
 
 def value_fingerprint(value: Any) -> Any:
@@ -108,24 +107,15 @@ def _delta(shell: Any, plan: BranchPlan) -> dict:
                                 full=plan.delta == "hash", end=end_descendants)
         return {**namespace_delta(plan.pre_hashes, post), "state_hash_after": state_hash(post), "unverified": [],
                 "kept_by_pages": kept}
-    post: dict[str, str] = {}
-    unverified: list[str] = []
-    for name, value in user_variables(shell).items():
-        same_object = plan.pre_ids.get(name) == id(value)
-        if (plan.delta == "identity" and same_object and _cheap_size(value) > _REHASH_BYTES
-                and plan.pre_prints.get(name) is not None and value_fingerprint(value) == plan.pre_prints[name]):
-            post[name] = plan.pre_hashes[name]  # trusted: same object, same structure, too large to rehash
-            unverified.append(name)
-        else:
-            post[name] = _CACHE.kept_hash(value) or content_hash(value)
-    pre = plan.pre_hashes
-    return {
-        "added": {n: h for n, h in post.items() if n not in pre},
-        "changed": {n: h for n, h in post.items() if n in pre and pre[n] != h},
-        "deleted": {n: h for n, h in pre.items() if n not in post},
-        "state_hash_after": state_hash(post),
-        "unverified": sorted(unverified),
-    }
+    variables = user_variables(shell)
+    # Trusted, not rehashed: the same object, the same structure, and too large to rehash.
+    unverified = [name for name, value in variables.items()
+                  if plan.pre_ids.get(name) == id(value) and _cheap_size(value) > _REHASH_BYTES
+                  and plan.pre_prints.get(name) is not None and value_fingerprint(value) == plan.pre_prints[name]]
+    post = hash_each(variables, lambda name, value: plan.pre_hashes[name] if name in unverified
+                     else _CACHE.kept_hash(value))
+    return {**namespace_delta(plan.pre_hashes, post), "state_hash_after": state_hash(post),
+            "unverified": sorted(unverified)}
 
 
 def _send(fd: int, kind: bytes, payload: bytes) -> None:
@@ -205,13 +195,8 @@ def _run_continuation(shell: Any, cells: list[str], plan: BranchPlan, fd_out: di
         if report["status"] == "timeout":
             break  # the state is cut mid-cell: the cells after it would only measure the cut
     names = plan.state_names
-    memo_pass(True)  # a frame held under two names, or in a dict too, is hashed once
-    try:
-        state = {name: _CACHE.kept_hash(value) or content_hash(value)
-                 for name, value in user_variables(shell).items() if names is None or name in names}
-    finally:
-        memo_pass(False)
-    return reports, state
+    state = {name: value for name, value in user_variables(shell).items() if names is None or name in names}
+    return reports, hash_each(state, lambda name, value: _CACHE.kept_hash(value))
 
 
 # The report channel: an anonymous shared mapping the monitor makes before forking the candidate (no descriptor,

@@ -61,7 +61,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
         plan.pre_ids = {name: id(value) for name, value in variables.items()}
         if delta == "identity":
             plan.pre_prints = {name: value_fingerprint(value) for name, value in variables.items()}
-        plan.go = go_message(plan)
+        go = go_message(plan)
         del variables, before
         guard = None if workdir is None else _workdir_guard(workdir)
         prepared = time.perf_counter() - began
@@ -72,7 +72,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
             # and it cannot run code of its own before this one is gone and the work folder restored). Where that
             # fork fails (this candidate may hold every process the uid may have), it is forked in its turn.
             following = candidates[index + 1] if index + 1 < len(candidates) else None
-            result, ready = candidate.finish(current, plan, index, then=None if following is None else
+            result, ready = candidate.finish(current, go, plan, index, then=None if following is None else
                                              (lambda: candidate.try_start(shell, following, plan)))
             if guard is not None:
                 result["workdir"] = guard.check_and_restore()
@@ -81,8 +81,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
     finally:
         if ready is not None:
             candidate.cancel(ready)
-        candidate.reap_later(candidate.LATE_MONITORS[:])
-        candidate.LATE_MONITORS.clear()
+        candidate.reap_later()
         set_dumpable(True)
     return json.dumps({"state_hash_before": state_hash(plan.pre_hashes), "prepare_s": prepared, "results": results},
                       default=str)

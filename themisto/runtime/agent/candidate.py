@@ -69,16 +69,18 @@ def _read_alarms(fd: int, alarms: bytearray) -> bool:
     return bool(chunk)
 
 
-LATE_MONITORS: list[int] = []  # monitors whose candidate has reported; reaped at the end of the branch call
+_LATE_MONITORS: list[int] = []  # monitors whose candidate has reported; reaped after the branch call
 _EARLY_END_S = 0.05  # how long a killed candidate may take to stop; past it the kernel waits for its exit
 
 
 _REAPERS: list[threading.Thread] = []
 
 
-def reap_later(monitors: list[int]) -> None:
-    """Reap monitors in a thread: each one waits for its candidate's exit to unmap its copy of the kernel, which
-    the kernel's answer need not wait for (their candidates reported and can do nothing more)."""
+def reap_later() -> None:
+    """Reap the late monitors in a thread: each one waits for its candidate's exit to unmap its copy of the kernel,
+    which the kernel's answer need not wait for (their candidates reported and can do nothing more)."""
+    monitors = _LATE_MONITORS[:]
+    _LATE_MONITORS.clear()
     if monitors:
         thread = threading.Thread(target=lambda: [_reap_monitor(monitor, None) for monitor in monitors],
                                   name="themisto-reaper", daemon=True)
@@ -226,25 +228,25 @@ def start(shell: Any, cells: list[str], plan: BranchPlan) -> Started:
     rfd, wfd = os.pipe()
     alarm_r, alarm_w = os.pipe()
     # Both ways: the kernel's go (with the hashes), then the candidate's word that its report is written.
-    go_w, go_r = (end.detach() for end in socket.socketpair())
+    go_ours, go_theirs = (end.detach() for end in socket.socketpair())
     channel = mmap.mmap(-1, 4 * plan.output_bytes + REPORT_BYTES)  # shared, anonymous: pages cost once written
     gc.freeze()  # the children's collector then never walks (and copies) the kernel's objects
     try:
         monitor = os.fork()
         if monitor == 0:
-            for fd in (rfd, alarm_r, go_w):
+            for fd in (rfd, alarm_r, go_ours):
                 os.close(fd)
-            run_monitor(shell, cells, plan, wfd, channel, alarm_w, go_r)
+            run_monitor(shell, cells, plan, wfd, channel, alarm_w, go_theirs)
     except BaseException:
-        for fd in (rfd, wfd, alarm_r, alarm_w, go_r, go_w):
+        for fd in (rfd, wfd, alarm_r, alarm_w, go_theirs, go_ours):
             os.close(fd)
         channel.close()
         raise
     finally:
         gc.unfreeze()
-    for fd in (wfd, alarm_w, go_r):
+    for fd in (wfd, alarm_w, go_theirs):
         os.close(fd)
-    return Started(cells, monitor, rfd, alarm_r, go_w, channel)
+    return Started(cells, monitor, rfd, alarm_r, go_ours, channel)
 
 
 def cancel(started: Started) -> None:
@@ -260,15 +262,16 @@ def cancel(started: Started) -> None:
     started.channel.close()
 
 
-def finish(started: Started, plan: BranchPlan, index: int,
+def finish(started: Started, go: bytes, plan: BranchPlan, index: int,
            then: Callable[[], Started | None] | None = None) -> tuple[dict, Started | None]:
-    """Let the candidate go, then (`then()` first: the next candidate's fork overlaps this one's run) collect its
-    alarms and report until its deadline, and kill and reap everything. Its result, and what `then` gave."""
+    """Let the candidate go (`go`: handoff.go_message), then (`then()` first: the next candidate's fork overlaps
+    this one's run) collect its alarms and report until its deadline, and kill and reap everything. Its result, and
+    what `then` gave."""
     rfd, alarm_r, monitor, channel = started.rfd, started.alarm_r, started.monitor, started.channel
     begun = time.monotonic()
     deadline = begun + plan.timeout_s * len(started.cells) + _GRACE_S
     try:
-        view = memoryview(plan.go)
+        view = memoryview(go)
         while view:
             view = view[os.write(started.go, view):]
     except OSError:
@@ -297,13 +300,13 @@ def finish(started: Started, plan: BranchPlan, index: int,
     finally:
         os.close(started.go)
         child = int(messages[b"P"]) if b"P" in messages else None
-        if child is not None and (timed_out or b"D" not in messages or monitor_status is not None):
+        if child is not None and not early and (timed_out or b"D" not in messages or monitor_status is not None):
             _kill(child)
         if (monitor_status is None and not timed_out and (early or b"D" in messages)
                 and messages.get(b"W") == b"" and int.from_bytes(channel[:8], "big") > 0):
             # The candidate reported and is gone (or can do nothing more), and with it its whole pid namespace: the
             # monitor has nothing left to do that matters, and its exit need not be waited for here.
-            LATE_MONITORS.append(monitor)
+            _LATE_MONITORS.append(monitor)
         else:
             monitor_status = _reap_monitor(monitor, monitor_status)
         os.set_blocking(alarm_r, False)

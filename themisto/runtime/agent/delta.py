@@ -16,8 +16,7 @@ import mmap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from themisto.runtime.agent.hashing import (_FRAME_TYPES, _content_hash, _raw_bytes, content_hash, memo_keep,
-                                            memo_pass)
+from themisto.runtime.agent.hashing import _FRAME_TYPES, _content_hash, _raw_bytes, hash_each
 from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE
 from themisto.runtime.agent.pages import usable as pages_usable
 from themisto.runtime.agent.pages import written
@@ -133,20 +132,18 @@ def hash_before(variables: Mapping[str, Any], kept_hash: Callable[[Any], str | N
     """Hash every variable (through the snapshot cache where identity proves a value unchanged); with `prints`, also
     take the fingerprints the page check needs."""
     found = Before({})
-    memo_pass(True)  # a frame bound to two names, or held in a dict too, is hashed once
-    try:
-        for name, value in variables.items():
-            digest = kept_hash(value)
-            if digest is None and prints:
-                taken = footprint(value)
-                if taken is not None:
-                    digest, fingerprint, spans = taken
-                    memo_keep(value, digest)
-                    if spans:
-                        found.prints[name] = (fingerprint, spans)
-            found.hashes[name] = digest if digest is not None else content_hash(value)
-    finally:
-        memo_pass(False)
+
+    def known(name: str, value: Any) -> str | None:
+        digest = kept_hash(value)
+        if digest is None and prints:
+            taken = footprint(value)
+            if taken is not None:
+                digest, fingerprint, spans = taken
+                if spans:
+                    found.prints[name] = (fingerprint, spans)
+        return digest
+
+    found.hashes = hash_each(variables, known)
     return found
 
 
@@ -155,27 +152,13 @@ def hash_after(variables: Mapping[str, Any], before: Before, kept_hash: Callable
     """Every variable's content hash after the candidate, and the names the page check kept without rehashing.
 
     `end` ends every process the candidate started (they would share its pages) and says whether it could; it runs
-    only when the page check is used."""
-    after: dict[str, str] = {}
+    only when the page check is used. The page check reads every frame's pages before anything is rehashed."""
     kept: list[str] = []
     use_pages = not full and bool(before.prints) and pages_usable() and end()
-    # The page check first, for every name: a frame it clears is not hashed again where a dict holds it too.
     for name, value in variables.items() if use_pages else ():
         if name in before.prints and kept_hash(value) is None:
             taken = footprint(value, content=False)
             fingerprint, spans = before.prints[name]
             if taken is not None and taken[1:] == (fingerprint, spans) and not written(list(spans)):
-                after[name] = before.hashes[name]
                 kept.append(name)
-    memo_pass(True)
-    try:
-        for name, value in variables.items():
-            if name in after:
-                memo_keep(value, after[name])
-        for name, value in variables.items():
-            if name not in after:
-                digest = kept_hash(value)
-                after[name] = digest if digest is not None else content_hash(value)
-    finally:
-        memo_pass(False)
-    return {name: after[name] for name in variables}, kept
+    return hash_each(variables, lambda name, value: before.hashes[name] if name in kept else kept_hash(value)), kept

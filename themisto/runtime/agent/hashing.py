@@ -10,7 +10,7 @@ import re
 import struct
 import sys
 import types
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from themisto.runtime.agent.leaves import _fast_pickle, _hash_timestamps, _holds_set_or_object, _pickle_leaves
 from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, _CANON_NODES, _qualname, _safe_repr
@@ -234,22 +234,28 @@ _FRAME_TYPES = frozenset({"DataFrame", "Series", "Index", "RangeIndex", "MultiIn
                           "CategoricalIndex"})
 
 
-# During one pass over a namespace (`memo_pass`): id -> (value, digest) of the frames and arrays hashed so far, so a
+# During one pass over a namespace (`hash_each`): id -> (value, digest) of the frames and arrays hashed so far, so a
 # frame bound to two names, or held in a dict as well, is hashed once. The value is held, so its id stays its own.
 _MEMO: dict[int, tuple[Any, str]] | None = None
 
 
-def memo_pass(active: bool) -> None:
-    """Begin (True) or end (False) a pass over one namespace in which each frame or array is hashed once. Nothing
-    but the pass's own hashing may run between; a fresh memo each pass."""
+def hash_each(values: Mapping[str, Any], known: Callable[[str, Any], str | None]) -> dict[str, str]:
+    """Each value's content hash in one pass, where a frame or array held under two names, or in a dict too, is
+    hashed once. `known(name, value)` gives a digest found another way (the snapshot cache, a footprint, the page
+    check) or None; those are asked first, so a dict holding such a frame does not hash it again."""
     global _MEMO
-    _MEMO = {} if active else None
-
-
-def memo_keep(value: Any, digest: str) -> None:
-    """Record a frame's or array's digest found another way in this pass (a footprint, the page check)."""
-    if _MEMO is not None and _memoized(value):
-        _MEMO[id(value)] = (value, digest)
+    _MEMO = {}
+    try:
+        hashes = {name: known(name, value) for name, value in values.items()}
+        for name, value in values.items():
+            if hashes[name] is not None and _memoized(value):
+                _MEMO[id(value)] = (value, hashes[name])
+        for name, value in values.items():
+            if hashes[name] is None:
+                hashes[name] = content_hash(value)
+        return hashes
+    finally:
+        _MEMO = None
 
 
 def _memoized(value: Any) -> bool:
