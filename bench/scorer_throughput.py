@@ -45,9 +45,8 @@ def figures(result, total_s: float) -> dict:
     overheads, own_all, candidates, wall = [], [], 0, 0.0
     for example in executed:
         # The cells' own run time: the candidate's and, after it, its continuation cells'.
-        after = example.reference_continuation_s or [0.0] * len(example.reference_durations_s)
         own = ([(r.duration_s or 0.0) + (r.continuation_s or 0.0) for r in by_id[example.id]]
-               + [d + c for d, c in zip(example.reference_durations_s, after)])
+               + list(map(sum, zip(example.reference_durations_s, example.reference_continuation_s))))
         overheads.append(1000 * (example.branch_wall_s - sum(own)) / len(own))
         own_all += own
         candidates += len(by_id[example.id])

@@ -221,6 +221,27 @@ def test_what_a_candidate_left_writing_cannot_reach_the_next_one(session):
     assert (session.workdir / "input.csv").read_text() == _INPUTS["input.csv"]
 
 
+def test_a_candidate_that_floods_or_closes_its_go_socket_costs_only_itself(session):
+    # Its word that it reported is only a reason to look at the report mapping; lies and floods change nothing.
+    flood = ("import os, stat, threading, time\n"
+             "socks = [fd for fd in range(3, 256)\n"
+             "         if os.path.exists(f'/proc/self/fd/{fd}') and stat.S_ISSOCK(os.fstat(fd).st_mode)]\n"
+             "def flood():\n"
+             "    while True:\n"
+             "        for fd in socks:\n"
+             "            os.write(fd, b'R' * 65536)\n"
+             "threading.Thread(target=flood, daemon=True).start()\n"
+             "time.sleep(0.3)\nprint('flooded', len(socks))")
+    close = ("import os, stat\nfor fd in range(3, 256):\n"
+             "    if os.path.exists(f'/proc/self/fd/{fd}') and stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
+             "        os.close(fd)\nprint('closed')")
+    results = run_branches(session, [flood, "print(len(words))", close, "print(words[0])"], timeout_s=TIMEOUT_S,
+                           memory_bytes=BRANCH_MEMORY)
+    assert [(r.status, r.outputs[0]["text"]) for r in results] == [
+        ("ok", "flooded 1\n"), ("ok", "2\n"), ("ok", "closed\n"), ("ok", "a\n")]
+    assert session.alive
+
+
 def test_recursion_error_is_an_error(session):
     # A lower limit: IPython takes seconds to format a traceback of 3,000 frames (in a real cell too).
     result = _run_hostile(session, "import sys\nsys.setrecursionlimit(400)\ndef down(n):\n    return down(n + 1)\n"

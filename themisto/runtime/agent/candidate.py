@@ -165,7 +165,7 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
 def _heard(done: int, poller: Any) -> bool:
     """Whether the candidate said something on its go socket (it reported); at its end, stop listening."""
     try:
-        said = os.read(done, 64)
+        said = os.read(done, 65536)  # a candidate may flood it: its word is only a reason to look
     except OSError:
         said = b""
     if not said:
