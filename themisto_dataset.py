@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import datasets
 
-CONFIGS: tuple[str, ...] = ("trajectories", "next_cell", "output_prediction")
-# `test` is the benchmark; `train` holds other trajectories (and participants) for fine-tuning.
-SPLITS: tuple[str, ...] = ("test", "train")
-DEFAULT_CONFIG = "next_cell"
+from themisto.vocabulary import SPLITS, TASKS  # SPLITS: read by the release as themisto_dataset.SPLITS
+
+# Each task is a config; `trajectories` holds every replayed step they were drawn from.
+CONFIGS: tuple[str, ...] = ("trajectories", *TASKS)
+DEFAULT_CONFIG = TASKS[0]
 
 _STR = datasets.Value("string")
 _INT32 = datasets.Value("int32")

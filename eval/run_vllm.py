@@ -19,11 +19,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(REPO))
+    from themisto.vocabulary import CONTEXT_MODES, DEFAULT_CONTEXT_MODES, TASKS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--release", required=True, type=Path, help="a release folder written by `themisto build`")
     parser.add_argument("--model", required=True, help="a Hub id or local model folder vLLM can load")
-    parser.add_argument("--task", nargs="+", default=["next_cell", "output_prediction"])
-    parser.add_argument("--context", nargs="+", default=["none", "variables", "full"])
+    parser.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES))
     parser.add_argument("--n", type=int, default=1, help="samples per example and context")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -35,8 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256, help="prompts per LLM.chat call and per write")
     parser.add_argument("-o", "--output", required=True, type=Path, help="folder for one run folder per task")
     args = parser.parse_args(argv)
-
-    sys.path.insert(0, str(REPO))
     from themisto.errors import InputError
     from themisto.generation.backends import Sampling, make_backend
     from themisto.generation.runs import RunSettings, generate_run

@@ -21,7 +21,7 @@ from themisto.cli import main
 from themisto.generation.backends import Sampling
 from themisto.generation.prompts import extract_answer, template_sha256
 from themisto.generation.run_folder import RunFolderError
-from themisto.generation.runs import RunSettings, generate_run
+from themisto.generation.runs import RunSettings, RunSettingsError, generate_run
 from themisto.release.parquet import ReleaseError, build_release
 from themisto.release.tasks import TaskSettings
 
@@ -110,8 +110,11 @@ def test_bad_input_is_named(small_release, tmp_path, capsys):
     assert "unknown backend 'llamacpp'" in capsys.readouterr().err
     assert main(base + ["--backend", "baseline", "--model", "last-repr"]) == 2
     assert "does not apply to next_cell" in capsys.readouterr().err
-    assert main(base + ["--backend", "baseline", "--model", "previous-cell", "--context", "vars"]) == 2
-    assert "context modes must be distinct names from none, variables, full" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # argparse's own refusal of a name outside --context's choices
+        main(base + ["--backend", "baseline", "--model", "previous-cell", "--context", "vars"])
+    assert exited.value.code == 2 and "invalid choice: 'vars'" in capsys.readouterr().err
+    with pytest.raises(RunSettingsError, match="context modes must be distinct names from none, variables, full"):
+        RunSettings(task="next_cell", contexts=("none", "none"), backend="baseline", model="previous-cell")
     assert main(base + ["--backend", "transformers", "--model", str(tmp_path / "no-such-model")]) == 2
     assert "cannot load model" in capsys.readouterr().err
     lacking = tmp_path / "lacking"

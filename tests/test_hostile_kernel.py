@@ -17,7 +17,8 @@ import pytest
 from _isolation import isolation_unavailable, needs_isolation
 from _processes import live_children
 
-from themisto.runtime.kernel import STATUSES, KernelSession, Limits
+from themisto.runtime.kernel import KernelSession, Limits
+from themisto.vocabulary import CELL_STATUSES
 from themisto.runtime.sandbox import sandbox_available
 
 pytestmark = pytest.mark.slow
@@ -136,7 +137,7 @@ def test_sys_exit_does_not_end_the_kernel(shared):
 def test_killing_the_parent_cannot_reach_the_host(fresh):
     host = psutil.Process()
     result = fresh.execute("import os\nprint(os.getppid())\nos.kill(os.getppid(), 9)")
-    assert result.status in STATUSES
+    assert result.status in CELL_STATUSES
     assert host.is_running()
     assert _value(fresh, "1 + 1") == "2"
 

@@ -74,18 +74,17 @@ Examples:
     themisto.scoring.gate.ExecutionRefused: Executing model-written code is off: the environment variable HF_ALLOW_CODE_EVAL...
 """
 
-_TASKS = ("next_cell", "output_prediction")
-
-
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Themisto(evaluate.Metric):
     """Themisto's scores; the config name is the task (`next_cell`, the default, or `output_prediction`)."""
 
     def _info(self):
+        from themisto.vocabulary import TASKS
+
         if self.config_name == "default":
             self.config_name = "next_cell"
-        if self.config_name not in _TASKS:
-            raise KeyError(f"unknown Themisto task {self.config_name!r}: use one of {', '.join(_TASKS)}")
+        if self.config_name not in TASKS:
+            raise KeyError(f"unknown Themisto task {self.config_name!r}: use one of {', '.join(TASKS)}")
         one = datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")})
         several = datasets.Features({"predictions": datasets.List(datasets.Value("string")),
                                      "references": datasets.Value("string")})

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from themisto.cli.common import add_ray_option, format_counts, ray_target
+from themisto.vocabulary import CONTEXT_MODES, DEFAULT_CONTEXT_MODES, TASKS
 
 
 def sft_export_command(args: argparse.Namespace) -> int:
@@ -32,14 +33,12 @@ def sft_export_command(args: argparse.Namespace) -> int:
 
 
 def add_sft_export(subparsers: argparse._SubParsersAction) -> None:
-    from themisto.generation.prompts import CONTEXT_MODES, TASKS
-
     parser = subparsers.add_parser("sft-export", help="a release split as fine-tuning examples (TRL format)")
     parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder")
     parser.add_argument("--split", default="train", help="split to export (default: train)")
     parser.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS), help="tasks (default: both)")
-    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(CONTEXT_MODES),
-                        help="runtime-context modes (default: all)")
+    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES),
+                        help=f"runtime-context modes (default: {' '.join(DEFAULT_CONTEXT_MODES)})")
     parser.add_argument("--mix", choices=("all", "one"), default="all",
                         help="all: each row once per context mode; one: each row once, in a seeded context mode")
     parser.add_argument("--mix-seed", type=int, default=0, help="seed of --mix one (which context each row gets)")
@@ -114,9 +113,10 @@ def generate_command(args: argparse.Namespace) -> int:
 def add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="run a model (or a baseline) on a release's task, resumable")
     parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder (themisto build)")
-    parser.add_argument("--task", required=True, choices=("next_cell", "output_prediction"))
-    parser.add_argument("--context", nargs="+", default=["none", "variables", "full"], metavar="MODE",
-                        help="runtime-context modes: none, variables, full (default: all three)")
+    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES),
+                        metavar="MODE", help=f"runtime-context modes: {', '.join(CONTEXT_MODES)} "
+                                             f"(default: {' '.join(DEFAULT_CONTEXT_MODES)})")
     parser.add_argument("--backend", required=True, help="transformers, openai, vllm or baseline")
     parser.add_argument("--model", required=True, help="model folder, Hub id or .gguf file; endpoint model name; "
                         "or a baseline: previous-cell, common-cell, previous-output, last-repr")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from themisto.cli.common import CommandError, add_ray_option, scoring_runner
+from themisto.vocabulary import TASKS
 
 
 def _score_run_folder(args: argparse.Namespace) -> int:
@@ -60,7 +61,7 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
                         help="a run folder (themisto generate -o RUN/): writes RUN/results.json and RUN/results.md")
     parser.add_argument("--release", type=Path, metavar="DIR",
                         help="release folder (themisto build); for a run folder, default: the one run.json names")
-    parser.add_argument("--config", choices=("next_cell", "output_prediction"), default="next_cell",
+    parser.add_argument("--config", choices=TASKS, default=TASKS[0],
                         help="the task the predictions answer (with --predictions)")
     parser.add_argument("--predictions", type=Path, metavar="JSONL",
                         help='one {"id": ..., "prediction": str | [str, ...]} per line')

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from themisto.errors import InputError
+from themisto.vocabulary import CONTEXT_MODES, TASKS
 
-TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
-CONTEXT_MODES: tuple[str, ...] = ("none", "variables", "full")
 # Reprs as the prompt shows them before any budget trimming; then these shorter limits in turn (0: no repr).
 REPR_CHARS = 400
 REPR_TRIM_STEPS: tuple[int, ...] = (120, 40, 0)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from themisto.errors import InputError
 from themisto.resume import LineWriter, ResumeError, read_lines
+from themisto.vocabulary import GENERATION_STATUSES
 
 RUN_FILE = "run.json"
 GENERATIONS_FILE = "generations.jsonl"
 RECORD_KEYS: tuple[str, ...] = ("id", "task", "context", "sample", "prediction", "raw", "status", "reason",
                                 "tokens_in", "tokens_out")
-STATUSES: tuple[str, ...] = ("ok", "skipped", "failed")
 # The settings a resumed run must share with the one that started the folder, as (label, path in run.json).
 SAME_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("task", ("task",)), ("contexts", ("contexts",)), ("backend", ("backend",)), ("model", ("model",)),
@@ -65,7 +65,7 @@ def check_same_run(existing: dict, new: dict, folder: Path) -> None:
 def _check_record(record, lineno: int, path: Path) -> tuple[str, str, int]:
     if not isinstance(record, dict) or set(record) != set(RECORD_KEYS):
         raise RunFolderError(f"{path}:{lineno}: not a generation record (expected keys {', '.join(RECORD_KEYS)})")
-    if record["status"] not in STATUSES or not isinstance(record["sample"], int):
+    if record["status"] not in GENERATION_STATUSES or not isinstance(record["sample"], int):
         raise RunFolderError(f"{path}:{lineno}: bad status or sample ({record['status']!r}, {record['sample']!r})")
     return record["id"], record["context"], record["sample"]
 

@@ -17,9 +17,7 @@ from themisto.generation.backends import BACKENDS, BackendError, Sampling, make_
 from themisto.generation.backends.base import Generation
 from themisto.generation.baselines import baselines_for
 from themisto.generation.prompts import (
-    CONTEXT_MODES,
     PROMPT_TEMPLATES,
-    TASKS,
     Prompt,
     approx_tokens,
     extract_answer,
@@ -36,11 +34,11 @@ from themisto.generation.run_folder import (
     read_run_json,
 )
 from themisto.resume import write_json_atomic
+from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES: tuple[str, ...] = ("themisto", "transformers", "torch", "tokenizers", "accelerate", "gguf", "openai",
                              "vllm", "datasets", "pyarrow")
-SPLIT = "test"
 
 
 class RunSettingsError(InputError):
@@ -127,7 +125,7 @@ def run_header(settings: RunSettings, info: ReleaseInfo, described: dict) -> dic
         "sampling": settings.sampling.to_dict(),
         "templates": {c: {"text": PROMPT_TEMPLATES[(settings.task, c)], "sha256": template_sha256(settings.task, c)}
                       for c in settings.contexts},
-        "release": {"path": str(info.path), "content_hash": info.content_hash}, "split": SPLIT,
+        "release": {"path": str(info.path), "content_hash": info.content_hash}, "split": BENCHMARK_SPLIT,
         "limit": settings.limit, "max_prompt_tokens": settings.max_prompt_tokens,
         "backend_options": settings.backend_options, "packages": package_versions(), "git_commit": git_commit(),
         "started": _now(), "finished": None, "tokens_in": 0, "tokens_out": 0, "generations_per_s": None,

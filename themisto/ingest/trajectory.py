@@ -15,10 +15,7 @@ from typing import Iterable, Iterator, Literal
 
 from themisto.errors import InputError
 from themisto.jsonrecords import from_dict
-
-# What the log recorded about an execution. "unknown": the log never said how it ended (no finished event).
-LoggedStatus = Literal["ok", "error", "interrupted", "unknown"]
-LOGGED_STATUSES: tuple[str, ...] = ("ok", "error", "interrupted", "unknown")
+from themisto.vocabulary import LOGGED_STATUSES, LoggedStatus
 
 # Kernel events that change the state between executions, kept in the order they happened.
 KernelEventKind = Literal["restart", "interrupt"]

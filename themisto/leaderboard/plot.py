@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import io
 
-from themisto.leaderboard.tables import CONTEXT_ORDER, Table
+from themisto.leaderboard.tables import Table
+from themisto.vocabulary import CONTEXT_MODES
 
 _MARKERS = {"none": "o", "variables": "s", "full": "D"}
 _COLORS = {"none": "#4c72b0", "variables": "#dd8452", "full": "#55a868"}
@@ -85,7 +86,7 @@ def plot_png(tables: list[Table]) -> bytes:
     axes = figure.subplots(max(len(tasks), 1), 2, squeeze=False)
     for line, task in zip(axes, tasks):
         task_tables = sorted((t for t in tables if t.task == task),
-                             key=lambda t: CONTEXT_ORDER.index(t.context) if t.context in CONTEXT_ORDER else 99)
+                             key=lambda t: CONTEXT_MODES.index(t.context) if t.context in CONTEXT_MODES else 99)
         models = _models(task_tables)
         _scores_axis(line[0], task, task_tables, models)
         _effect_axis(line[1], task, task_tables, models)

@@ -17,13 +17,12 @@ from typing import Iterable
 
 from themisto.errors import InputError
 from themisto.resume import folder_written_whole
+from themisto.vocabulary import CONTEXT_MODES, GENERATION_STATUSES, TASKS
 
 RUN_FILE = "run.json"
 GENERATIONS_FILE = "generations.jsonl"
 SUBMISSION_FILE = "submission.json"
 SUBMITTED_FILES: tuple[str, ...] = (RUN_FILE, GENERATIONS_FILE, SUBMISSION_FILE)
-TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
-STATUSES: tuple[str, ...] = ("ok", "skipped", "failed")
 # One line of generations.jsonl holds one prediction; a longer line is a flood, not a prediction.
 MAX_LINE_BYTES = 1 << 20
 MAX_JSON_BYTES = 1 << 20
@@ -144,8 +143,6 @@ def _is_number(value) -> bool:
 
 def check_run(run: dict, path: Path, release: ReleaseInfo) -> None:
     """run.json's settings are complete and name the board's release and split; SubmissionError names the field."""
-    from themisto.generation.prompts import CONTEXT_MODES
-
     def need(ok: bool, what: str) -> None:
         if not ok:
             raise SubmissionError(f"{path}: {what}")
@@ -217,8 +214,8 @@ def _record(path: Path, lineno: int, raw: bytes, complete: bool, run: dict, ids:
     if not isinstance(record.get("prediction"), str):
         raise SubmissionError(f"{where}: id {example}: `prediction` must be a string, got "
                               f"{type(record.get('prediction')).__name__}")
-    if record.get("status") not in STATUSES:
-        raise SubmissionError(f"{where}: id {example}: `status` must be one of {', '.join(STATUSES)}")
+    if record.get("status") not in GENERATION_STATUSES:
+        raise SubmissionError(f"{where}: id {example}: `status` must be one of {', '.join(GENERATION_STATUSES)}")
     return record
 
 

@@ -11,14 +11,13 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from themisto.leaderboard.board import Board
+from themisto.vocabulary import CONTEXT_MODES, SUBSETS
 
 # The metric a table leads with and sorts by, first one present (functional match needs the execution opt-in).
 LEAD_METRICS: dict[str, tuple[str, ...]] = {"next_cell": ("continuation_match", "functional_match", "exact_match"),
                                             "output_prediction": ("output_equivalent", "exact_match")}
 METRIC_ORDER: tuple[str, ...] = ("continuation_match", "functional_match", "output_equivalent", "exact_match",
                                  "rouge_l", "chrf")
-SUBSETS: tuple[str, ...] = ("all", "hard")
-CONTEXT_ORDER: tuple[str, ...] = ("none", "variables", "full")
 
 
 @dataclass
@@ -68,7 +67,7 @@ def build_tables(board: Board) -> list[Table]:
     """One table per (task, context mode) that some entry covers; baselines repeat in each context's table."""
     tables = []
     keys = sorted({(e.task, c) for e in board.entries for c in e.contexts},
-                  key=lambda k: (k[0], CONTEXT_ORDER.index(k[1]) if k[1] in CONTEXT_ORDER else 99, k[1]))
+                  key=lambda k: (k[0], CONTEXT_MODES.index(k[1]) if k[1] in CONTEXT_MODES else 99, k[1]))
     for task, context in keys:
         entries = [e for e in board.entries if e.task == task and context in e.contexts]
         rows = [Row(e.model, e.kind, e.backend, e.folder, answered=e.answered.get(context)) for e in entries]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from themisto.release.tasks import RULES
 from themisto.release.parquet import CARD_TEMPLATE, BuildReport, ReleaseError, parquet_name, schema_module
+from themisto.vocabulary import TASKS
 
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n", re.S)
@@ -43,12 +44,12 @@ def _sizes_table(report: BuildReport) -> str:
 
 
 def _rules_table(report: BuildReport) -> str:
-    lines = ["| rule | next_cell removed | output_prediction removed |", "| --- | ---: | ---: |"]
+    lines = ["| rule | " + " | ".join(f"{t} removed" for t in TASKS) + " |", "| --- |" + " ---: |" * len(TASKS)]
     for rule, sentence in RULES.items():
-        counts = [report.tasks.get(t, {}).get("removed", {}).get(rule, 0) for t in ("next_cell", "output_prediction")]
-        lines.append(f"| {sentence} | {counts[0]:,} | {counts[1]:,} |")
-    cands = [report.tasks.get(t, {}).get("candidates", 0) for t in ("next_cell", "output_prediction")]
-    lines.append(f"| (candidate targets before the rules) | {cands[0]:,} | {cands[1]:,} |")
+        counts = [report.tasks.get(t, {}).get("removed", {}).get(rule, 0) for t in TASKS]
+        lines.append(f"| {sentence} | " + " | ".join(f"{c:,}" for c in counts) + " |")
+    cands = [report.tasks.get(t, {}).get("candidates", 0) for t in TASKS]
+    lines.append("| (candidate targets before the rules) | " + " | ".join(f"{c:,}" for c in cands) + " |")
     return "\n".join(lines)
 
 

@@ -13,12 +13,11 @@ import tempfile
 from pathlib import Path
 
 from themisto.errors import InputError
+from themisto.vocabulary import BENCHMARK_SPLIT, TASKS
 
 EVAL_FILE = "eval.yaml"
 NAME = "Themisto"
 FRAMEWORK = "themisto"
-TASK_CONFIGS: tuple[str, ...] = ("next_cell", "output_prediction")
-SPLIT = "test"
 DESCRIPTION = (
     "Themisto measures how well code models use runtime information from Jupyter notebooks: real development "
     "trajectories replayed in sandboxed kernels. next_cell asks for the code of the cell the developer ran next; "
@@ -30,13 +29,14 @@ class EvalYamlError(InputError):
     """An eval.yaml that does not follow the documented schema; the message names the file and the field."""
 
 
-def eval_spec(configs_with_test: list[str] | tuple[str, ...] = TASK_CONFIGS) -> dict:
+def eval_spec(configs_with_test: list[str] | tuple[str, ...] = TASKS) -> dict:
     """The eval.yaml mapping for a release whose `test` split exists for `configs_with_test`."""
-    tasks = [{"id": config, "config": config, "split": SPLIT} for config in TASK_CONFIGS if config in configs_with_test]
+    tasks = [{"id": config, "config": config, "split": BENCHMARK_SPLIT}
+             for config in TASKS if config in configs_with_test]
     return {"name": NAME, "description": DESCRIPTION, "evaluation_framework": FRAMEWORK, "tasks": tasks}
 
 
-def write_eval_yaml(folder: str | Path, configs_with_test: list[str] | tuple[str, ...] = TASK_CONFIGS) -> Path:
+def write_eval_yaml(folder: str | Path, configs_with_test: list[str] | tuple[str, ...] = TASKS) -> Path:
     """Write `folder/eval.yaml` whole (temp file, then rename); returns its path."""
     import yaml
 

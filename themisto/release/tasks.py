@@ -18,6 +18,7 @@ from typing import Iterable, Mapping, Sequence
 from themisto.runtime.outputs import mask_addresses
 
 from themisto.errors import InputError
+from themisto.vocabulary import SPLITS, TASKS, UNFINISHED_STATUSES
 
 # A prompt shows at most this many prior cells, each output cut to this many characters (then a marker).
 HISTORY_CELLS = 10
@@ -28,8 +29,6 @@ LENGTH_QUANTILE = 0.99
 OUTPUT_SAMPLE_SIZE = 200
 OUTPUT_SAMPLE_EXTREMES = 10  # drawn from each of the shortest and the longest quartile; the rest from the middle
 TEST_FRACTION = 0.5
-# Replay outcomes whose output is not a finished cell's output: no output-prediction target comes from them.
-UNFINISHED_STATUSES: frozenset[str] = frozenset({"timeout", "kernel_died"})
 
 # The rules, in the order they are applied, with the sentence the card and error messages use.
 RULES: dict[str, str] = {
@@ -351,12 +350,12 @@ def build_tasks(rows: Iterable[dict], settings: TaskSettings = TaskSettings()) -
     split_of, notes = assign_splits(kernels, settings)
     out: dict[str, dict[str, list[dict]]] = {
         "trajectories": {s: [r for k, steps in kernels.items() if split_of[k] == s for r in steps]
-                         for s in ("test", "train")},
+                         for s in SPLITS},
     }
     reports = {}
-    for task in ("next_cell", "output_prediction"):
+    for task in TASKS:
         eligible, report = _eligible(kernels, task, settings)
-        by_split = {s: [c for c in eligible if split_of[c.kernel_id] == s] for s in ("test", "train")}
+        by_split = {s: [c for c in eligible if split_of[c.kernel_id] == s] for s in SPLITS}
         if not by_split["test"]:
             raise TaskError(f"{task}: no eligible target falls in a `test` trajectory "
                             f"({len(eligible)} eligible, all in `train`)")

@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 from themisto.replay.replay import Step
-
-COMPARABLE = ("ok", "error")
+from themisto.vocabulary import COMPARABLE_LOGGED
 
 
 @dataclass
@@ -94,7 +93,7 @@ def fidelity_report(steps: Iterable[Step]) -> list[FidelityReport]:
         comparable = status_ok = errors = ename_ok = types_ok = 0
         for step in group:
             logged = step.logged
-            if logged.status not in COMPARABLE or not step.code.strip():
+            if logged.status not in COMPARABLE_LOGGED or not step.code.strip():
                 continue  # the log cannot answer: no finished event, or the code itself was not logged
             comparable += 1
             replayed = _replayed_outcome(step)

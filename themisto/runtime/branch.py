@@ -18,8 +18,8 @@ from themisto.runtime.agent import WorkdirGuard
 from themisto.runtime.agent.delta import namespace_delta
 from themisto.runtime.outputs import strip_ansi
 from themisto.runtime.snapshot import AgentError, agent_call, take_snapshot
+from themisto.vocabulary import CELL_STATUSES, UNFINISHED_STATUSES, CellStatus
 
-BranchStatus = Literal["ok", "error", "timeout", "kernel_died"]
 # Per candidate, on top of its own timeout: the child's grace, and the time to fork, report and restore files.
 _SLACK_PER_CANDIDATE_S = 5.0
 _SLACK_PER_CALL_S = 120.0  # hashing the pre-branch state of a large namespace, backing up the workdir
@@ -34,7 +34,7 @@ class BranchResult:
     """What one candidate did in the pre-cell state: closed status, nbformat outputs, and its namespace delta."""
 
     index: int
-    status: BranchStatus
+    status: CellStatus
     outputs: list[dict]  # nbformat v4 output dicts, like CellResult.outputs
     ename: str | None = None
     evalue: str | None = None
@@ -139,7 +139,7 @@ def _report_problem(raw: Any, output_bytes: int) -> str | None:
     """What is wrong with a branch report's shape, types or size, or None when it can be used."""
     if not isinstance(raw, dict):
         return f"a {type(raw).__name__}, not an object"
-    if raw.get("status") not in _CELL_STATUSES:
+    if raw.get("status") not in CELL_STATUSES:
         return f"status {str(raw.get('status'))[:40]!r}"
     for key in ("ename", "evalue", "state_hash_after"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
@@ -165,15 +165,12 @@ def _report_problem(raw: Any, output_bytes: int) -> str | None:
     return None
 
 
-_CELL_STATUSES = ("ok", "error", "timeout", "kernel_died")
-
-
 def _continuation_cells(raw: Any) -> list[dict]:
     """The continuation's cell reports, each reduced to the fields the scorer reads; a malformed one becomes an
     `error` cell (the report came from the candidate's process)."""
     cells = []
     for item in raw if isinstance(raw, list) else []:
-        ok = isinstance(item, dict) and item.get("status") in _CELL_STATUSES and isinstance(item.get("outputs"), list)
+        ok = isinstance(item, dict) and item.get("status") in CELL_STATUSES and isinstance(item.get("outputs"), list)
         if not ok:
             cells.append({"status": "error", "ename": "MalformedReport", "evalue": "a continuation cell's report "
                           "was malformed", "outputs": [], "duration_s": 0.0, "truncated": False})
@@ -213,7 +210,7 @@ def _replay_prefix(session: Any, prefix: list[str]) -> None:
     session.restart()
     for number, code in enumerate(prefix):
         cell = session.execute(code)
-        if cell.status in ("kernel_died", "timeout") and getattr(cell, "kernel_restarted", False):
+        if cell.status in UNFINISHED_STATUSES and getattr(cell, "kernel_restarted", False):
             raise BranchError(f"replay fallback: prefix cell {number} ended in {cell.status} ({cell.evalue}); "
                               "the pre-cell state cannot be rebuilt")
 
@@ -226,7 +223,7 @@ def _replay_continuation(session: Any, cells: list[str], timeout_s: float,
         cell = session.execute(code, timeout=timeout_s)
         reports.append({"status": cell.status, "ename": cell.ename, "evalue": cell.evalue, "outputs": cell.outputs,
                         "duration_s": cell.duration_s, "truncated": cell.truncated})
-        if cell.status in ("timeout", "kernel_died") or getattr(cell, "kernel_restarted", False):
+        if cell.status in UNFINISHED_STATUSES or getattr(cell, "kernel_restarted", False):
             return reports, None
     hashes = take_snapshot(session).hashes()
     return reports, {n: h for n, h in hashes.items() if state_names is None or n in state_names}

@@ -24,21 +24,20 @@ import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import psutil
 
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.outputs import strip_ansi
 from themisto.settings import settings
+from themisto.vocabulary import CellStatus
 from themisto.runtime.agent.recorder import cut_text, text_bytes
 from themisto.runtime.collector import OutputCollector
 from themisto.runtime.kernel_setup import KERNEL_NAME, KernelSetup
 from themisto.runtime.sandbox import (KernelResources, KernelStartError, SandboxWarning, is_running, kernel_python,
                                       kill_all, processes_of_uid, release_resources)
 
-Status = Literal["ok", "error", "timeout", "kernel_died"]
-STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died")
 
 # After an interrupt, how long the cell gets to end before the kernel is restarted.
 INTERRUPT_GRACE_S = 1.5
@@ -69,7 +68,7 @@ class Limits:
 class CellResult:
     """What one executed cell produced: a closed status, nbformat v4 outputs, and the error if any."""
 
-    status: Status
+    status: CellStatus
     outputs: list[dict]  # nbformat v4 output dicts: stream / execute_result / display_data / error
     ename: str | None = None
     evalue: str | None = None
@@ -514,7 +513,7 @@ class _Outcome:
     kind: str  # done | timeout | died
     reply: dict | None
     duration_s: float
-    status: Status = "ok"
+    status: CellStatus = "ok"
     ename: str | None = None
     evalue: str | None = None
     restarted: bool = False

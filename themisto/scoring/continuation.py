@@ -18,6 +18,7 @@ import ast
 from typing import Sequence
 
 from themisto.scoring.records import PredictionRecord, ScoreSettings
+from themisto.vocabulary import UNFINISHED_STATUSES
 
 # Calls and attributes through which code reaches names it does not spell out.
 _DYNAMIC_NAMES = frozenset({"globals", "locals", "vars", "exec", "eval", "execfile", "__builtins__"})
@@ -186,7 +187,7 @@ def reference_continuation_problem(first, second, names: list[str] | None, k: in
     if len(first.continuation) != len(second.continuation) or len(first.continuation) != k:
         return "the reference's continuation did not run every cell"
     for number, (a, b) in enumerate(zip(first.continuation, second.continuation), start=1):
-        if a["status"] in ("timeout", "kernel_died"):
+        if a["status"] in UNFINISHED_STATUSES:
             return f"the reference's continuation cell +{number} ended {a['status']}"
         why = _cell_difference(a, b, settings)
         if why is not None:
@@ -202,7 +203,7 @@ def judge_continuation(record: PredictionRecord, reference, candidate, names: li
     from themisto.scoring.judging import clip
 
     why = None
-    if candidate.status in ("timeout", "kernel_died"):
+    if candidate.status in UNFINISHED_STATUSES:
         why = "the prediction did not finish"
     elif not record.output_match:
         why = "the prediction's own output differs"

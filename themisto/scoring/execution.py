@@ -17,7 +17,6 @@ from themisto.scoring.continuation import (continuation_rows, judge_continuation
 from themisto.scoring.gate import ExecutionPermit
 from themisto.scoring.judging import clip, continuation_time, finish_example, judge, reference_problem, refuse
 from themisto.scoring.records import (
-    EXAMPLE_STATUSES,
     REFERENCE_RUNS,
     SLOW_REFERENCE_FACTOR,
     Example,
@@ -28,6 +27,7 @@ from themisto.scoring.records import (
     TrajectoryScore,
 )
 from themisto.scoring.release_state import Release, prepare_workspace, trajectory_from_rows
+from themisto.vocabulary import EXAMPLE_STATUSES
 
 
 def _life_start(rows: Sequence[dict], step: int) -> int:

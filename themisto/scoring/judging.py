@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 from themisto.scoring.records import REASON_CHARS, ExampleRecord, PredictionRecord, ScoreSettings, pass_at_k
 from themisto.scoring.text_scores import clip as clip_text
+from themisto.vocabulary import UNFINISHED_STATUSES
 
 
 def compared_output(outputs: list[dict]) -> str:
@@ -44,7 +45,7 @@ def reference_problem(first, second, recorded: dict, settings: ScoreSettings) ->
 
     if first.status != second.status:
         return "nondeterministic", f"the reference ended {first.status} in one run and {second.status} in the other"
-    if first.status in ("timeout", "kernel_died"):
+    if first.status in UNFINISHED_STATUSES:
         return "reference_unfinished", (f"the reference cell ended {first.status} in its branch "
                                         f"({clip(first.evalue or '')})")
     if first.status != recorded.get("status") or (first.status == "error" and first.ename != recorded.get("ename")):
@@ -94,7 +95,7 @@ def judge(record: PredictionRecord, reference, candidate, settings: ScoreSetting
     record.duration_s = round(float(candidate.duration_s), 6)
     record.continuation_s = continuation_time(candidate)
     record.suspicious = list(getattr(candidate, "suspicious", None) or [])
-    if candidate.status in ("timeout", "kernel_died"):
+    if candidate.status in UNFINISHED_STATUSES:
         record.exec_ok = record.output_match = record.state_match = record.functional_match = False
         what = "ran past its time limit" if candidate.status == "timeout" else "its branch process died"
         record.reason = f"{what} ({clip(candidate.evalue)})" if candidate.evalue else what

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from themisto.errors import InputError
 from themisto.jsonrecords import from_dict
 from themisto.scoring.text_scores import chrf, exact_match, rouge_l
+from themisto.vocabulary import TASKS, ExampleStatus, Outcome
 
-TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
-Outcome = Literal["ok", "error", "timeout", "kernel_died", "refused"]
-OUTCOMES: tuple[str, ...] = ("ok", "error", "timeout", "kernel_died", "refused")
-# How an example fared as a whole: `scored` counts in the functional scores; the others are reported, not guessed.
-ExampleStatus = Literal["text_only", "scored", "nondeterministic", "reference_unfinished", "reference_diverged",
-                        "refused"]
-EXAMPLE_STATUSES: tuple[str, ...] = ("text_only", "scored", "nondeterministic", "reference_unfinished",
-                                     "reference_diverged", "refused")
 EXECUTION_SCORES: tuple[str, ...] = ("exec_ok", "output_match", "state_match", "functional_match",
                                      "continuation_match")
 # How many logged cells after the target run after each prediction and reference (themisto.scoring.continuation).

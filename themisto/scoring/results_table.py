@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-POSITIONS: tuple[str, ...] = ("early", "middle", "late")
+from themisto.vocabulary import POSITIONS, SUBSETS
 
 
 def cell(entry: dict | None, *, signed: bool = False) -> str:
@@ -69,7 +69,7 @@ def _main_table(results: dict) -> list[str]:
     for metric in results["metrics"]:
         for context in run["contexts"]:
             effects = [cell(paired.get((context, metric, s)), signed=True) if context != "none" else ""
-                       for s in ("all", "hard")]
+                       for s in SUBSETS]
             lines.append(f"| {metric} | model · {context} | {cell(scores.get((context, metric, 'all')))} | "
                          f"{cell(scores.get((context, metric, 'hard')))} | {effects[0]} | {effects[1]} |")
         for name in names:

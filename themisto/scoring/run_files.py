@@ -12,13 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from themisto.errors import InputError
+from themisto.vocabulary import CONTEXT_MODES, GENERATION_STATUSES, TASKS
 
 RUN_FILE = "run.json"
 GENERATIONS_FILE = "generations.jsonl"
 RUN_FORMAT = 1
-GENERATION_STATUSES: tuple[str, ...] = ("ok", "skipped", "failed")
-_TASKS: tuple[str, ...] = ("next_cell", "output_prediction")
-_CONTEXTS: tuple[str, ...] = ("none", "variables", "full")
 
 
 class RunError(InputError):
@@ -65,12 +63,12 @@ def _read_meta(path: Path) -> dict:
         raise RunError(f"{path}: expected a JSON object")
     if meta.get("format") != RUN_FORMAT:
         raise RunError(f"{path}: format {meta.get('format')!r}, expected {RUN_FORMAT}")
-    if meta.get("task") not in _TASKS:
-        raise RunError(f"{path}: task {meta.get('task')!r}, expected one of {', '.join(_TASKS)}")
+    if meta.get("task") not in TASKS:
+        raise RunError(f"{path}: task {meta.get('task')!r}, expected one of {', '.join(TASKS)}")
     contexts = meta.get("contexts")
     if (not isinstance(contexts, list) or not contexts or len(set(contexts)) != len(contexts)
-            or any(c not in _CONTEXTS for c in contexts)):
-        raise RunError(f"{path}: contexts {contexts!r}, expected distinct names from {', '.join(_CONTEXTS)}")
+            or any(c not in CONTEXT_MODES for c in contexts)):
+        raise RunError(f"{path}: contexts {contexts!r}, expected distinct names from {', '.join(CONTEXT_MODES)}")
     samples = (meta.get("sampling") or {}).get("n")
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise RunError(f"{path}: sampling.n {samples!r}, expected a positive integer")

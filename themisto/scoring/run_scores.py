@@ -20,12 +20,12 @@ from typing import Callable
 
 from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
 from themisto.scoring.run_files import RunError, RunFolder, find_release, read_run
+from themisto.vocabulary import POSITIONS
 
 TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
 # continuation_match first: the headline (metrics/themisto/README.md says why).
 EXECUTION_METRICS: tuple[str, ...] = ("continuation_match", "functional_match", "exec_ok", "output_match",
                                       "state_match")
-POSITIONS: tuple[str, ...] = ("early", "middle", "late")
 RESULTS_FORMAT = 1
 RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
 # What the run asks the scorer: one line per example with its distinct candidate texts; the scorer's own records.

@@ -34,7 +34,6 @@ from themisto.scoring.execution import TrajectoryRunner, execute_examples
 from themisto.scoring.gate import permit as gate_permit
 from themisto.scoring.records import (
     EXECUTION_SCORES,
-    OUTCOMES,
     ExampleRecord,
     PredictionRecord,
     ScoreError,
@@ -44,6 +43,7 @@ from themisto.scoring.records import (
     make_examples,
     text_records,
 )
+from themisto.vocabulary import OUTCOMES
 from themisto.scoring.release_state import Release, check_against_release, load_release
 
 

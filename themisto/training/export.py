@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Callable
 
 from themisto.errors import InputError
-from themisto.generation.prompts import CONTEXT_MODES, TASKS, render_prompt, template_sha256
+from themisto.generation.prompts import render_prompt, template_sha256
 from themisto.resume import folder_written_whole
 from themisto.training.verify import DROP_REASONS, Verifier, has_snapshot
+from themisto.vocabulary import CONTEXT_MODES, TASKS
 
 EXAMPLES_FILE = "examples.jsonl"
 DATASET_DIR = "dataset"

@@ -14,6 +14,7 @@ from typing import Iterable, Mapping
 
 from themisto.errors import InputError
 from themisto.runtime.agent import OUTPUT_CAP_MARKER
+from themisto.vocabulary import COMPARABLE_LOGGED, UNFINISHED_STATUSES
 
 # Why a row is left out, in the order the rules are checked; the manifest counts each.
 DROP_REASONS: dict[str, str] = {
@@ -29,8 +30,6 @@ DROP_REASONS: dict[str, str] = {
                         "prompt (and the state before the target) is not what the developer had",
     "no_snapshot": "the context mode shows the runtime state, and the row has no snapshot of it",
 }
-LOGGED_OUTCOMES = ("ok", "error")
-UNFINISHED = ("timeout", "kernel_died")
 # The cap marker's fixed head: every capped output contains it, whatever the sizes formatted into it.
 _CAP_HEAD = OUTPUT_CAP_MARKER.split("{", 1)[0]
 
@@ -48,11 +47,11 @@ class StepKey:
 def step_problem(row: Mapping) -> str | None:
     """Why one `trajectories` row's replay does not reproduce the log (a DROP_REASONS key), or None."""
     logged = row.get("logged_status")
-    if logged not in LOGGED_OUTCOMES:
+    if logged not in COMPARABLE_LOGGED:
         return "outcome_not_logged"
     if row.get("status") == "timeout" and logged == "error" and row.get("logged_ename") == "KeyboardInterrupt":
         return None  # the developer stopped the run, replay's watchdog did: both stopped from outside (as in fidelity)
-    if row.get("status") in UNFINISHED:
+    if row.get("status") in UNFINISHED_STATUSES:
         return "replay_unfinished"
     if row.get("status") != logged:
         return "status_differs"

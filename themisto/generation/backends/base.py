@@ -5,15 +5,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from themisto.errors import InputError
+from themisto.vocabulary import GenerationStatus
 
 if TYPE_CHECKING:
     from themisto.generation.prompts import Prompt
-
-Status = Literal["ok", "skipped", "failed"]
-
 
 class BackendError(InputError):
     """A backend cannot be made or used as asked: unknown name or model, a missing package (the message gives the
@@ -47,7 +45,7 @@ class Generation:
     """One sample's outcome: the raw text, a closed status, why it is not ok, and token counts where known."""
 
     raw: str
-    status: Status = "ok"
+    status: GenerationStatus = "ok"
     reason: str | None = None
     tokens_in: int | None = None
     tokens_out: int | None = None

@@ -1,0 +1,59 @@
+"""The closed vocabularies the stages share, declared here once: tasks, context modes, splits and statuses.
+
+Every stage, the command line's `choices` and defaults included, takes these names from here, so a new context
+mode is one edit below plus its template (`themisto.generation.prompts`). Each set is a `Literal` (for the type of
+a record's field) and the tuple of its values in their order (for checks, choices and tables), the tuple derived
+from the `Literal` so the two cannot disagree. Standard library only: `import themisto.vocabulary` loads nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# The benchmark's two tasks; each is also a config of the release (beside `trajectories`).
+Task = Literal["next_cell", "output_prediction"]
+TASKS: tuple[str, ...] = get_args(Task)
+
+# Runtime-context modes of a prompt, in the order tables show them; `none` is the baseline paired effects compare
+# against. `none` shows no snapshot; every other mode needs the release's snapshots.
+ContextMode = Literal["none", "variables", "full"]
+CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
+BASELINE_CONTEXT = "none"
+# What `themisto generate` and `themisto sft-export` run when no --context is given.
+DEFAULT_CONTEXT_MODES: tuple[str, ...] = CONTEXT_MODES
+
+# Splits of a release: `test` is the benchmark; `train` holds other trajectories (and participants) for fine-tuning.
+Split = Literal["test", "train"]
+SPLITS: tuple[str, ...] = get_args(Split)
+BENCHMARK_SPLIT: Split = "test"
+
+# One generation line's status: `skipped` (the prompt did not fit) and `failed` (the backend gave up) score 0.
+GenerationStatus = Literal["ok", "skipped", "failed"]
+GENERATION_STATUSES: tuple[str, ...] = get_args(GenerationStatus)
+
+# How a cell ended in a kernel or in a branch of one; `timeout` and `kernel_died` are a cell that did not finish.
+CellStatus = Literal["ok", "error", "timeout", "kernel_died"]
+CELL_STATUSES: tuple[str, ...] = get_args(CellStatus)
+UnfinishedStatus = Literal["timeout", "kernel_died"]
+UNFINISHED_STATUSES: tuple[str, ...] = get_args(UnfinishedStatus)
+
+# What the log recorded about an execution. "unknown": the log never said how it ended (no finished event).
+LoggedStatus = Literal["ok", "error", "interrupted", "unknown"]
+LOGGED_STATUSES: tuple[str, ...] = get_args(LoggedStatus)
+# The logged outcomes a replay can be compared with (an interrupt or an unknown end says nothing of the result).
+COMPARABLE_LOGGED: tuple[str, ...] = ("ok", "error")
+
+# A scored prediction's outcome: how its cell ended, or `refused` (it was not run).
+Outcome = Literal[CellStatus, "refused"]
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
+
+# How an example fared as a whole: `scored` counts in the functional scores; the others are reported, not guessed.
+ExampleStatus = Literal["text_only", "scored", "nondeterministic", "reference_unfinished", "reference_diverged",
+                        "refused"]
+EXAMPLE_STATUSES: tuple[str, ...] = get_args(ExampleStatus)
+
+# Subsets and breakdowns of a score: all examples or the hard ones (no baseline solves them); the third of its
+# trajectory a target lies in.
+SUBSETS: tuple[str, ...] = ("all", "hard")
+POSITIONS: tuple[str, ...] = ("early", "middle", "late")
+
