@@ -42,11 +42,11 @@ def test_alarms_are_distinct_bounded_lines():
 def test_library_habits_are_not_suspicious():
     import builtins
 
-    from themisto.runtime.agent.integrity import Integrity, _classify
+    from themisto.runtime.agent.integrity import Integrity, classify
 
     # pandas asks gc for an object's referents; only the cell's own code doing so is suspicious.
-    assert _classify("gc.get_referents", ([],)) is None
-    assert _classify("gc.get_objects", ()) == "gc.get_objects"
+    assert classify("gc.get_referents", ([],)) is None
+    assert classify("gc.get_objects", ()) == "gc.get_objects"
     picture = Integrity([], [])
     builtins.__pybind11_internals_probe__ = object()  # what importing scipy (pybind11) does
     try:

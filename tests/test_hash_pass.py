@@ -20,15 +20,15 @@ def test_a_pass_hashes_each_frame_once_with_the_same_hashes(monkeypatch):
     alone = {name: hashing.content_hash(value) for name, value in variables.items()}  # no pass: each on its own
     assert alone["train"] == alone["same"] == alone["other"] and alone["data"] != alone["train"]
     hashed = []
-    real = hashing._content_hash
+    real = hashing.content_digest
 
     def counted(value, sink=None):
         hashed.append(id(value))
         return real(value, sink)
 
     # Every way in: content_hash, and the footprint the page check takes (delta's own reference).
-    monkeypatch.setattr(hashing, "_content_hash", counted)
-    monkeypatch.setattr(delta, "_content_hash", counted)
+    monkeypatch.setattr(hashing, "content_digest", counted)
+    monkeypatch.setattr(delta, "content_digest", counted)
     for prints in (False, True):
         hashed.clear()
         before = hash_before(variables, lambda value: None, prints=prints)
@@ -71,4 +71,4 @@ def test_which_structures_need_the_type_tagged_encoder():
         "empty": ([], False),
     }
     for name, (value, expected) in cases.items():
-        assert hashing._holds_set_or_object(value) is expected, name
+        assert hashing.holds_set_or_object(value) is expected, name

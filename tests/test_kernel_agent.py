@@ -221,7 +221,7 @@ def kept_shell(shell):
 def test_kept_records_equal_fresh_ones_and_unchanged_values_keep_their_hash(kept_shell):
     first = _records(kept_shell)
     assert not any(v["hash"].startswith(ka.UNHASHABLE) for v in first.values())
-    assert ka_snapshots._CACHE.by_id and ka_snapshots._CACHE.by_content  # both kinds of record were kept
+    assert ka_snapshots.CACHE.by_id and ka_snapshots.CACHE.by_content  # both kinds of record were kept
     second = _records(kept_shell)
     assert second == first == _fresh(kept_shell)
 
@@ -282,11 +282,11 @@ def test_the_cache_lets_go_of_deleted_and_large_values(kept_shell):
     kept_shell.run_cell("big = ['x%d' % i for i in range(400_000)]", store_history=False)  # ~25 MB deep
     _records(kept_shell)
     ids = {name: id(value) for name, value in ka.user_variables(kept_shell).items()}
-    assert ids["words"] in ka_snapshots._CACHE.by_id and ids["big"] not in ka_snapshots._CACHE.by_id
+    assert ids["words"] in ka_snapshots.CACHE.by_id and ids["big"] not in ka_snapshots.CACHE.by_id
     assert _records(kept_shell)["big"] == ka.describe("big", kept_shell.user_ns["big"])[0]
     kept_shell.run_cell("del words", store_history=False)
     _records(kept_shell)
-    assert ids["words"] not in ka_snapshots._CACHE.by_id
+    assert ids["words"] not in ka_snapshots.CACHE.by_id
 
 
 def test_frame_hashes_are_exact_where_pandas_hashes_are_not():

@@ -92,3 +92,35 @@ def test_agent_modules_import_only_the_standard_library(path):
     foreign = [n for n in names if n.split(".")[0] not in sys.stdlib_module_names
                and not n.startswith("themisto.runtime.agent") and n != "__future__"]
     assert not foreign, f"{path.name} imports {foreign} at module level"
+
+
+def _private_names_taken(tree: ast.Module, package: str) -> list[str]:
+    """Underscore names this module takes from another module of `package`: imported, or read off an imported module."""
+    taken, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package):
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    taken.append(f"{node.module}.{alias.name}")
+                elif node.module == package:
+                    modules.add(alias.asname or alias.name)  # `from package import module`
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            taken.append(f"{package}.{node.value.id}.{node.attr}")
+    return taken
+
+
+def test_agent_modules_share_only_public_names():
+    agent = PACKAGE / "runtime" / "agent"
+    taken = {p.name: _private_names_taken(ast.parse(p.read_text(encoding="utf-8")), "themisto.runtime.agent")
+             for p in sorted(agent.glob("*.py"))}
+    assert not {name: found for name, found in taken.items() if found}, (
+        "an agent module takes another's underscore names; make the name public where it is shared")
+
+
+def test_the_private_name_check_sees_both_ways_in():
+    tree = ast.parse("from themisto.runtime.agent.snapshots import _CACHE\nfrom themisto.runtime.agent import candidate\n"
+                     "candidate._kill(1)\n")
+    assert _private_names_taken(tree, "themisto.runtime.agent") == ["themisto.runtime.agent.snapshots._CACHE",
+                                                                    "themisto.runtime.agent.candidate._kill"]

@@ -6,13 +6,14 @@ it changes no user variable. Branches run each candidate in a forked grandchild 
 kernel's memory copy-on-write, captures its own output, and reports back; the kernel itself only waits, kills and
 reaps.
 
-The package is split by concern: `namespace` (shared limits, the shell, the user's names, bounded reprs), `hashing`
-and `leaves`, `describe`, `snapshots`, `workdir` (the work-folder guard), `recorder` and `capture` (a cell's outputs),
-`integrity`, `delta`, `pages` and `walls` (what guards a branch), `branching` and `candidate` (the kernel's side of a
-branch call and of one candidate's life), `handoff` (the go a candidate forked ahead of its turn waits for) and
-`branch_child` (the monitor's and the candidate's side).
-Every module imports only the standard library; this `__init__` gathers the names the host calls through user
-expressions (`themisto.runtime.snapshot.AGENT`).
+The package is split by concern: `namespace` (what every module shares: the shell, the user's names, bounded reprs),
+`hashing` and `leaves`, `describe`, `snapshots`, `workdir` (the work-folder guards), `recorder` and `capture` (a
+cell's outputs), `integrity`, `delta`, `pages` and `walls` (what guards a branch), `branching` and `candidate` (the
+kernel's side of a branch call and of one candidate's life), `handoff` (the wire between the kernel and a branch's
+processes: the go, the monitor's messages) and `branch_child` (the monitor's and the candidate's side).
+The modules share only public names (a name with an underscore stays in its module). Every module imports only the
+standard library; this `__init__` gathers the names the host calls through user expressions
+(`themisto.runtime.snapshot.AGENT`).
 """
 
 from themisto.runtime.agent.branching import branch, process_count, set_data_limit

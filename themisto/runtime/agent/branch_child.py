@@ -17,16 +17,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from themisto.runtime.agent.namespace import (_MONITOR_REAP_S, _MSG_HEADER,
-                                              _PR_SET_CHILD_SUBREAPER, _REHASH_BYTES, user_variables)
+from themisto.runtime.agent.namespace import user_variables
 from themisto.runtime.agent.hashing import hash_each, state_hash
-from themisto.runtime.agent.snapshots import _CACHE
+from themisto.runtime.agent.snapshots import CACHE
 from themisto.runtime.agent.integrity import (CONTINUATION_PREFIX, Guard, close_inherited, json_encoder, seal,
                                               sealed_method)
 from themisto.runtime.agent.delta import Before, hash_after, namespace_delta
-from themisto.runtime.agent.handoff import await_go
-from themisto.runtime.agent.walls import end_descendants, enter, seal_candidate
-from themisto.runtime.agent.capture import _BranchTimeout, _Recorder, _install_capture, _read_fd_output
+from themisto.runtime.agent.handoff import await_go, send_message
+from themisto.runtime.agent.walls import become_subreaper, children_of, end_descendants, enter, seal_candidate
+from themisto.runtime.agent.capture import BranchTimeout, install_capture, read_fd_output
+from themisto.runtime.agent.recorder import OutputRecorder
+
+
+# Above this estimated size an object kept by identity in a branch is trusted, not rehashed (delta="identity").
+_REHASH_BYTES = 1 << 20
+# How long the monitor goes on reaping what its candidate left behind, after the candidate's exit.
+MONITOR_REAP_S = 2.0
 
 
 def data_limit(extra_bytes: int) -> tuple[int, int]:
@@ -103,7 +109,7 @@ def _cheap_size(value: Any) -> int:
 def _delta(shell: Any, plan: BranchPlan) -> dict:
     """Added, changed and deleted user variables against the pre-branch hashes, and the post-branch state hash."""
     if plan.delta != "identity":  # exact: "hash" rehashes everything, "pages" what the page flags cannot clear
-        post, kept = hash_after(user_variables(shell), Before(plan.pre_hashes, plan.page_prints), _CACHE.kept_hash,
+        post, kept = hash_after(user_variables(shell), Before(plan.pre_hashes, plan.page_prints), CACHE.kept_hash,
                                 full=plan.delta == "hash", end=end_descendants)
         return {**namespace_delta(plan.pre_hashes, post), "state_hash_after": state_hash(post), "unverified": [],
                 "kept_by_pages": kept}
@@ -113,27 +119,19 @@ def _delta(shell: Any, plan: BranchPlan) -> dict:
                   if plan.pre_ids.get(name) == id(value) and _cheap_size(value) > _REHASH_BYTES
                   and plan.pre_prints.get(name) is not None and value_fingerprint(value) == plan.pre_prints[name]]
     post = hash_each(variables, lambda name, value: plan.pre_hashes[name] if name in unverified
-                     else _CACHE.kept_hash(value))
+                     else CACHE.kept_hash(value))
     return {**namespace_delta(plan.pre_hashes, post), "state_hash_after": state_hash(post),
             "unverified": sorted(unverified)}
 
 
-def _send(fd: int, kind: bytes, payload: bytes) -> None:
-    data = _MSG_HEADER.pack(kind, len(payload)) + payload
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
 def _run_cell(shell: Any, code: str, plan: BranchPlan, fd_out: dict[int, int], timed_out: list[bool]) -> dict:
     """Run one cell in the child under its own timer, outputs captured; its status, outputs, time and truncation."""
-    recorder = _Recorder(plan.output_bytes)
-    _install_capture(shell, recorder)
+    recorder = OutputRecorder(plan.output_bytes)
+    install_capture(shell, recorder)
 
     def on_alarm(signum: int, frame: Any) -> None:
         timed_out[0] = True
-        raise _BranchTimeout(f"the cell ran past its {plan.timeout_s:g} s timeout")
+        raise BranchTimeout(f"the cell ran past its {plan.timeout_s:g} s timeout")
 
     signal.signal(signal.SIGALRM, on_alarm)
     # IPython decides whether to show the last expression by tokenizing the newest history entry; without
@@ -159,12 +157,12 @@ def _run_cell(shell: Any, code: str, plan: BranchPlan, fd_out: dict[int, int], t
     except (OSError, AttributeError):
         pass
     for fd, name in ((1, "stdout"), (2, "stderr")):
-        recorder.stream(name, _read_fd_output(fd_out[fd], plan.output_bytes))
+        recorder.stream(name, read_fd_output(fd_out[fd], plan.output_bytes))
         os.ftruncate(fd_out[fd], 0)  # the next cell of a continuation starts with empty fd output
         os.lseek(fd_out[fd], 0, os.SEEK_SET)
     error = run.error_before_exec or run.error_in_exec
-    if timed_out[0] or isinstance(error, _BranchTimeout):
-        recorder.outputs = [o for o in recorder.outputs if o.get("ename") != "_BranchTimeout"]
+    if timed_out[0] or isinstance(error, BranchTimeout):
+        recorder.outputs = [o for o in recorder.outputs if o.get("ename") != "BranchTimeout"]
         result = {"status": "timeout", "ename": "CellTimeout",
                   "evalue": f"the cell ran past its {plan.timeout_s:g} s timeout"}
     elif error is not None:
@@ -196,7 +194,7 @@ def _run_continuation(shell: Any, cells: list[str], plan: BranchPlan, fd_out: di
             break  # the state is cut mid-cell: the cells after it would only measure the cut
     names = plan.state_names
     state = {name: value for name, value in user_variables(shell).items() if names is None or name in names}
-    return reports, hash_each(state, lambda name, value: _CACHE.kept_hash(value))
+    return reports, hash_each(state, lambda name, value: CACHE.kept_hash(value))
 
 
 # The report channel: an anonymous shared mapping the monitor makes before forking the candidate (no descriptor,
@@ -244,7 +242,7 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
         # Every agent module, so the hashing and delta code the child runs after the candidate is the sealed copy.
         spaces = seal([module for name, module in list(sys.modules.items()) if name.startswith(_AGENT)])
         space = spaces[__name__]  # this module's sealed copy: _run_cell, _delta and _run_continuation below
-        space["_CACHE"] = _SealedCache(sealed_method(_CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
+        space["CACHE"] = _SealedCache(sealed_method(CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
         seal_candidate()  # no capabilities, no new privileges, no page moving; dumpable for its own pagemap
         plan.guard = Guard(alarm_fd)
         import resource
@@ -290,11 +288,11 @@ def run_monitor(shell: Any, cells: list[str], plan: BranchPlan, wfd: int, channe
     try:
         os.setsid()
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            become_subreaper()
         except (OSError, AttributeError):
             pass
         why = enter(list(plan.hide))  # when it cannot, the candidate runs without them (the kernel says so)
-        _send(wfd, b"W", (why or "").encode()[:500])
+        send_message(wfd, b"W", (why or "").encode()[:500])
         child = os.fork()
         if child == 0:
             _unsafe_run_candidate(shell, cells, plan, channel, alarm_w, go_r)
@@ -304,14 +302,14 @@ def run_monitor(shell: Any, cells: list[str], plan: BranchPlan, wfd: int, channe
             os.setpgid(child, child)
         except OSError:
             pass  # the child already did it, or already exited
-        _send(wfd, b"P", str(child).encode())
+        send_message(wfd, b"P", str(child).encode())
         while True:
             pid, status = os.waitpid(-1, 0)
             if pid == child:
                 exit_code = os.waitstatus_to_exitcode(status)
                 code_out = min(exit_code, 99) if exit_code >= 0 else 100 - exit_code  # 100 + signal number
                 break
-        _send(wfd, b"D", str(code_out).encode())
+        send_message(wfd, b"D", str(code_out).encode())
         os.close(wfd)
         # Whatever the candidate left behind (sleeping children, a fork storm) dies with its group; orphans that
         # left the group were reparented to this subreaper and are killed one by one.
@@ -319,14 +317,14 @@ def run_monitor(shell: Any, cells: list[str], plan: BranchPlan, wfd: int, channe
             os.killpg(child, signal.SIGKILL)
         except OSError:
             pass
-        deadline = time.monotonic() + _MONITOR_REAP_S
+        deadline = time.monotonic() + MONITOR_REAP_S
         while time.monotonic() < deadline:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
-                for orphan in _children_of(os.getpid()):
+                for orphan in children_of(os.getpid()):
                     try:
                         os.kill(orphan, signal.SIGKILL)
                     except OSError:
@@ -336,14 +334,3 @@ def run_monitor(shell: Any, cells: list[str], plan: BranchPlan, wfd: int, channe
         code_out = 98
     finally:
         os._exit(code_out)
-
-
-def _children_of(pid: int) -> list[int]:
-    found = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    return found

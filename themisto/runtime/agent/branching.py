@@ -16,10 +16,10 @@ import time
 from typing import Any
 
 from themisto.runtime.agent import candidate
-from themisto.runtime.agent.namespace import _shell, user_variables
+from themisto.runtime.agent.namespace import get_shell, user_variables
 from themisto.runtime.agent.hashing import state_hash
-from themisto.runtime.agent.snapshots import _CACHE
-from themisto.runtime.agent.workdir import WorkdirGuard, _GUARDS
+from themisto.runtime.agent.snapshots import CACHE
+from themisto.runtime.agent.workdir import guard_workdir, restore_home
 from themisto.runtime.agent.delta import hash_before
 from themisto.runtime.agent.walls import connection_folder, set_dumpable
 from themisto.runtime.agent.branch_child import BranchPlan, data_limit, value_fingerprint
@@ -40,7 +40,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
         raise OSError("os.fork is not available on this platform; use the replay fallback")
     if delta not in ("pages", "hash", "identity"):
         raise ValueError(f"delta must be 'pages', 'hash' or 'identity', not {delta!r}")
-    shell = _shell(shell)
+    shell = get_shell(shell)
     began = time.perf_counter()
     candidate.join_reapers()  # the last call's monitors are gone long since
     plan = BranchPlan(
@@ -56,14 +56,14 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
     ready = candidate.try_start(shell, candidates[0], plan) if candidates else None
     try:
         variables = user_variables(shell)
-        before = hash_before(variables, _CACHE.kept_hash, prints=delta == "pages")
+        before = hash_before(variables, CACHE.kept_hash, prints=delta == "pages")
         plan.pre_hashes, plan.page_prints = before.hashes, before.prints
         plan.pre_ids = {name: id(value) for name, value in variables.items()}
         if delta == "identity":
             plan.pre_prints = {name: value_fingerprint(value) for name, value in variables.items()}
         go = go_message(plan)
         del variables, before
-        guard = None if workdir is None else _workdir_guard(workdir)
+        guard = None if workdir is None else guard_workdir(workdir)
         prepared = time.perf_counter() - began
         for index, cells in enumerate(candidates):
             current = ready or candidate.start(shell, cells, plan)
@@ -76,7 +76,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
                                              (lambda: candidate.try_start(shell, following, plan)))
             if guard is not None:
                 result["workdir"] = guard.check_and_restore()
-                _restore_home(result["workdir"])
+                restore_home(result["workdir"])
             results.append(result)
     finally:
         if ready is not None:
@@ -85,37 +85,6 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
         set_dumpable(True)
     return json.dumps({"state_hash_before": state_hash(plan.pre_hashes), "prepare_s": prepared, "results": results},
                       default=str)
-
-
-def _workdir_guard(workdir: str) -> WorkdirGuard:
-    """The guard of the work folder (and of the kernel's home), its files as they are now kept."""
-    guard = _GUARDS.get(workdir) or WorkdirGuard(workdir)
-    _GUARDS[workdir] = guard
-    guard.refresh()
-    _guard_home()
-    return guard
-
-
-def _restore_home(changes: dict) -> None:
-    """Undo what the candidate wrote in the kernel's home (a startup file planted for the next prediction, say) and
-    add it to the workdir `changes` as `~/…` paths."""
-    home = os.path.realpath(os.path.expanduser("~"))
-    if not os.path.isdir(home) or home in ("/", os.path.realpath("/root")):
-        return  # no home of its own (the kernel runs unsandboxed as a real user): not ours to restore
-    guard = _GUARDS.get(home)
-    if guard is None:
-        return
-    found = guard.check_and_restore()
-    for key in ("added", "deleted", "modified", "unrestored"):
-        if found.get(key):
-            changes[key] = list(changes.get(key) or []) + [os.path.join("~", path) for path in found[key]]
-
-
-def _guard_home() -> None:
-    """Guard the kernel's home for the branches about to run: its files as they are now are kept."""
-    home = os.path.realpath(os.path.expanduser("~"))
-    if os.path.isdir(home) and home not in ("/", os.path.realpath("/root")):
-        _GUARDS.setdefault(home, WorkdirGuard(home)).refresh()
 
 
 def set_data_limit(extra_bytes: int | None) -> str:

@@ -20,20 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from themisto.runtime.agent.namespace import _GRACE_S, _MAX_MESSAGE, _MONITOR_REAP_S, _MSG_HEADER
 from themisto.runtime.agent.integrity import read_alarms
-from themisto.runtime.agent.branch_child import ALARM_BYTES, BranchPlan, REPORT_BYTES, run_monitor
+from themisto.runtime.agent.branch_child import ALARM_BYTES, MONITOR_REAP_S, REPORT_BYTES, BranchPlan, run_monitor
+from themisto.runtime.agent.handoff import parse_messages
 
-
-def _parse_messages(buffer: bytearray, messages: dict[bytes, bytes]) -> None:
-    while len(buffer) >= _MSG_HEADER.size:
-        kind, length = _MSG_HEADER.unpack_from(buffer)
-        if length > _MAX_MESSAGE:
-            raise ValueError(f"branch child sent a {length}-byte message")
-        if len(buffer) < _MSG_HEADER.size + length:
-            return
-        messages[kind] = bytes(buffer[_MSG_HEADER.size:_MSG_HEADER.size + length])
-        del buffer[:_MSG_HEADER.size + length]
+_GRACE_S = 2.0  # after the candidate's own timer: time to hash the delta and report before SIGKILL
 
 
 def _wait_monitor(pid: int, until: float) -> int | None:
@@ -96,7 +87,7 @@ def join_reapers() -> None:
 def _reap_monitor(monitor: int, status: int | None) -> int:
     """The monitor's wait status, after a bounded wait and then SIGKILL."""
     if status is None:
-        status = _wait_monitor(monitor, time.monotonic() + _MONITOR_REAP_S + 1.0)
+        status = _wait_monitor(monitor, time.monotonic() + MONITOR_REAP_S + 1.0)
     if status is None:
         os.kill(monitor, signal.SIGKILL)
         _, status = os.waitpid(monitor, 0)
@@ -139,7 +130,7 @@ def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: di
                     chunk = os.read(rfd, 1 << 20)
                     if chunk:
                         buffer += chunk
-                        _parse_messages(buffer, messages)
+                        parse_messages(buffer, messages)
                     else:
                         eof = True
                         poller.unregister(rfd)

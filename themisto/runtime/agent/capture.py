@@ -17,18 +17,14 @@ from themisto.runtime.agent.recorder import OutputRecorder
 # ----- branch execution: the child side -------------------------------------------------------------------------
 
 
-class _BranchTimeout(BaseException):
+class BranchTimeout(BaseException):
     """Raised in the child by its own timer; BaseException so that `except Exception` in the candidate passes it."""
-
-
-# A branch child's outputs: the recorder the host's collector uses too (same sizes, clears and cap marker).
-_Recorder = OutputRecorder
 
 
 class _CaptureStream(io.TextIOBase):
     """sys.stdout / sys.stderr of a branch child: writes go to the recorder, never to the kernel's IOPub."""
 
-    def __init__(self, recorder: _Recorder, name: str, fd: int):
+    def __init__(self, recorder: OutputRecorder, name: str, fd: int):
         self._recorder, self._name, self._fd = recorder, name, fd
 
     @property
@@ -51,7 +47,7 @@ class _CaptureStream(io.TextIOBase):
         return len(text)
 
 
-def _install_capture(shell: Any, recorder: _Recorder) -> None:
+def install_capture(shell: Any, recorder: OutputRecorder) -> None:
     """Point every output path of the shell at the recorder; nothing the child does may reach zmq."""
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
@@ -106,7 +102,7 @@ def _install_capture(shell: Any, recorder: _Recorder) -> None:
         shell.history_manager.db_log_output = False
 
 
-def _read_fd_output(fd: int, limit: int) -> str:
+def read_fd_output(fd: int, limit: int) -> str:
     os.lseek(fd, 0, os.SEEK_SET)
     chunks, left = [], limit + 1
     while left > 0:

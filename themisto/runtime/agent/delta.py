@@ -16,7 +16,7 @@ import mmap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from themisto.runtime.agent.hashing import _FRAME_TYPES, _content_hash, _raw_bytes, hash_each
+from themisto.runtime.agent.hashing import content_digest, hash_each, is_frame_or_array, raw_bytes
 from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE
 from themisto.runtime.agent.pages import usable as pages_usable
 from themisto.runtime.agent.pages import written
@@ -47,10 +47,10 @@ class Footprint:
     def raw(self, values: Any) -> None:
         """Feed a numpy array's raw bytes: in full where small, else its place in memory to the fingerprint."""
         if values.nbytes < SPAN_BYTES:
-            self.update(_raw_bytes(values))
+            self.update(raw_bytes(values))
             return
         if self.content is not None:
-            self.content.update(_raw_bytes(values))
+            self.content.update(raw_bytes(values))
         address = values.__array_interface__["data"][0]
         low = high = 0
         for size, stride in zip(values.shape, values.strides):
@@ -93,9 +93,7 @@ def _mostly_buffers(value: Any) -> bool:
 def footprint(value: Any, content: bool = True) -> tuple[str | None, str, tuple] | None:
     """A frame's or array's (content hash or None when not asked, fingerprint, spans of its large raw buffers);
     None for any other value, for one whose content is mostly Python objects, and for one that cannot be hashed."""
-    module = type(value).__module__ or ""
-    if not ((module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES)
-            or (module == "numpy" and type(value).__name__ == "ndarray")):
+    if not is_frame_or_array(value):
         return None
     try:
         if not _mostly_buffers(value):
@@ -103,7 +101,7 @@ def footprint(value: Any, content: bool = True) -> tuple[str | None, str, tuple]
     except Exception:  # noqa: BLE001 - a value that will not say what it holds is hashed in full
         return None
     sink = Footprint(content)
-    digest = _content_hash(value, sink)[0]
+    digest = content_digest(value, sink)[0]
     if digest.startswith((UNHASHABLE, "repr:")):
         return None
     return (digest if content else None), sink.print.hexdigest()[:HASH_CHARS], tuple(sink.spans)

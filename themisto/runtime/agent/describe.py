@@ -11,12 +11,19 @@ import sys
 import types
 from typing import Any
 
-from themisto.runtime.agent.namespace import _EXACT_DEEP_ROWS, _FLAT_SIZE_MAX, _SIZE_NODES, _qualname, _safe_repr
+from themisto.runtime.agent.namespace import qualname, safe_repr
 from themisto.runtime.agent.hashing import content_hash
-from themisto.runtime.agent.leaves import _pickle_leaves
+from themisto.runtime.agent.leaves import pickle_leaves
 
 
 # ----- sizes, reprs, shapes -------------------------------------------------------------------------------------
+
+# Deep sizes walk at most this many objects, then extrapolate from what they saw.
+_SIZE_NODES = 20_000
+# Flat containers of leaves up to this length are sized exactly at C speed (the walk below is Python-level).
+_FLAT_SIZE_MAX = 1_000_000
+# DataFrames longer than this get their object columns' deep size estimated from a sample.
+_EXACT_DEEP_ROWS = 200_000
 
 
 def _flat_size(value: Any) -> int | None:
@@ -29,7 +36,7 @@ def _flat_size(value: Any) -> int | None:
         members = value
     else:
         return None
-    if len(members) > _FLAT_SIZE_MAX or not set(map(type, members)) <= _pickle_leaves():
+    if len(members) > _FLAT_SIZE_MAX or not set(map(type, members)) <= pickle_leaves():
         return None
     distinct = dict(zip(map(id, members), members))
     return sys.getsizeof(value) + sum(map(sys.getsizeof, distinct.values()))
@@ -99,20 +106,17 @@ def size_of(value: Any) -> int:
 _LAZY_PANDAS_MODULES = ("pandas.core.groupby", "pandas.core.window", "pandas.core.resample")
 
 
-def describe(name: str, value: Any) -> tuple[dict, str | None]:
-    """One variable's record (name, type, size, repr, hash, shape/dtype/len/columns) and the failure if any."""
-    return _describe(name, value, None)
-
-
-def _describe(name: str, value: Any, digest: str | None) -> tuple[dict, str | None]:
-    record: dict[str, Any] = {"name": name, "type": _qualname(value)}
+def describe(name: str, value: Any, digest: str | None = None) -> tuple[dict, str | None]:
+    """One variable's record (name, type, size, repr, hash, shape/dtype/len/columns) and the failure if any;
+    `digest`: its content hash when the caller has it already."""
+    record: dict[str, Any] = {"name": name, "type": qualname(value)}
     failure = None
     try:
         record["size"] = size_of(value)
     except Exception as error:  # noqa: BLE001
         record["size"] = sys.getsizeof(value)
         failure = f"size: {type(error).__name__}: {error}"[:300]
-    record["repr"], repr_error = _safe_repr(value)
+    record["repr"], repr_error = safe_repr(value)
     if repr_error is not None:
         record["repr_error"] = repr_error
     record["hash"] = content_hash(value) if digest is None else digest

@@ -1,13 +1,42 @@
-"""The go a candidate forked ahead of its turn waits for: the kernel's hashes it needs after its cell (it may have
-been forked while the kernel was still hashing), written to its go socket when its turn comes; the end of that
-socket instead of a go cancels it. Runs inside the kernel and its children: standard library only.
+"""What passes between the kernel and a branch's processes, both ends of it: the go a candidate forked ahead of its
+turn waits for (the kernel's hashes it needs after its cell: it may have been forked while the kernel was still
+hashing), written to its go socket when its turn comes, the end of that socket instead of a go cancelling it; and
+the monitor's messages to the kernel (its walls, the candidate's pid, the candidate's end).
+
+Runs inside the kernel and its children: standard library only.
 """
 
 from __future__ import annotations
 
 import marshal
 import os
+import struct
 from typing import Any
+
+# A monitor's message: its kind (one byte) and its length, then its payload.
+MESSAGE_HEADER = struct.Struct(">cQ")
+_MAX_MESSAGE = 512 * 2**20
+
+
+def send_message(fd: int, kind: bytes, payload: bytes) -> None:
+    """Write one message of `kind` to the kernel (the monitor's side)."""
+    data = MESSAGE_HEADER.pack(kind, len(payload)) + payload
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def parse_messages(buffer: bytearray, messages: dict[bytes, bytes]) -> None:
+    """Move the complete messages at the start of `buffer` into `messages` by kind (the kernel's side)."""
+    while len(buffer) >= MESSAGE_HEADER.size:
+        kind, length = MESSAGE_HEADER.unpack_from(buffer)
+        if length > _MAX_MESSAGE:
+            raise ValueError(f"branch child sent a {length}-byte message")
+        if len(buffer) < MESSAGE_HEADER.size + length:
+            return
+        messages[kind] = bytes(buffer[MESSAGE_HEADER.size:MESSAGE_HEADER.size + length])
+        del buffer[:MESSAGE_HEADER.size + length]
 
 
 def go_message(plan: Any) -> bytes:

@@ -12,8 +12,11 @@ import sys
 import types
 from typing import Any, Callable, Mapping
 
-from themisto.runtime.agent.leaves import _fast_pickle, _hash_timestamps, _holds_set_or_object, _pickle_leaves
-from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, _CANON_NODES, _qualname, _safe_repr
+from themisto.runtime.agent.leaves import fast_pickle, hash_timestamps, holds_set_or_object, pickle_leaves
+from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, qualname, safe_repr
+
+# Builtin containers up to this many nodes are hashed canonically; larger ones by their memo-free pickle.
+_CANON_NODES = 100_000
 
 
 # ----- content hashes ----------------------------------------------------------------------------------------------
@@ -83,13 +86,13 @@ def _hash_builtin(h: Any, value: Any, kinds: set | None = None) -> None:
     types of a list's or tuple's items where the caller has them already."""
     if type(value) in (list, tuple):
         kinds = set(map(type, value)) if kinds is None else kinds
-        if _hash_timestamps(h, value, kinds):
+        if hash_timestamps(h, value, kinds):
             return
-        if kinds <= _pickle_leaves():
-            h.update(b"p" + _fast_pickle(value))
+        if kinds <= pickle_leaves():
+            h.update(b"p" + fast_pickle(value))
             return
     try:
-        canonical_needed = _holds_set_or_object(value)
+        canonical_needed = holds_set_or_object(value)
     except RecursionError:
         canonical_needed = True
     if canonical_needed:
@@ -98,7 +101,7 @@ def _hash_builtin(h: Any, value: Any, kinds: set | None = None) -> None:
             return
         except _NotCanonical:
             pass
-    h.update(b"p" + _fast_pickle(value))
+    h.update(b"p" + fast_pickle(value))
 
 
 def _code_digest(h: Any, code: types.CodeType) -> None:
@@ -117,7 +120,7 @@ def _hash_frame(value: Any, h: Any) -> bool:
     all of it is plain (numbers, strings, naive values): then the repr and the size follow from the hash."""
     import pandas as pd
 
-    h.update(_qualname(value).encode())
+    h.update(qualname(value).encode())
     if isinstance(value, pd.Index):
         return _hash_index(value, h)
     if isinstance(value, pd.DataFrame):
@@ -165,10 +168,10 @@ def _feed_raw(h: Any, values: Any) -> None:
     if raw is not None:
         raw(values)
     else:
-        h.update(_raw_bytes(values))
+        h.update(raw_bytes(values))
 
 
-def _raw_bytes(values: Any) -> memoryview:
+def raw_bytes(values: Any) -> memoryview:
     """The array's bytes without a copy where it is contiguous; as uint8, since datetimes refuse the buffer protocol."""
     import numpy as np
 
@@ -186,10 +189,10 @@ def _hash_values(values: Any, h: Any) -> bool:
             items = values.tolist()
             kinds = set(map(type, items))
             _hash_builtin(h, items, kinds)  # tells None from NaN and 1 from "1", unlike pandas' hashes
-            return values.ndim == 1 and kinds <= _pickle_leaves()
+            return values.ndim == 1 and kinds <= pickle_leaves()
         _feed_raw(h, values)
         return True
-    h.update(_qualname(values).encode() + _dtype_text(values.dtype).encode())
+    h.update(qualname(values).encode() + _dtype_text(values.dtype).encode())
     parts = None
     if hasattr(values, "codes") and hasattr(values, "categories"):  # Categorical: codes and categories
         parts = (np.asarray(values.codes), values.categories)
@@ -217,7 +220,7 @@ def _hash_array(value: Any, h: Any) -> bool:
     if value.dtype.hasobject:
         items = value.tolist()
         _canonical(h, items, [_CANON_NODES], set())
-        return value.ndim == 1 and set(map(type, items)) <= _pickle_leaves()
+        return value.ndim == 1 and set(map(type, items)) <= pickle_leaves()
     _feed_raw(h, value)
     return True
 
@@ -248,7 +251,7 @@ def hash_each(values: Mapping[str, Any], known: Callable[[str, Any], str | None]
     try:
         hashes = {name: known(name, value) for name, value in values.items()}
         for name, value in values.items():
-            if hashes[name] is not None and _memoized(value):
+            if hashes[name] is not None and is_frame_or_array(value):
                 _MEMO[id(value)] = (value, hashes[name])
         for name, value in values.items():
             if hashes[name] is None:
@@ -258,7 +261,8 @@ def hash_each(values: Mapping[str, Any], known: Callable[[str, Any], str | None]
         _MEMO = None
 
 
-def _memoized(value: Any) -> bool:
+def is_frame_or_array(value: Any) -> bool:
+    """A pandas frame, series or index, or a numpy array: the values hashed by their buffers."""
     module = type(value).__module__ or ""
     return ((module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES)
             or (module == "numpy" and type(value).__name__ == "ndarray"))
@@ -267,17 +271,17 @@ def _memoized(value: Any) -> bool:
 def content_hash(value: Any) -> str:
     """A hash of the value's content that is stable across processes, or "unhashable:<reason>"."""
     memo = _MEMO
-    if memo is None or not _memoized(value):
-        return _content_hash(value)[0]
+    if memo is None or not is_frame_or_array(value):
+        return content_digest(value)[0]
     kept = memo.get(id(value))
     if kept is None:
-        kept = memo[id(value)] = (value, _content_hash(value)[0])
+        kept = memo[id(value)] = (value, content_digest(value)[0])
     return kept[1]
 
 
-def _content_hash(value: Any, sink: Any = None) -> tuple[str, bool]:
-    """The content hash, and whether the value is a frame or array of plain values (whose record the hash fixes).
-    `sink`: a Footprint (themisto.runtime.agent.delta) to feed instead of a plain sha256."""
+def content_digest(value: Any, sink: Any = None) -> tuple[str, bool]:
+    """The content hash (outside any `hash_each` pass), and whether the value is a frame or array of plain values
+    (whose record the hash fixes). `sink`: a Footprint (themisto.runtime.agent.delta) to feed instead of a sha256."""
     h = hashlib.sha256() if sink is None else sink
     module = type(value).__module__ or ""
     plain = False
@@ -303,16 +307,16 @@ def _content_hash(value: Any, sink: Any = None) -> tuple[str, bool]:
         elif type(value) is re.Match:
             _hash_match(value, h)
         else:
-            h.update(_qualname(value).encode())
-            h.update(_fast_pickle(value))
+            h.update(qualname(value).encode())
+            h.update(fast_pickle(value))
     except RecursionError:
         return f"{UNHASHABLE}:RecursionError", False
     except Exception as error:  # noqa: BLE001 - any failure of user code in pickle/repr is recorded, not raised
-        text = _safe_repr(value)[0]
+        text = safe_repr(value)[0]
         # A repr stands for the content only where it is complete: never for arrays and frames (display-truncated).
         if " at 0x" in text or text.startswith("<repr failed") or module.startswith(("pandas", "numpy")):
             return f"{UNHASHABLE}:{type(error).__name__}", False
-        h = hashlib.sha256(b"repr:" + _qualname(value).encode() + text.encode("utf-8", "replace"))
+        h = hashlib.sha256(b"repr:" + qualname(value).encode() + text.encode("utf-8", "replace"))
         return "repr:" + h.hexdigest()[:HASH_CHARS], False
     return h.hexdigest()[:HASH_CHARS], plain
 

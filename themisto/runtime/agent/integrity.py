@@ -64,7 +64,7 @@ def _caller_is_cell(depth: int = 2) -> bool:
     return False
 
 
-def _classify(event: str, args: tuple) -> str | None:
+def classify(event: str, args: tuple) -> str | None:
     """What the event says about the candidate, or None when it is ordinary."""
     if event in _ALWAYS:
         return event
@@ -119,7 +119,7 @@ class Alarm:
             return
         self._busy = True
         try:
-            what = _classify(event, args)
+            what = classify(event, args)
             if what is not None:
                 self(what)
         finally:

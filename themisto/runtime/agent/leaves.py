@@ -24,7 +24,7 @@ _BUILTIN_LEAVES = frozenset({type(None), bool, int, float, complex, str, bytes, 
 _TIMESTAMP_VECTOR = 64
 
 
-def _pickle_leaves() -> frozenset:
+def pickle_leaves() -> frozenset:
     """_BUILTIN_LEAVES plus pandas' Timestamp and Timedelta once pandas is loaded (it is never imported for this)."""
     pd = sys.modules.get("pandas")
     timestamp, timedelta = getattr(pd, "Timestamp", None), getattr(pd, "Timedelta", None)
@@ -38,15 +38,15 @@ def _pickle_leaves() -> frozenset:
 
 
 _LEAVES_MEMO: dict[tuple, frozenset] = {}
-_TZ_ATTRIBUTE = operator.attrgetter("tzinfo")
+TZ_ATTRIBUTE = operator.attrgetter("tzinfo")
 
 
-def _holds_set_or_object(value: Any) -> bool:
+def holds_set_or_object(value: Any) -> bool:
     """True when a builtin structure holds a set or an object whose pickle is not known to be canonical.
 
     Visits the structure a level at a time: the members of all of a level's containers are gathered and their types
     checked at C speed (a column of short lists has as many containers as rows)."""
-    leaves = _pickle_leaves()
+    leaves = pickle_leaves()
     allowed = leaves | _CONTAINERS
     if type(value) in (set, frozenset):
         return True
@@ -74,20 +74,20 @@ def _holds_set_or_object(value: Any) -> bool:
     return False
 
 
-def _hash_timestamps(h: Any, value: Any, kinds: set) -> bool:
+def hash_timestamps(h: Any, value: Any, kinds: set) -> bool:
     """Hash a list or tuple of leaves holding many naive Timestamps without pickling each (~2 µs apiece): which
     items are Timestamps, their units and nanoseconds as vectors, and the memo-free pickle of the other items.
     False where it does not apply (few Timestamps, a timezone, other members, an older pandas)."""
     pd = sys.modules.get("pandas")
     timestamp = getattr(pd, "Timestamp", None)
-    if len(value) < _TIMESTAMP_VECTOR or timestamp not in kinds or not kinds <= _pickle_leaves():
+    if len(value) < _TIMESTAMP_VECTOR or timestamp not in kinds or not kinds <= pickle_leaves():
         return False
     flags = bytes(map(operator.is_, map(type, value), itertools.repeat(timestamp)))
     stamps = list(itertools.compress(value, flags)) if len(kinds) > 1 else value
     if len(stamps) < _TIMESTAMP_VECTOR:
         return False
     try:
-        if set(map(_TZ_ATTRIBUTE, stamps)) != {None}:
+        if set(map(TZ_ATTRIBUTE, stamps)) != {None}:
             return False
         units = list(map(operator.attrgetter("unit"), stamps))
         nanoseconds = array.array("q", map(operator.attrgetter("value"), stamps))
@@ -98,13 +98,13 @@ def _hash_timestamps(h: Any, value: Any, kinds: set) -> bool:
     others = list(itertools.compress(value, map(operator.not_, flags))) if len(kinds) > 1 else []
     h.update(b"@ts%s%d[" % (type(value).__name__[:2].encode(), len(value)))
     h.update(flags)  # an item is a Timestamp (1) or not (0): this fixes how the parts below interleave
-    h.update(_fast_pickle(units))
+    h.update(fast_pickle(units))
     h.update(nanoseconds.tobytes())
-    h.update(_fast_pickle(others))
+    h.update(fast_pickle(others))
     return True
 
 
-def _fast_pickle(value: Any) -> bytes:
+def fast_pickle(value: Any) -> bytes:
     """Pickle without the memo, so equal content gives equal bytes whatever the objects' identities."""
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=4)

@@ -1,4 +1,5 @@
-"""What the agent shares: its limits and markers, the IPython shell, the user's namespace, bounded reprs.
+"""What the whole agent shares: its hash and repr limits and markers, the IPython shell, the user's namespace,
+bounded reprs.
 
 Runs inside the kernel: standard library only.
 """
@@ -7,7 +8,6 @@ from __future__ import annotations
 
 import builtins
 import reprlib
-import struct
 import types
 from typing import Any
 
@@ -17,26 +17,12 @@ HASH_CHARS = 32  # hex digits of sha256 kept: 128 bits
 UNHASHABLE = "unhashable"
 # Names IPython puts in the namespace even when user_ns_hidden no longer lists them.
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
-# Builtin containers up to this many nodes are hashed canonically; larger ones by their memo-free pickle.
-_CANON_NODES = 100_000
-# Deep sizes walk at most this many objects, then extrapolate from what they saw.
-_SIZE_NODES = 20_000
-# Flat containers of leaves up to this length are sized exactly at C speed (the walk above is Python-level).
-_FLAT_SIZE_MAX = 1_000_000
-# DataFrames longer than this get their object columns' deep size estimated from a sample.
-_EXACT_DEEP_ROWS = 200_000
-# Above this estimated size an object kept by identity in a branch is trusted, not rehashed (delta="identity").
-_REHASH_BYTES = 1 << 20
-_GRACE_S = 2.0  # after the candidate's own timer: time to hash the delta and report before SIGKILL
-_MONITOR_REAP_S = 2.0
-_MSG_HEADER = struct.Struct(">cQ")
-_MAX_MESSAGE = 512 * 2**20
-_PR_SET_CHILD_SUBREAPER = 36
 # One marker for a cut cell, whether it ran in the kernel (themisto.runtime.kernel) or in a branch child.
 OUTPUT_CAP_MARKER = "\n[themisto: output truncated: the cell wrote {total:,} bytes, over its {cap:,}-byte limit]\n"
 
 
-def _shell(shell: Any = None) -> Any:
+def get_shell(shell: Any = None) -> Any:
+    """`shell`, or the running IPython shell when None (an error outside a kernel)."""
     if shell is not None:
         return shell
     from IPython import get_ipython
@@ -47,7 +33,8 @@ def _shell(shell: Any = None) -> Any:
     return found
 
 
-def _qualname(value: Any) -> str:
+def qualname(value: Any) -> str:
+    """The value's type as `module.QualifiedName`."""
     kind = type(value)
     module = getattr(kind, "__module__", None) or "builtins"
     return f"{module}.{kind.__qualname__}"
@@ -55,7 +42,7 @@ def _qualname(value: Any) -> str:
 
 def user_variables(shell: Any = None) -> dict[str, Any]:
     """The user's variables: not modules, not IPython's own names, not names that start with `_`."""
-    shell = _shell(shell)
+    shell = get_shell(shell)
     hidden = getattr(shell, "user_ns_hidden", {})
     found = {}
     for name, value in list(shell.user_ns.items()):
@@ -77,7 +64,7 @@ _REPR.maxdict = 30
 _REPR.maxlevel = 4
 
 
-def _safe_repr(value: Any) -> tuple[str, str | None]:
+def safe_repr(value: Any) -> tuple[str, str | None]:
     """A repr of at most REPR_CHARS characters, and the error if __repr__ failed."""
     try:
         module = type(value).__module__ or ""

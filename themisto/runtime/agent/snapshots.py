@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from themisto.runtime.agent.namespace import UNHASHABLE, _qualname, _shell, user_variables
-from themisto.runtime.agent.hashing import _FRAME_TYPES, _content_hash, state_hash
-from themisto.runtime.agent.leaves import _TZ_ATTRIBUTE, _pickle_leaves
-from themisto.runtime.agent.describe import _describe, memory_usage
+from themisto.runtime.agent.namespace import UNHASHABLE, get_shell, qualname, user_variables
+from themisto.runtime.agent.hashing import content_digest, is_frame_or_array, state_hash
+from themisto.runtime.agent.leaves import TZ_ATTRIBUTE, pickle_leaves
+from themisto.runtime.agent.describe import describe, memory_usage
 
 
 # ----- records kept between snapshots ---------------------------------------------------------------------------
@@ -43,7 +43,7 @@ def _tz_is_immutable(tz: Any) -> bool:
 
 
 def _immutable_leaves() -> frozenset:
-    leaves = _pickle_leaves()
+    leaves = pickle_leaves()
     found = _IMMUTABLE_MEMO.get(leaves)
     if found is None:
         found = _IMMUTABLE_MEMO[leaves] = leaves | {range, re.Pattern}
@@ -60,7 +60,7 @@ def _members_are_immutable(members: Any) -> bool:
     with_tz = [kind for kind in kinds if issubclass(kind, (datetime.datetime, datetime.time))]
     if with_tz:
         timed = [m for m in members if type(m) in with_tz] if len(kinds) > 1 else members
-        return all(map(_tz_is_immutable, set(map(_TZ_ATTRIBUTE, timed))))
+        return all(map(_tz_is_immutable, set(map(TZ_ATTRIBUTE, timed))))
     return True
 
 
@@ -158,17 +158,17 @@ class _SnapshotCache:
         if kept is not None and kept.still_describes(value):
             self._keep(kept)
             return _named(name, kept)
-        if _by_content(value):
-            digest, plain = _content_hash(value)
-            key = (_qualname(value), digest, self.display, _engines_built(value))
+        if is_frame_or_array(value):
+            digest, plain = content_digest(value)
+            key = (qualname(value), digest, self.display, _engines_built(value))
             kept = self.by_content.get(key) or self.next_by_content.get(key)
             if kept is None:
-                record, failure = _describe(name, value, digest)
+                record, failure = describe(name, value, digest)
                 kept = _Kept(_unnamed(record), failure)
             if plain and self.display is not None and not digest.startswith(UNHASHABLE):
                 self.next_by_content[key] = kept
             return _named(name, kept)
-        record, failure = _describe(name, value, None)
+        record, failure = describe(name, value, None)
         proof = _identity_proof(value) if record.get("size", 0) <= _KEEP_ENTRY_BYTES else None
         if proof is not None:
             self._keep(_Kept(_unnamed(record), failure, value, proof,
@@ -193,13 +193,7 @@ def _engines_built(value: Any) -> tuple:
     return tuple("_engine" in getattr(part, "_cache", {}) for part in [index, *getattr(index, "levels", [])])
 
 
-def _by_content(value: Any) -> bool:
-    module = type(value).__module__ or ""
-    return ((module.startswith("pandas") and type(value).__name__ in _FRAME_TYPES)
-            or (module == "numpy" and type(value).__name__ == "ndarray"))
-
-
-_CACHE = _SnapshotCache()
+CACHE = _SnapshotCache()
 
 
 def _snapshot_dict(shell: Any) -> dict:
@@ -220,14 +214,14 @@ def _snapshot_dict(shell: Any) -> dict:
         reader.start()
     except RuntimeError:  # no thread to spare (a process-count limit): read it here, after the descriptions
         reader = None
-    cache = _CACHE
+    cache = CACHE
     cache.begin()
     try:
         for name, value in user_variables(shell).items():
             try:
                 record, failure = cache.describe(name, value)
             except Exception as error:  # noqa: BLE001 - one bad variable never loses the others
-                record = {"name": name, "type": _qualname(value), "size": 0, "repr": "",
+                record = {"name": name, "type": qualname(value), "size": 0, "repr": "",
                           "hash": f"{UNHASHABLE}:error"}
                 failure = f"{type(error).__name__}: {error}"[:300]
             variables.append(record)
@@ -247,7 +241,7 @@ def _snapshot_dict(shell: Any) -> dict:
 
 def snapshot(shell: Any = None) -> str:
     """The runtime snapshot of the user namespace as JSON: variables, memory_bytes, state_hash, failures."""
-    return json.dumps(_snapshot_dict(_shell(shell)), default=str)
+    return json.dumps(_snapshot_dict(get_shell(shell)), default=str)
 
 
 class _FileHandleError(pickle.PicklingError):
@@ -264,10 +258,10 @@ def dump_values(names: list[str], dest_dir: str, shell: Any = None) -> str:
     class NoFilesPickler(dill.Pickler):
         def persistent_id(self, obj: Any) -> None:
             if isinstance(obj, io.IOBase):
-                raise _FileHandleError(f"holds a file handle ({_qualname(obj)}); file handles are never pickled")
+                raise _FileHandleError(f"holds a file handle ({qualname(obj)}); file handles are never pickled")
             return None
 
-    shell = _shell(shell)
+    shell = get_shell(shell)
     os.makedirs(dest_dir, exist_ok=True)
     written: dict[str, dict] = {}
     failures: dict[str, str] = {}
@@ -277,7 +271,7 @@ def dump_values(names: list[str], dest_dir: str, shell: Any = None) -> str:
             continue
         value = shell.user_ns[name]
         if isinstance(value, io.IOBase):
-            failures[name] = f"skipped: file handle ({_qualname(value)}); file handles are never pickled"
+            failures[name] = f"skipped: file handle ({qualname(value)}); file handles are never pickled"
             continue
         path = os.path.join(dest_dir, f"{name}.dill")
         partial = path + ".partial"

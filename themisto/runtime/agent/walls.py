@@ -143,7 +143,7 @@ def seal_candidate() -> None:
     data = bytes(24)  # effective, permitted, inheritable: none, in both 32-bit halves
     libc.capset(ctypes.c_char_p(header), ctypes.c_char_p(data))  # fails harmlessly where there were none to drop
     _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    become_subreaper()
     program = _seccomp_program()
     if program is not None:
         filters = ctypes.create_string_buffer(program)
@@ -152,11 +152,17 @@ def seal_candidate() -> None:
     set_dumpable(True)
 
 
-def _children() -> list[int]:
+def become_subreaper() -> None:
+    """Make this process the reaper of every orphan among its descendants (they come back to it, not to init)."""
+    _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def children_of(pid: int | str) -> list[int]:
+    """The pids of a process's children (`"self"`: this one's), as its /proc lists them; [] where unreadable."""
     found = []
     try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as f:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
                 found += [int(p) for p in f.read().split()]
     except OSError:
         pass
@@ -174,7 +180,7 @@ def end_descendants() -> bool:
             except ProcessLookupError:
                 pass
         else:  # orphans come back to this subreaper, so killing children level by level reaches them all
-            for child in _children():
+            for child in children_of("self"):
                 try:
                     os.kill(child, signal.SIGKILL)
                 except ProcessLookupError:

@@ -126,4 +126,36 @@ class WorkdirGuard:
             self.backup_dir = None
 
 
+# ----- the guards of a kernel: its work folder and its home, each kept from one branch call to the next ------------
+
 _GUARDS: dict[str, WorkdirGuard] = {}
+
+
+def _home() -> str | None:
+    """The kernel's home when it has one of its own (not when it runs unsandboxed as a real user: not ours)."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    return home if os.path.isdir(home) and home not in ("/", os.path.realpath("/root")) else None
+
+
+def guard_workdir(workdir: str) -> WorkdirGuard:
+    """The guard of the work folder (and of the kernel's home), their files as they are now kept."""
+    guard = _GUARDS.get(workdir) or WorkdirGuard(workdir)
+    _GUARDS[workdir] = guard
+    guard.refresh()
+    home = _home()
+    if home is not None:
+        _GUARDS.setdefault(home, WorkdirGuard(home)).refresh()
+    return guard
+
+
+def restore_home(changes: dict) -> None:
+    """Undo what a candidate wrote in the kernel's home (a startup file planted for the next prediction, say) and
+    add it to the workdir `changes` as `~/…` paths."""
+    home = _home()
+    guard = None if home is None else _GUARDS.get(home)
+    if guard is None:
+        return
+    found = guard.check_and_restore()
+    for key in ("added", "deleted", "modified", "unrestored"):
+        if found.get(key):
+            changes[key] = list(changes.get(key) or []) + [os.path.join("~", path) for path in found[key]]
