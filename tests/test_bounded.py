@@ -54,14 +54,14 @@ def test_the_issues_array_nested_100000_deep_is_refused_not_a_recursion_error(tm
     path.write_text("[" * 100_000 + "]" * 100_000)  # 200 KB, far under every size bound
     with pytest.raises(BoundError) as refused:
         read_json(path)
-    assert str(refused.value) == f"{path}: line 1: nested deeper than 64 levels (bound: depth)"
+    assert str(refused.value) == f"{path}:1: nested deeper than 64 levels (bound: depth)"
     assert isinstance(refused.value, InputError) and refused.value.line == 1
 
 
 def test_a_whole_document_names_the_line_where_it_gets_too_deep(tmp_path):
     path = tmp_path / "doc.json"
     path.write_text('{\n "a": "[[[[[[",\n "b":\n' + "[" * 70 + "]" * 70 + "\n}\n")
-    with pytest.raises(BoundError, match=r"doc.json: line 4: nested deeper than 64 levels \(bound: depth\)"):
+    with pytest.raises(BoundError, match=r"doc.json:4: nested deeper than 64 levels \(bound: depth\)"):
         read_json(path)
 
 
@@ -93,13 +93,13 @@ def test_a_file_of_millions_of_short_lines_is_refused_before_any_is_parsed(tmp_p
     with pytest.raises(BoundError) as refused:
         next(iter_json_lines(path))  # line 1 is not JSON: had it been parsed, that would be the refusal
     assert refused.value.bound == "lines"
-    assert str(refused.value) == f"{path}: line 1000001: 2,000,001 lines, more than 1,000,000 (bound: lines)"
+    assert str(refused.value) == f"{path}:1000001: 2,000,001 lines, more than 1,000,000 (bound: lines)"
 
 
 def test_line_and_file_sizes_are_bounded(tmp_path):
     path = tmp_path / "g.jsonl"
     path.write_text('{"a": 1}\n' + json.dumps({"p": "x" * 2000}) + "\n")
-    with pytest.raises(BoundError, match=r"g.jsonl: line 2: longer than 1,000 bytes \(bound: line_bytes\)"):
+    with pytest.raises(BoundError, match=r"g.jsonl:2: longer than 1,000 bytes \(bound: line_bytes\)"):
         list(iter_json_lines(path, Bounds(line_bytes=1000)))
     with pytest.raises(BoundError, match=r"g.jsonl: 2,\d{3} bytes, more than 100 \(bound: file_bytes\)"):
         list(iter_json_lines(path, Bounds(file_bytes=100)))
@@ -113,15 +113,15 @@ def test_line_and_file_sizes_are_bounded(tmp_path):
 def test_malformed_lines_name_their_line(tmp_path):
     path = tmp_path / "g.jsonl"
     path.write_bytes(b'{"a": 1}\n\n{"a": 2}\n{"a": \xff}\n')
-    with pytest.raises(BoundError, match=r"line 2: blank line"):
+    with pytest.raises(BoundError, match=r":2: blank line"):
         list(iter_json_lines(path))
-    with pytest.raises(BoundError, match=r"line 4: not UTF-8"):
+    with pytest.raises(BoundError, match=r":4: not UTF-8"):
         list(iter_json_lines(path, skip_blank=True))
     path.write_text('{"a": 1}\n{"a": 2\n')
-    with pytest.raises(BoundError, match=r"line 2: not JSON \(Expecting ',' delimiter, column 8\)$"):
+    with pytest.raises(BoundError, match=r":2: not JSON \(Expecting ',' delimiter, column 8\)$"):
         list(iter_json_lines(path))
     path.write_text('{"a": 1}\n' + "9" * 5000 + "\n")  # past Python's 4,300-digit integer limit: a ValueError
-    with pytest.raises(BoundError, match=r"line 2: not JSON"):
+    with pytest.raises(BoundError, match=r":2: not JSON"):
         list(iter_json_lines(path))
 
 
@@ -131,7 +131,7 @@ def test_a_torn_last_line_is_parsed_or_reported(tmp_path):
     assert [(line.number, line.value, line.ended) for line in iter_json_lines(path)] == [(1, {"a": 1}, True),
                                                                                         (2, {"a": 2}, False)]
     path.write_text('{"a": 1}\n{"a": ')
-    with pytest.raises(BoundError, match=r"line 2: not JSON .*; no newline ends it: the file is cut"):
+    with pytest.raises(BoundError, match=r":2: not JSON .*; no newline ends it: the file is cut"):
         list(iter_json_lines(path))
     assert [(line.number, line.value, line.ended) for line in iter_json_lines(path, torn_tail="report")] == [
         (1, {"a": 1}, True), (2, None, False)]
@@ -173,9 +173,9 @@ i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
 def test_yaml_anchors_and_aliases_are_refused(tmp_path):
     path = tmp_path / "eval.yaml"
     path.write_text("name: Themisto\n" + BILLION_LAUGHS)
-    with pytest.raises(BoundError, match=r"eval.yaml: line 2: an anchor or alias"):
+    with pytest.raises(BoundError, match=r"eval.yaml:2: an anchor or alias"):
         read_yaml(path)
-    with pytest.raises(BoundError, match=r"card: line 5: an anchor or alias"):
+    with pytest.raises(BoundError, match=r"card:5: an anchor or alias"):
         loads_yaml("x: 1\ny: *a\n", path="card", first_line=4)
     with pytest.raises(BoundError, match="anchor or alias"):
         loads_yaml("base: &base {k: 1}\nother:\n  <<: *base\n", path="card")
@@ -183,14 +183,14 @@ def test_yaml_anchors_and_aliases_are_refused(tmp_path):
 
 def test_yaml_depth_items_and_bad_text_are_refused():
     deep = "[" * 5000 + "]" * 5000  # PyYAML's composer recurses: this would be a RecursionError
-    with pytest.raises(BoundError, match=r"line 1: nested deeper than 64 levels \(bound: depth\)"):
+    with pytest.raises(BoundError, match=r":1: nested deeper than 64 levels \(bound: depth\)"):
         loads_yaml(deep, path="card")
     assert loads_yaml("a: [1, [2, {b: 3}]]\n", Bounds(depth=4), path="card") == {"a": [1, [2, {"b": 3}]]}
     with pytest.raises(BoundError, match="bound: depth"):
         loads_yaml("a: [1, [2, {b: 3}]]\n", Bounds(depth=3), path="card")
     with pytest.raises(BoundError, match=r"more than 10 items in the file \(bound: items\)"):
         loads_yaml("[" + ", ".join(["1"] * 20) + "]", Bounds(items=10), path="card")
-    with pytest.raises(BoundError, match=r"card: line 3: not YAML"):
+    with pytest.raises(BoundError, match=r"card:3: not YAML"):
         loads_yaml("a: 1\nb: 2\n  c: [\n", path="card")
     with pytest.raises(BoundError, match="not YAML"):  # the safe loader builds no Python objects
         loads_yaml("!!python/object/apply:os.system ['true']\n", path="card")

@@ -15,9 +15,10 @@ from huggingface_hub import DatasetCard
 from test_tasks import make_steps, rows_of
 
 from themisto.cli import main
-from themisto.release.card import split_card
+from themisto.release.card import CARD_TEMPLATE
 from themisto.release.check import check_release
-from themisto.release.parquet import BUILD_FILE, CARD_TEMPLATE, ReleaseError, build_release, parquet_name, schema_module
+from themisto.release.folder import BUILD_FILE, ReleaseError, parquet_name, schema_module, split_card
+from themisto.release.parquet import build_release
 from themisto.release.push import push_release, upload_plan
 from themisto.release.tasks import TaskSettings
 

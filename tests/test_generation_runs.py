@@ -22,7 +22,8 @@ from themisto.generation.backends import Sampling
 from themisto.generation.prompts import extract_answer, template_sha256
 from themisto.generation.run_folder import RunFolderError
 from themisto.generation.runs import RunSettings, RunSettingsError, generate_run
-from themisto.release.parquet import ReleaseError, build_release
+from themisto.release.folder import ReleaseError
+from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
 
 REPO = Path(__file__).resolve().parents[1]

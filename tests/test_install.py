@@ -15,7 +15,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 _BUILD_INPUTS = ("pyproject.toml", "README.md", "themisto_dataset.py", "dataset_card.md", "themisto", "data/sample")
 
 _CHECK = """
-from themisto.release.parquet import CARD_TEMPLATE, SAMPLE_DIR
+from themisto.release.card import CARD_TEMPLATE
+from themisto.release.parquet import SAMPLE_DIR
 from themisto.runtime.kernel import KernelSession
 import themisto
 print(themisto.__file__)

@@ -13,7 +13,7 @@ import pytest
 from _leaderboard import HOSTILE_MODEL, board_submissions
 from themisto.leaderboard.board import build_board
 from themisto.leaderboard.board_files import write_board
-from themisto.leaderboard.submission import release_info
+from themisto.release.folder import open_release
 from themisto.leaderboard.tables import fmt
 
 
@@ -21,7 +21,7 @@ from themisto.leaderboard.tables import fmt
 def space(tmp_path_factory, small_release):
     root = tmp_path_factory.mktemp("browser")
     board_submissions(root / "submissions", small_release)
-    board = build_board([root / "submissions"], release_info(small_release))
+    board = build_board([root / "submissions"], open_release(small_release))
     write_board(board, root / "board")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root / "board" / "space"))
     handler.log_message = lambda *args: None

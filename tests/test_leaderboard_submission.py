@@ -6,13 +6,14 @@ import json
 import pytest
 
 from _leaderboard import baseline_run, task_rows, write_run
-from themisto.leaderboard.submission import (SubmissionError, find_submissions, read_submission, release_info,
-                                             submission_slug, write_submission)
+from themisto.leaderboard.submission import (SubmissionError, find_submissions, read_submission, submission_slug,
+                                             write_submission)
+from themisto.release.folder import open_release
 
 
 @pytest.fixture(scope="module")
 def release(small_release):
-    return release_info(small_release)
+    return open_release(small_release)
 
 
 @pytest.fixture

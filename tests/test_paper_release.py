@@ -12,7 +12,8 @@ import pytest
 
 from themisto.release.paper_rows import PaperReleaseError, paper_rows, read_paper_release
 from themisto.release.check import check_release
-from themisto.release.parquet import build_release, schema_module
+from themisto.release.folder import schema_module
+from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
 
 # themisto_dataset.py lies at the repository root, which is not on sys.path under every test runner.

@@ -12,9 +12,10 @@ from test_tasks import make_steps, rows_of
 
 from themisto.cli import main
 from themisto.generation.baselines import baseline_prediction, baselines_for
+from themisto.release.folder import open_release
 from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
-from themisto.scoring.run_files import RunError, release_content_hash
+from themisto.scoring.run_files import RunError
 from themisto.scoring.run_scores import score_run
 from themisto.scoring.release_state import load_release
 from themisto.scoring.text_scores import normalize_whitespace
@@ -45,7 +46,7 @@ def write_run(folder: Path, release: Path, task: str, predict, *, contexts=("non
     folder.mkdir(parents=True)
     meta = {"format": 1, "task": task, "contexts": list(contexts), "backend": "baseline", "model": "test-model",
             "sampling": {"n": samples, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 64, "seed": 0},
-            "release": {"path": str(release), "content_hash": release_content_hash(release)}, "split": "test"}
+            "release": {"path": str(release), "content_hash": open_release(release).content_hash}, "split": "test"}
     (folder / "run.json").write_text(json.dumps(meta), encoding="utf-8")
     with (folder / "generations.jsonl").open("w", encoding="utf-8") as fh:
         for row in rows:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from themisto.replay.replay import LoggedOutcome, Step
-from themisto.release.parquet import schema_module
+from themisto.release.folder import schema_module
 from themisto.runtime.snapshot import VariableInfo
 from themisto.release.tasks import (
     HISTORY_OUTPUT_CHARS,

@@ -19,7 +19,8 @@ from themisto.generation.backends.hf import TransformersBackend
 from themisto.generation.prompts import extract_answer, messages_text
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.generation.backends import Sampling
-from themisto.release.parquet import BUILD_FILE, build_release
+from themisto.release.folder import BUILD_FILE
+from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
 from themisto.runtime.agent import OUTPUT_CAP_MARKER
 from themisto.training.export import ExportSettings, export_sft, fenced

@@ -4,7 +4,7 @@ Every file a submission, a downloaded release or an input log brings is read her
 line's length, its nesting depth and its number of items are bounded (`Bounds`), and anything past a bound — or not
 well-formed — is refused with one `BoundError` whose message names the file, the line and the bound:
 
-    run.json: line 1: nested deeper than 64 levels (bound: depth)
+    run.json:1: nested deeper than 64 levels (bound: depth)
 
 Depth is measured before `json.loads` runs, because Python's decoder recurses and a 200 KB array nested 100,000 deep
 raises RecursionError, not a decoding error. The measure works on the text at C speed (escapes and strings taken out
@@ -19,7 +19,7 @@ depth and the number of nodes as it composes them.
 >>> loads_json("[" * 100 + "]" * 100, path="x.json", line=3)
 Traceback (most recent call last):
 ...
-themisto.bounded.BoundError: x.json: line 3: nested deeper than 64 levels (bound: depth)
+themisto.bounded.BoundError: x.json:3: nested deeper than 64 levels (bound: depth)
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class BoundError(InputError):
 
     def __init__(self, path: str | os.PathLike, line: int | None, problem: str, bound: str | None = None) -> None:
         self.path, self.line, self.problem, self.bound = str(path), line, problem, bound
-        where = f"{path}: line {line}: " if line is not None else f"{path}: "
+        where = f"{path}:{line}: " if line is not None else f"{path}: "
         super().__init__(where + problem + (f" (bound: {bound})" if bound else ""))
 
     def __reduce__(self):  # crosses process boundaries (Ray, multiprocessing) whole

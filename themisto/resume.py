@@ -98,12 +98,13 @@ class LineWriter:
         self.close()
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` whole: a temp file beside it, then a rename."""
+def write_text_atomic(path: Path, text: str | bytes) -> None:
+    """Write `text` (UTF-8) or bytes to `path` whole: a temp file beside it, then a rename; the one atomic writer
+    (a reader never sees half a file)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text.encode("utf-8") if isinstance(text, str) else text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

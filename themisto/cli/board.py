@@ -12,13 +12,14 @@ from themisto.cli.common import CommandError, add_ray_option, ray_held, scoring_
 def submit_command(args: argparse.Namespace) -> int:
     """Validate a run folder as a submission, then copy it into a local submissions folder and/or open a pull
     request on the Hub's submissions dataset repo (and, with --eval-results, on the model repo)."""
-    from themisto.leaderboard.submission import read_submission, release_info, submission_slug, write_submission
+    from themisto.leaderboard.submission import read_submission, submission_slug, write_submission
+    from themisto.release.folder import open_release
 
     if not (args.to or args.to_dir):
         raise CommandError("say where the submission goes: --to REPO_ID (a Hub pull request) and/or --to-dir DIR")
     if args.eval_results and not (args.to and args.dataset_id):
         raise CommandError("--eval-results needs --to (its source_url is the submission PR) and --dataset-id")
-    release = release_info(args.release)
+    release = open_release(args.release)
     submission = read_submission(args.run_dir, release)
     for line in submission.ignored:
         print(f"ignored: {line}", file=sys.stderr)
@@ -68,12 +69,12 @@ def leaderboard_command(args: argparse.Namespace) -> int:
     """Re-score every submission against the release and write the board: Markdown, CSV, JSON, PNG, Space."""
     from themisto.leaderboard.board import build_board
     from themisto.leaderboard.board_files import SPACE_DIR, write_board
-    from themisto.leaderboard.submission import release_info
+    from themisto.release.folder import open_release
     from themisto.scoring.gate import permit
 
     if args.execute:
         permit(execute=True)  # refuse before reading any submission
-    release = release_info(args.release)
+    release = open_release(args.release)
     with ray_held(args):
         board = build_board(args.submissions, release, execute=args.execute, cache_dir=args.output / "cache",
                             progress=lambda message: print(message, file=sys.stderr, flush=True),

@@ -24,7 +24,8 @@ from themisto.generation.prompts import (
     render_prompt,
     template_sha256,
 )
-from themisto.generation.release_rows import ReleaseInfo, load_task_rows, release_info
+from themisto.generation.release_rows import load_task_rows, release_info
+from themisto.release.folder import ReleaseInfo
 from themisto.generation.run_folder import (
     RUN_FILE,
     GenerationWriter,

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
-from themisto.leaderboard.submission import (ReleaseInfo, Submission, SubmissionError, find_submissions,
-                                             read_submission, write_submission)
+from themisto.leaderboard.submission import (Submission, SubmissionError, find_submissions, read_submission,
+                                             write_submission)
+from themisto.release.folder import ReleaseInfo
+from themisto.resume import write_text_atomic
 
 # Bump when what a cached results.json means changes (the scorer, its metrics or intervals).
 CACHE_VERSION = 1
@@ -76,16 +77,6 @@ def cache_key(submission: Submission, release: ReleaseInfo, execute: bool) -> st
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
-def write_file(path: Path, text: str | bytes) -> None:
-    """Write a file whole: a temp file beside it, then rename (a reader never sees half of it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(text.encode("utf-8") if isinstance(text, str) else text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = False,
             cache_dir: Path | None = None, progress: Callable[[str], None] | None = None,
             runner=None) -> tuple[dict, bool]:
@@ -99,10 +90,11 @@ def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = Fal
     with tempfile.TemporaryDirectory(prefix="themisto-rescore-") as tmp:
         # Only the validated files are scored: nothing else from the submission folder is read.
         run_dir = write_submission(submission, Path(tmp) / "run")
-        results = score_run(run_dir, release=release.folder, execute=execute, out=run_dir / "results.json",
+        results = score_run(run_dir, release=release.path, execute=execute, out=run_dir / "results.json",
                             progress=progress, runner=runner)
     if cached is not None:
-        write_file(cached, json.dumps(results, indent=2, sort_keys=True) + "\n")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(cached, json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results, False
 
 

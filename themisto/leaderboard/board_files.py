@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from themisto.leaderboard.board import Board, write_file
+from themisto.leaderboard.board import Board
 from themisto.leaderboard.plot import plot_png
 from themisto.leaderboard.space import index_html, space_readme
 from themisto.leaderboard.tables import build_tables, to_csv, to_json, to_markdown
+from themisto.resume import write_text_atomic
 
 SPACE_DIR = "space"
 PLOT_FILE = "leaderboard.png"
@@ -28,6 +29,7 @@ def write_board(board: Board, out: str | Path) -> dict[str, Path]:
         files[PLOT_FILE] = png
     written = {}
     for name, content in files.items():
-        write_file(out / name, content)
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / name, content)
         written[name] = out / name
     return written

@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
 from themisto.errors import InputError
+from themisto.release.folder import ReleaseInfo
 from themisto.resume import folder_written_whole
 from themisto.vocabulary import CONTEXT_MODES, GENERATION_STATUSES, TASKS
 
@@ -37,39 +37,6 @@ _SCORE_WORDS = ("score", "result", "metric", "exact_match", "rouge", "chrf", "fu
 
 class SubmissionError(InputError):
     """A submission the board refuses; the message names the file (and line, or example id) and the reason."""
-
-
-@dataclass(frozen=True)
-class ReleaseInfo:
-    """What validation needs from the board's release: its content hash, test ids per task, and its date."""
-
-    folder: Path
-    content_hash: str
-    test_ids: dict[str, tuple[str, ...]]
-    built: str  # the release build's date (UTC), from its build report's modification time
-
-
-def release_info(folder: str | Path) -> ReleaseInfo:
-    """The release's content hash as its Parquet files are now (the build's rule) and each task's test ids."""
-    import pyarrow.parquet as pq
-
-    from themisto.release.parquet import BUILD_FILE, parquet_name
-    from themisto.scoring.run_files import release_content_hash
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise SubmissionError(f"{folder}: no such release folder")
-    if not any(folder.rglob("*.parquet")):
-        raise SubmissionError(f"{folder}: no Parquet file, not a release folder (themisto build)")
-    test_ids = {}
-    for task in TASKS:
-        path = folder / parquet_name(task, "test")
-        if path.is_file():
-            test_ids[task] = tuple(pq.read_table(path, columns=["id"]).column("id").to_pylist())
-    build = folder / BUILD_FILE
-    stamp = build.stat().st_mtime if build.is_file() else max(p.stat().st_mtime for p in folder.rglob("*.parquet"))
-    built = datetime.fromtimestamp(stamp, tz=timezone.utc).date().isoformat()
-    return ReleaseInfo(folder, release_content_hash(folder), test_ids, built)
 
 
 @dataclass
@@ -170,7 +137,7 @@ def check_run(run: dict, path: Path, release: ReleaseInfo) -> None:
     need(hash_ == release.content_hash, f"made on release {hash_[:12]}…, the board's release is "
                                         f"{release.content_hash[:12]}… (ids and targets differ between releases)")
     need(run.get("split") == "test", "`split` must be \"test\"")
-    need(run["task"] in release.test_ids, f"the release has no {run['task']} test split")
+    need(release.has(run["task"]), f"the release has no {run['task']} test split")
 
 
 def _lines(path: Path) -> Iterable[tuple[int, bytes, bool]]:
@@ -221,7 +188,7 @@ def _record(path: Path, lineno: int, raw: bytes, complete: bool, run: dict, ids:
 
 def read_generations(path: Path, run: dict, release: ReleaseInfo) -> tuple[list[dict], dict[str, int]]:
     """The checked records (every test id once per context and sample) and the count of ignored keys."""
-    ids = set(release.test_ids[run["task"]])
+    ids = set(release.ids(run["task"]))
     if not path.is_file():
         raise SubmissionError(f"{path}: missing (the predictions)")
     seen: dict[tuple, int] = {}
@@ -241,7 +208,7 @@ def read_generations(path: Path, run: dict, release: ReleaseInfo) -> tuple[list[
                 extra[name] = extra.get(name, 0) + 1
         records.append({k: record.get(k) for k in GENERATION_KEYS})
     expected = [(c, s, i) for c in run["contexts"] for s in range(run["sampling"]["n"])
-                for i in release.test_ids[run["task"]]]
+                for i in release.ids(run["task"])]
     missing = [key for key in expected if key not in seen]
     if missing:
         context, sample, example = missing[0]

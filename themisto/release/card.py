@@ -8,26 +8,12 @@ import json
 import re
 from pathlib import Path
 
+from themisto.release.folder import BuildReport, ReleaseError, parquet_name, schema_module, shipped, split_card
 from themisto.release.tasks import RULES
-from themisto.release.parquet import CARD_TEMPLATE, BuildReport, ReleaseError, parquet_name, schema_module
 from themisto.vocabulary import TASKS
 
+CARD_TEMPLATE = shipped("dataset_card.md")
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
-FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n", re.S)
-
-
-
-def split_card(text: str) -> tuple[dict, str]:
-    """The card's YAML header (as a dict) and its body; a card without a header is an error."""
-    import yaml
-
-    match = FRONT_MATTER.match(text)
-    if not match:
-        raise ReleaseError("the card has no YAML header between '---' lines")
-    data = yaml.safe_load(match.group(1)) or {}
-    if not isinstance(data, dict):
-        raise ReleaseError("the card's YAML header is not a mapping")
-    return data, text[match.end():]
 
 
 def card_yaml(data: dict) -> str:
@@ -86,7 +72,7 @@ _SIZE_BUCKETS = (("n<1K", 10**3), ("1K<n<10K", 10**4), ("10K<n<100K", 10**5), ("
 def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[str, int]], folder: Path) -> str:
     """The release README: the template's YAML with this build's configs and sizes, the body's {{…}} filled."""
     schema = schema_module()
-    data, body = split_card(template)
+    data, body = split_card(template, CARD_TEMPLATE)
     configs, infos = [], []
     for config in schema.CONFIGS:
         splits = [s for s in schema.SPLITS if report.sizes[config].get(s)]

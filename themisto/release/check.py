@@ -4,12 +4,13 @@ Features, eval.yaml, and trajectories that leak between splits.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from themisto.release.card import split_card
-from themisto.release.parquet import BUILD_FILE, README, ReleaseError, schema_module, sha256_file
+from themisto.errors import InputError
+from themisto.release.eval_yaml import EvalYamlError, read_eval_yaml
+from themisto.release.folder import (BUILD_FILE, CARD_FILE, EVAL_FILE, read_build, read_card, read_parquet,
+                                     schema_module, sha256_file)
 
 
 @dataclass
@@ -49,14 +50,14 @@ def check_release(folder: str | Path) -> CheckReport:
     folder = Path(folder)
     report = CheckReport(folder)
     problems = report.problems
-    readme = folder / README
+    readme = folder / CARD_FILE
     if not readme.is_file():
         problems.append(f"{readme}: missing (the card declares the configs)")
         return report
     try:
-        data, _ = split_card(readme.read_text(encoding="utf-8"))
-    except (ReleaseError, ValueError) as exc:
-        problems.append(f"{readme}: {exc}")
+        data, _ = read_card(folder)
+    except InputError as exc:
+        problems.append(str(exc))
         return report
     schema = schema_module()
     declared = {c.get("config_name"): c for c in data.get("configs") or []}
@@ -64,7 +65,10 @@ def check_release(folder: str | Path) -> CheckReport:
     recorded = {}
     kernels: dict[str, dict[str, set[str]]] = {}
     if (folder / BUILD_FILE).is_file():
-        recorded = json.loads((folder / BUILD_FILE).read_text(encoding="utf-8")).get("files", {})
+        try:
+            recorded = read_build(folder).files
+        except InputError as exc:
+            problems.append(str(exc))
     for config in schema.CONFIGS:
         if config not in declared:
             problems.append(f"{readme}: config {config!r} is missing from `configs:`")
@@ -113,8 +117,6 @@ def _check_file(folder: Path, path: Path, expected, recorded: dict[str, str], pr
 
 def _eval_yaml_problems(folder: Path, sizes: dict[str, dict[str, int]]) -> list[str]:
     """eval.yaml (when present) follows the Hub's schema and declares only configs with a `test` split."""
-    from themisto.release.eval_yaml import EVAL_FILE, EvalYamlError, read_eval_yaml
-
     if not (folder / EVAL_FILE).is_file():
         return []  # releases built before eval.yaml existed
     try:
@@ -126,13 +128,11 @@ def _eval_yaml_problems(folder: Path, sizes: dict[str, dict[str, int]]) -> list[
 
 
 def _kernel_ids(paths: list[Path]) -> set[str]:
-    import pyarrow.parquet as pq
-
     ids: set[str] = set()
     for path in paths:
         try:
-            ids.update(pq.read_table(path, columns=["kernel_id"]).column("kernel_id").to_pylist())
-        except (OSError, ValueError, KeyError):
+            ids.update(row["kernel_id"] for row in read_parquet(path, None, columns=["kernel_id"]))
+        except InputError:
             pass  # an unreadable file or a missing column is reported by the schema check
     return ids
 

@@ -8,14 +8,13 @@ one of these ids as its `task_id`. The Hub checks `evaluation_framework` against
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from themisto.errors import InputError
+from themisto.release.folder import EVAL_FILE, read_eval_file
+from themisto.resume import write_text_atomic
 from themisto.vocabulary import BENCHMARK_SPLIT, TASKS
 
-EVAL_FILE = "eval.yaml"
 NAME = "Themisto"
 FRAMEWORK = "themisto"
 DESCRIPTION = (
@@ -41,26 +40,21 @@ def write_eval_yaml(folder: str | Path, configs_with_test: list[str] | tuple[str
     import yaml
 
     path = Path(folder) / EVAL_FILE
-    text = yaml.safe_dump(eval_spec(configs_with_test), sort_keys=False, allow_unicode=True, width=100)
-    fd, tmp = tempfile.mkstemp(prefix=".eval.yaml.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_text_atomic(path, yaml.safe_dump(eval_spec(configs_with_test), sort_keys=False, allow_unicode=True,
+                                           width=100))
     return path
 
 
 def read_eval_yaml(folder: str | Path) -> dict:
-    """Read and check `folder/eval.yaml` against the documented schema; EvalYamlError names what is wrong."""
-    import yaml
-
+    """Read (within bounds, anchors refused) and check `folder/eval.yaml` against the documented schema;
+    EvalYamlError names what is wrong."""
     path = Path(folder) / EVAL_FILE
     if not path.is_file():
         raise EvalYamlError(f"{path}: missing (the release declares its tasks for the Hub there)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise EvalYamlError(f"{path}: not YAML ({exc})") from None
+        data = read_eval_file(folder)
+    except InputError as exc:
+        raise EvalYamlError(str(exc)) from None
     if not isinstance(data, dict):
         raise EvalYamlError(f"{path}: expected a mapping at the top")
     for key in ("name", "description", "evaluation_framework"):

@@ -1,87 +1,32 @@
 """Write a Themisto release: Parquet per config and split, a README.md card (`card`), a build report.
 
-The schema comes from `themisto_dataset.py` and the card from `dataset_card.md` (both at the repository root).
-`check` checks a release folder and `push` uploads it. A release folder loads with
+The schema comes from `themisto_dataset.py` and the card from `dataset_card.md` (both at the repository root); the
+folder's layout, hashes and build report are `themisto.release.folder`'s. `check` checks a release folder and
+`push` uploads it. A release folder loads with
 `datasets.load_dataset(folder, config)` offline, because the card's YAML lists each config's data files. Same rows
 and settings give byte-identical Parquet files (no timestamps are written).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import json
 import re
-import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Iterable, Sequence
 
-from themisto.errors import InputError
+from themisto.release.card import CARD_TEMPLATE, render_card
+from themisto.release.eval_yaml import write_eval_yaml
+from themisto.release.folder import (CARD_FILE, BuildReport, ReleaseError, content_hash, parquet_name, schema_module,
+                                     sha256_file, shipped)
 from themisto.release.tasks import TaskSettings, build_tasks
 from themisto.resume import folder_written_whole
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def shipped(relative: str) -> Path:
-    """A file the project ships beside the package: at the repository root in a checkout; under share/themisto in
-    an installed copy (pyproject's data-files: the environment's prefix, or beside the package for `--target`)."""
-    for base in (REPO_ROOT, REPO_ROOT / "share" / "themisto", Path(sys.prefix) / "share" / "themisto"):
-        if (base / relative).exists():
-            return base / relative
-    return REPO_ROOT / relative
-
-
-CARD_TEMPLATE = shipped("dataset_card.md")
 SAMPLE_DIR = shipped("data/sample")
-BUILD_FILE = "themisto_build.json"
-README = "README.md"
 ROW_GROUP_ROWS = 1000
 PARQUET_COMPRESSION = "zstd"
 # Replay raised FileNotFoundError for this path: the workspace lacks an input the developer had.
 _MISSING_PATH = re.compile(r"No such file or directory: '([^']*)'")
-
-
-class ReleaseError(InputError):
-    """A release cannot be built, read or pushed; the message names the file, trajectory or step."""
-
-
-def schema_module() -> ModuleType:
-    """`themisto_dataset`, imported by name or, where the repository root is not on sys.path, by its path."""
-    try:
-        return importlib.import_module("themisto_dataset")
-    except ModuleNotFoundError:
-        path = REPO_ROOT / "themisto_dataset.py"
-        if not path.exists():
-            raise ReleaseError(f"{path}: the dataset schema module is missing") from None
-        spec = importlib.util.spec_from_file_location("themisto_dataset", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["themisto_dataset"] = module
-        spec.loader.exec_module(module)
-        return module
-
-
-def parquet_name(config: str, split: str) -> str:
-    """The release-relative path of one config's split."""
-    return f"{config}/{split}-00000-of-00001.parquet"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def content_hash(files: dict[str, str]) -> str:
-    """One sha256 over the release's Parquet files (their relative paths and sha256s, sorted)."""
-    lines = "".join(f"{rel} {digest}\n" for rel, digest in sorted(files.items()) if rel.endswith(".parquet"))
-    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -118,22 +63,6 @@ def missing_input_files(rows: Iterable[dict]) -> list[MissingFile]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Build
-
-
-@dataclass
-class BuildReport:
-    """What a build wrote: rows per config and split, file hashes, settings, sources, task rules and notes."""
-
-    sizes: dict[str, dict[str, int]]
-    files: dict[str, str]  # release-relative path -> sha256
-    content_sha256: str
-    settings: dict[str, Any]
-    source: dict[str, Any]
-    tasks: dict[str, dict]
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _write_parquet(rows: list[dict], features, path: Path, what: str) -> int:
@@ -197,14 +126,9 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         report = BuildReport(
             sizes=taskset.sizes(), files=files, content_sha256=content_hash(files), settings=all_settings,
             source=source or {}, tasks={name: asdict(r) for name, r in taskset.reports.items()}, notes=notes)
-        from themisto.release.card import render_card
-
         card = render_card(CARD_TEMPLATE.read_text(encoding="utf-8"), report, num_bytes, tmp)
-        (tmp / README).write_text(card, encoding="utf-8")
-        (tmp / BUILD_FILE).write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n",
-                                      encoding="utf-8")
-        from themisto.release.eval_yaml import write_eval_yaml
-
+        (tmp / CARD_FILE).write_text(card, encoding="utf-8")
+        report.write_to(tmp)
         write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")])
     return report
 

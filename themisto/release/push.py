@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from themisto.release.check import check_release
-from themisto.release.parquet import BUILD_FILE, README, ReleaseError
+from themisto.release.folder import BUILD_FILE, CARD_FILE, EVAL_FILE, ReleaseError, open_release
 
 
 @dataclass
@@ -32,17 +31,11 @@ def upload_plan(folder: str | Path, repo_id: str, *, private: bool = False, revi
     checked = check_release(folder)
     if not checked.ok:
         raise ReleaseError(f"{folder}: not pushed, the release has problems: " + "; ".join(checked.problems))
-    files = {README: (folder / README).stat().st_size}
-    if (folder / BUILD_FILE).is_file():
-        files[BUILD_FILE] = (folder / BUILD_FILE).stat().st_size
-    from themisto.release.eval_yaml import EVAL_FILE
-
-    if (folder / EVAL_FILE).is_file():
-        files[EVAL_FILE] = (folder / EVAL_FILE).stat().st_size
-    for path in sorted(folder.rglob("*.parquet")):
-        files[path.relative_to(folder).as_posix()] = path.stat().st_size
-    report = json.loads((folder / BUILD_FILE).read_text(encoding="utf-8")) if BUILD_FILE in files else {}
-    message = commit_message or f"Themisto release {report.get('content_sha256', '')[:12]}".strip()
+    release = open_release(folder)
+    files = {name: (folder / name).stat().st_size for name in (CARD_FILE, BUILD_FILE, EVAL_FILE)
+             if (folder / name).is_file()}
+    files.update({rel: (folder / rel).stat().st_size for rel in sorted(release.files)})
+    message = commit_message or f"Themisto release {release.content_hash[:12]}"
     return UploadPlan(repo_id, folder, files, private, revision, message)
 
 
@@ -54,7 +47,7 @@ def push_release(plan: UploadPlan, api=None, *, token: str | None = None):
     if api is None:
         from huggingface_hub import DatasetCard, HfApi
 
-        DatasetCard.load(plan.folder / README).validate(repo_type="dataset")
+        DatasetCard.load(plan.folder / CARD_FILE).validate(repo_type="dataset")
         api = HfApi(token=token)
     api.create_repo(repo_id=plan.repo_id, repo_type="dataset", private=plan.private, exist_ok=True)
     return api.upload_folder(repo_id=plan.repo_id, repo_type="dataset", folder_path=str(plan.folder),

@@ -4,12 +4,13 @@ and the trajectory rebuilt from its rows.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from themisto.release.folder import TRAJECTORIES, ReleaseInfo, open_release
 from themisto.scoring.records import Example, ScoreError
+from themisto.vocabulary import TASKS
 
 
 @dataclass
@@ -23,45 +24,20 @@ class Release:
     replay: dict  # the build's ReplaySettings as a dict; {} if unknown
 
 
-def _parquet_rows(folder: Path, config: str) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    from themisto.release.card import split_card
-    from themisto.release.parquet import README
-
-    card = folder / README
-    if not card.is_file():
-        raise ScoreError(f"{card}: missing; a release folder declares its configs there")
-    data, _ = split_card(card.read_text(encoding="utf-8"))
-    declared = {c.get("config_name"): c for c in data.get("configs") or []}
-    if config not in declared:
-        raise ScoreError(f"{card}: the release has no {config!r} config")
-    rows: list[dict] = []
-    for entry in declared[config].get("data_files") or []:
-        for path in sorted(folder.glob(entry["path"])):
-            rows += pq.read_table(path).to_pylist()
-    return rows
-
-
-def load_release(folder: str | Path, task: str = "next_cell") -> Release:
-    """Read a release folder written by `themisto build`: the task's rows (all splits) and its trajectories."""
-    from themisto.release.parquet import BUILD_FILE
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ScoreError(f"{folder}: no such release folder")
-    task_rows = {row["id"]: row for row in _parquet_rows(folder, task)}
+def load_release(folder: str | Path | ReleaseInfo, task: str = TASKS[0]) -> Release:
+    """Read a release (`themisto.release.folder`): the task's rows (all splits) and its trajectories."""
+    info = folder if isinstance(folder, ReleaseInfo) else open_release(folder)
+    if not info.splits(task):
+        raise ScoreError(f"{info.path}: the release has no {task!r} config")
+    task_rows = {row["id"]: row for split in info.splits(task) for row in info.rows(task, split)}
     trajectories: dict[str, list[dict]] = {}
-    for row in _parquet_rows(folder, "trajectories"):
-        trajectories.setdefault(row["kernel_id"], []).append(row)
+    for split in info.splits(TRAJECTORIES):
+        for row in info.rows(TRAJECTORIES, split):
+            trajectories.setdefault(row["kernel_id"], []).append(row)
     for rows in trajectories.values():
         rows.sort(key=lambda r: r["step"])
-    build: dict = {}
-    if (folder / BUILD_FILE).is_file():
-        build = json.loads((folder / BUILD_FILE).read_text(encoding="utf-8"))
-    return Release(name=str(folder), task_rows=task_rows, trajectories=trajectories,
-                   workspace=dict(build.get("source", {}).get("workspace") or {}),
-                   replay=dict(build.get("settings", {}).get("replay") or {}))
+    return Release(name=str(info.path), task_rows=task_rows, trajectories=trajectories, workspace=info.workspace,
+                   replay=info.replay)
 
 
 def check_against_release(examples: Sequence[Example], release: Release) -> None:

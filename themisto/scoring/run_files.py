@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from themisto.errors import InputError
+from themisto.release.folder import open_release
 from themisto.vocabulary import CONTEXT_MODES, GENERATION_STATUSES, TASKS
 
 RUN_FILE = "run.json"
@@ -143,13 +144,6 @@ def read_run(folder: str | Path) -> RunFolder:
     return RunFolder(folder, meta, meta["task"], list(meta["contexts"]), samples, list(ids), generations)
 
 
-def release_content_hash(folder: Path) -> str:
-    """The content hash of a release folder as its Parquet files are now (the build's `content_sha256` rule)."""
-    from themisto.release.parquet import content_hash, sha256_file
-
-    return content_hash({p.relative_to(folder).as_posix(): sha256_file(p) for p in folder.rglob("*.parquet")})
-
-
 def find_release(run: RunFolder, release: str | Path | None = None) -> tuple[Path, str]:
     """The release folder (given, or the one run.json names) and its content hash, which must be the run's."""
     recorded = run.meta["release"]
@@ -163,7 +157,7 @@ def find_release(run: RunFolder, release: str | Path | None = None) -> tuple[Pat
     release = Path(release)
     if not release.is_dir():
         raise RunError(f"{release}: no such release folder (the run was made against {recorded.get('path')!r})")
-    actual = release_content_hash(release)
+    actual = open_release(release).content_hash
     if actual != recorded["content_hash"]:
         raise RunError(f"{release}: content hash {actual[:12]}… differs from the run's "
                        f"{recorded['content_hash'][:12]}… ({run.folder / RUN_FILE}): the run was generated against "

@@ -224,14 +224,12 @@ def resume_header(release: str | Path, ids: list[str], texts: list, settings: Sc
     workspace the states are rebuilt over and the kernel's environment (interpreter, hash seed, package versions)."""
     import hashlib
 
+    from themisto.release.folder import open_release
     from themisto.runtime.sandbox import kernel_environment
-    from themisto.scoring.run_files import release_content_hash
 
     digest = hashlib.sha256(json.dumps([ids, texts], ensure_ascii=False).encode("utf-8")).hexdigest()
-    folder = Path(release)
     return {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
-            "release": str(release),
-            "release_content_sha256": release_content_hash(folder) if folder.is_dir() else None,
+            "release": str(release), "release_content_sha256": open_release(release).content_hash,
             "workspace": folder_fingerprint(workspace, output=out), "kernel": kernel_environment()}
 
 

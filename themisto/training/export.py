@@ -92,25 +92,24 @@ class _Release:
 
 def read_release(release: Path, settings: ExportSettings) -> _Release:
     """Each task's rows of `settings.split` through generation's loader; a missing split or snapshot is an error."""
-    from themisto.generation.release_rows import load_task_rows, read_rows, release_info
-    from themisto.release.parquet import parquet_name
+    from themisto.generation.release_rows import load_task_rows
+    from themisto.release.folder import TRAJECTORIES, open_release
 
     if not release.is_dir():
         raise ExportError(f"{release}: no such release folder")
+    info = open_release(release)
     for task in settings.tasks:
-        have = sorted({path.name.split("-")[0] for path in (release / task).glob("*.parquet")})
+        have = info.splits(task)
         if have and settings.split not in have:
             raise ExportError(f"{release}: {task} has no `{settings.split}` split (it has: {', '.join(have)})")
-    infos = {task: release_info(release, task, settings.split) for task in settings.tasks}
-    info = infos[settings.tasks[0]]
-    rows = {task: load_task_rows(infos[task], task, settings.contexts, split=settings.split)
-            for task in settings.tasks}
+        info.require(task, settings.split)
+    rows = {task: load_task_rows(info, task, settings.contexts, split=settings.split) for task in settings.tasks}
     trajectories = None
     if settings.verify:
-        if parquet_name("trajectories", settings.split) not in info.files:
+        if not info.has(TRAJECTORIES, settings.split):
             raise ExportError(f"{release}: the trajectories config has no `{settings.split}` split, which "
                               "verification reads (--no-verify exports without it)")
-        trajectories = read_rows(info, "trajectories", settings.split)
+        trajectories = info.rows(TRAJECTORIES, settings.split)
     return _Release(release, info.content_hash, rows, trajectories)
 
 
