@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from themisto.runtime.branch import BranchError, BranchResult, run_branches
+from themisto.runtime.branch import BranchError, BranchResult, run_branches, run_in_branch
 from themisto.runtime.kernel import KernelSession
 from themisto.runtime.snapshot import take_snapshot
 
@@ -127,6 +127,49 @@ def test_a_next_candidate_that_could_not_be_forked_early_runs_in_its_turn(sessio
         session.execute_silent("_b.start = _b._real_start")
     assert [r.outputs[0]["text"] for r in results] == ["1\n", "2\n", "3\n", "4\n"]
     assert calls["data"]["text/plain"] == "7"  # 1 + 3 early forks that failed + the 3 made again in their turn
+
+
+def test_a_candidate_reaches_the_kernel_as_data_not_as_source(session):
+    # Text that would end a string literal, a list and a call: it must arrive as the same string and run as itself,
+    # and no expression the kernel evaluates may contain it (it rides in the request's metadata).
+    code = "text = 'a\\'b\"c' + \"]), print('injected') #\"\nprint(len(text), text)"
+    sent = []
+    real = session.execute_silent
+
+    def spy(*args, **kwargs):
+        sent.append(kwargs)
+        return real(*args, **kwargs)
+
+    session.execute_silent = spy
+    try:
+        [result] = run_branches(session, [code], timeout_s=20)
+    finally:
+        del session.execute_silent
+    assert result.status == "ok", result.evalue
+    assert _texts(result) == [("stream", "stdout", "28 a'b\"c]), print('injected') #\n")]
+    [request] = sent
+    assert request["metadata"]["themisto_arguments"]["codes"] == [[code]]
+    assert not any("injected" in expression for expression in request["user_expressions"].values())
+
+
+def test_run_in_branch_gives_the_bounded_output_status_and_whether_the_state_changed(session):
+    before = take_snapshot(session)
+    looked = run_in_branch(session, "print(features.shape, len(seen))")
+    assert (looked.status, _texts(looked), looked.changed_state) == ("ok", [("stream", "stdout", "(1918, 21) 0\n")],
+                                                                     False)
+    changed = run_in_branch(session, "seen.append(1)\nopen('probe.txt', 'w').write('x')")
+    assert changed.status == "ok" and changed.changed_state is True and list(changed.changed) == ["seen"]
+    assert changed.workdir_changes == {"added": ["probe.txt"]} and changed.workdir_restored
+    flood = run_in_branch(session, "print('x' * 5000)", output_bytes=1000)
+    assert flood.truncated and sum(len(o.get("text", "")) for o in flood.outputs) < 2000
+    slow = run_in_branch(session, "import time\ntime.sleep(30)", timeout_s=0.5)
+    assert slow.status == "timeout" and slow.changed_state is False  # cut by its own timer, then hashed
+    gone = run_in_branch(session, "import os\nos._exit(3)")
+    assert gone.status == "kernel_died" and gone.changed_state is None  # no state left to compare
+    failed = run_in_branch(session, "1/0")
+    assert failed.status == "error" and failed.ename == "ZeroDivisionError" and failed.changed_state is False
+    assert take_snapshot(session).state_hash == before.state_hash
+    assert not (session.workdir / "probe.txt").exists()
 
 
 def test_bad_requests_are_refused_clearly(session):

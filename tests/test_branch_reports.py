@@ -68,5 +68,5 @@ def test_a_malformed_agent_answer_is_an_agent_error(answer):
     from themisto.runtime.snapshot import AgentError, agent_answer
 
     with pytest.raises(AgentError, match="malformed"):
-        agent_answer(answer, "snapshot()")
+        agent_answer(answer, "snapshot")
 

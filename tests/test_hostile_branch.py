@@ -49,7 +49,7 @@ def _uid_processes(session) -> int:
 
 def _counts(session) -> tuple:
     # The kernel's own thread count is left out: ipykernel starts threads of its own when it likes.
-    return agent_call(session, "process_count()", timeout=30)["processes"], _uid_processes(session)
+    return agent_call(session, "process_count", timeout=30)["processes"], _uid_processes(session)
 
 
 def _run_hostile(session, code: str, timeout_s: float = TIMEOUT_S, **kwargs):

@@ -147,4 +147,4 @@ def test_an_agent_failure_names_the_call(session):
     with pytest.raises(AgentError, match="dump_values"):
         from themisto.runtime.snapshot import agent_call
 
-        agent_call(session, "dump_values(['features'], '/proc/not-writable')", timeout=30)
+        agent_call(session, "dump_values", names=["features"], dest_dir="/proc/not-writable", timeout=30)

@@ -15,9 +15,9 @@ def test_a_forged_match_is_recorded_suspicious_and_counted():
     forged = BranchResult(index=1, status="ok", outputs=[], added={"x": "a" * 32}, state_hash_after="s",
                           suspicious=["gc.get_objects", "patched json.dumps"])
     clean = BranchResult(index=2, status="ok", outputs=[], added={"x": "a" * 32}, state_hash_after="s")
-    records = [_record(0), _record(1)]
-    judge(records[0], reference, forged, ScoreSettings())
-    judge(records[1], reference, clean, ScoreSettings())
+    given = [_record(0), _record(1)]
+    records = [judge(given[0], reference, forged, ScoreSettings()), judge(given[1], reference, clean, ScoreSettings())]
+    assert given == [_record(0), _record(1)]  # a judged record is a new one: the given records stay as they were
     assert records[0].functional_match and records[0].suspicious == ["gc.get_objects", "patched json.dumps"]
     assert records[1].functional_match and records[1].suspicious == []
     example = ExampleRecord(id="t/1", predictions=2, status="scored", correct=2, pass_at_k={"pass@1": 1.0})

@@ -9,7 +9,6 @@ raised, gets its examples `refused` with the reason; the other trajectories are 
 from __future__ import annotations
 
 from contextlib import closing
-from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -47,14 +46,14 @@ def score_one(release, kernel_id: str, group: list, records: dict, workspace: st
 
 def refused_trajectory(release, kernel_id: str, group: list, records: Mapping[str, list], reason: str):
     """The TrajectoryScore of a trajectory that could not be scored: every example refused with `reason`."""
-    from themisto.scoring.judging import refuse
+    from themisto.scoring.judging import refused
     from themisto.scoring.records import ExampleRecord, TrajectoryScore
 
-    examples = [ExampleRecord(id=e.id, predictions=len(e.predictions), kernel_id=kernel_id,
-                              step=int(release.task_rows[e.id]["step"])) for e in group]
-    own = [r.__class__(**asdict(r)) for e in group for r in records[e.id]]
-    refuse(examples, own, f"scoring {kernel_id} on Ray failed: {reason}")
-    return TrajectoryScore(kernel_id=kernel_id, examples=examples, predictions=own, replay_s=0.0)
+    why = f"scoring {kernel_id} on Ray failed: {reason}"
+    examples = [refused(ExampleRecord(id=e.id, predictions=len(e.predictions), kernel_id=kernel_id,
+                                      step=int(release.task_rows[e.id]["step"])), why) for e in group]
+    return TrajectoryScore(kernel_id=kernel_id, examples=examples,
+                           predictions=[refused(r, why) for e in group for r in records[e.id]], replay_s=0.0)
 
 
 def scoring_runner(target: RayTarget):

@@ -91,6 +91,11 @@ def _restart_points(trajectory: Trajectory) -> set[int]:
     return {ev.before for ev in trajectory.events if ev.kind == "restart"}
 
 
+def life_start(trajectory: Trajectory, step: int) -> int:
+    """The first step of the kernel life `step` belongs to (after the last logged restart at or before it)."""
+    return max([0] + [point for point in _restart_points(trajectory) if point <= step])
+
+
 def _timeout_for(execution: Execution, settings: ReplaySettings) -> float:
     if execution.ename == "KeyboardInterrupt" or execution.status == "interrupted":
         return settings.interrupted_timeout_s
@@ -101,7 +106,8 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
            before_step: BeforeStep | None = None) -> Iterator[Step]:
     """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes."""
     from themisto.runtime.outputs import output_text, output_types, rich_outputs
-    from themisto.runtime.snapshot import SNAPSHOT_EXPRESSIONS, AgentError, snapshot_from_expressions, take_snapshot
+    from themisto.runtime.rebuild import rebuild_state
+    from themisto.runtime.snapshot import SNAPSHOT_EXPRESSIONS
 
     restarts = _restart_points(trajectory)
     session_start = 0  # first step of the current kernel life, as the log recorded it
@@ -118,68 +124,60 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         # cell that succeeded, so failed cells are read with a separate silent request below.
         result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings),
                                  user_expressions=SNAPSHOT_EXPRESSIONS if settings.snapshots else None)
-        execution_time = result.duration_s
         rebuilt = 0
         if result.kernel_restarted:
             # The developer's kernel kept its state here; ours lost it. Re-run this kernel life's earlier steps
             # (not the ones that lost it) so the steps after this one see the state they saw in the log.
-            lost.add(i)
-            rebuilt = _rebuild(session, trajectory, session_start, i, lost, settings)
-        snap, snap_error = None, {}
-        if settings.snapshots:
-            try:
-                snap = None if rebuilt else snapshot_from_expressions(result.user_expressions)
-                if snap is not None:
-                    # the request's time includes the snapshot the kernel took after the cell
-                    execution_time = max(0.0, execution_time - snap.elapsed_s)
-                else:
-                    snap = take_snapshot(session)
-            except AgentError as exc:  # recorded on the step; one unreadable state does not end the replay
-                snap_error = {"<snapshot>": str(exc)[:500]}
+            done = rebuild_state(session, life_cells(trajectory, session_start, i, settings), restart=False,
+                                 lost=lost | {i})
+            lost, rebuilt = set(done.lost), done.ran
+        snap, snap_error, execution_time = _snapshot_after(session, result, settings, rebuilt > 0)
         yield Step(
-            kernel_id=trajectory.id,
-            step=i,
-            cell_id=execution.cell_id,
-            code=execution.code,
-            replayed_code=cleaned.code,
-            cleaning=[asdict(c) for c in cleaned.changes],
-            restarted_before=restarted,
-            status=result.status,
-            ename=result.ename,
-            evalue=result.evalue,
-            output=output_text(result.outputs),
-            outputs=rich_outputs(result.outputs),
-            output_types=output_types(result.outputs),
-            execution_time=round(execution_time, 6),
-            memory_bytes=snap.memory_bytes if snap else None,
+            kernel_id=trajectory.id, step=i, cell_id=execution.cell_id, code=execution.code,
+            replayed_code=cleaned.code, cleaning=[asdict(c) for c in cleaned.changes], restarted_before=restarted,
+            status=result.status, ename=result.ename, evalue=result.evalue, output=output_text(result.outputs),
+            outputs=rich_outputs(result.outputs), output_types=output_types(result.outputs),
+            execution_time=round(execution_time, 6), memory_bytes=snap.memory_bytes if snap else None,
             state_hash=snap.state_hash if snap else None,
             variables=[v.to_dict() for v in snap.variables.values()] if snap else [],
             snapshot_failures=dict(snap.failures) if snap else snap_error,
-            kernel_restarted=result.kernel_restarted,
-            rebuilt_steps=rebuilt,
-            logged=_logged(execution),
-            notebook=trajectory.notebook,
-            task=trajectory.task,
+            kernel_restarted=result.kernel_restarted, rebuilt_steps=rebuilt, logged=_logged(execution),
+            notebook=trajectory.notebook, task=trajectory.task,
         )
 
 
-def _rebuild(session, trajectory: Trajectory, start: int, end: int, lost: set[int],
-             settings: ReplaySettings) -> int:
-    """Re-run steps start..end-1 (minus `lost`) in the fresh kernel; a step that loses the state again joins
-    `lost` and the rebuild starts over. Returns how many steps ran."""
-    rerun = 0
-    while True:
-        for j in range(start, end):
-            if j in lost:
-                continue
-            execution = trajectory.executions[j]
-            result = session.execute(clean_for_replay(execution.code).code, timeout=_timeout_for(execution, settings))
-            rerun += 1
-            if result.kernel_restarted:
-                lost.add(j)
-                break
-        else:
-            return rerun
+def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool):
+    """The snapshot after a step (None when off or unreadable), what could not be read, and the cell's own time."""
+    from themisto.runtime.snapshot import AgentError, snapshot_from_expressions, take_snapshot
+
+    if not settings.snapshots:
+        return None, {}, result.duration_s
+    try:
+        snap = None if rebuilt else snapshot_from_expressions(result.user_expressions)
+        if snap is not None:  # the request's time includes the snapshot the kernel took after the cell
+            return snap, {}, max(0.0, result.duration_s - snap.elapsed_s)
+        return take_snapshot(session), {}, result.duration_s
+    except AgentError as exc:  # recorded on the step; one unreadable state does not end the replay
+        return None, {"<snapshot>": str(exc)[:500]}, result.duration_s
+
+
+def life_cells(trajectory: Trajectory, start: int, end: int, settings: ReplaySettings) -> list:
+    """Steps start..end-1 as replay runs them (cleaned, each with its timeout): what rebuilds the state they made."""
+    from themisto.runtime.rebuild import RerunCell
+
+    return [RerunCell(j, clean_for_replay(trajectory.executions[j].code).code,
+                      _timeout_for(trajectory.executions[j], settings)) for j in range(start, end)]
+
+
+def rebuild_before(session, trajectory: Trajectory, step: int, settings: ReplaySettings = ReplaySettings(), *,
+                   lost: frozenset[int] | set[int] = frozenset(), strict: bool = False):
+    """Restart the kernel and rebuild the state replay had before `step`: the cells of its kernel life before it,
+    without the `lost` steps (those that lost the state in the replay). `themisto.runtime.rebuild.rebuild_state`
+    does the work (with `strict`, a cell that loses the state again raises StateLost)."""
+    from themisto.runtime.rebuild import rebuild_state
+
+    return rebuild_state(session, life_cells(trajectory, life_start(trajectory, step), step, settings),
+                         lost=lost, strict=strict)
 
 
 def kernel_limits(settings: ReplaySettings):

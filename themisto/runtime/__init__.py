@@ -2,8 +2,9 @@
 
 Takes code and gives `CellResult`s and `Snapshot`s. `launcher` and `sandbox` set the limits and isolation, `kernel`
 owns one kernel's life (watchdog, restarts, output cap), `agent` is the stdlib-only package the kernel imports to
-describe its namespace and fork branches, `snapshot` and `branch` are the host's side of it, `outputs` turns
-Jupyter outputs into one comparable text.
+describe its namespace and fork branches, `snapshot` and `branch` are the host's side of it (the agent's calls
+travel as data, never as source), `rebuild` runs again the cells that made a state, `outputs` turns Jupyter
+outputs into one comparable text.
 
 This `__init__` stays empty: the kernel imports `themisto.runtime.agent` and `themisto.runtime.launcher` through it.
 """

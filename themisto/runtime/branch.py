@@ -17,6 +17,7 @@ from themisto.jsonrecords import from_dict
 from themisto.runtime.agent import WorkdirGuard
 from themisto.runtime.agent.delta import namespace_delta
 from themisto.runtime.outputs import strip_ansi
+from themisto.runtime.rebuild import RerunCell, StateLost, rebuild_state
 from themisto.runtime.snapshot import AgentError, agent_call, take_snapshot
 from themisto.vocabulary import CELL_STATUSES, UNFINISHED_STATUSES, CellStatus
 
@@ -64,6 +65,15 @@ class BranchResult:
     def delta(self) -> dict[str, dict[str, str]]:
         """The namespace delta in `namespace_delta`'s shape: added, changed, deleted."""
         return {"added": dict(self.added), "changed": dict(self.changed), "deleted": dict(self.deleted)}
+
+    @property
+    def changed_state(self) -> bool | None:
+        """Whether the code changed its branch's state (a variable added, changed or deleted, or a work-folder file
+        touched; the kernel's own state is never changed); None when it left no state to compare (it died, or ran
+        past its time)."""
+        if self.added or self.changed or self.deleted or self.workdir_changes:
+            return True
+        return None if self.state_hash_after is None else False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,12 +202,12 @@ def _fork_branches(session: Any, candidates: list[list[str]], *, timeout_s: floa
                    output_bytes: int, protect_workdir: bool, delta: str,
                    state_names: list[str] | None) -> list[BranchResult]:
     workdir = str(session.workdir) if protect_workdir else None
-    call = (f"branch({candidates!r}, timeout_s={float(timeout_s)!r}, memory_bytes={int(memory_bytes)!r}, "
-            f"output_bytes={int(output_bytes)!r}, workdir={workdir!r}, delta={delta!r}, "
-            f"state_names={state_names!r})")
     budget = sum(len(cells) * timeout_s + _SLACK_PER_CANDIDATE_S for cells in candidates) + _SLACK_PER_CALL_S
     try:
-        answer = agent_call(session, call, timeout=budget)
+        # The candidates travel as data (the request's metadata), the same strings in the kernel as here.
+        answer = agent_call(session, "branch", timeout=budget, codes=candidates, timeout_s=float(timeout_s),
+                            memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), workdir=workdir,
+                            delta=delta, state_names=state_names)
     except AgentError as error:
         raise BranchError(f"fork branches of {len(candidates)} candidate(s) failed: {error}") from error
     reports = answer.get("results") if isinstance(answer, dict) else None
@@ -207,12 +217,10 @@ def _fork_branches(session: Any, candidates: list[list[str]], *, timeout_s: floa
 
 
 def _replay_prefix(session: Any, prefix: list[str]) -> None:
-    session.restart()
-    for number, code in enumerate(prefix):
-        cell = session.execute(code)
-        if cell.status in UNFINISHED_STATUSES and getattr(cell, "kernel_restarted", False):
-            raise BranchError(f"replay fallback: prefix cell {number} ended in {cell.status} ({cell.evalue}); "
-                              "the pre-cell state cannot be rebuilt")
+    try:
+        rebuild_state(session, [RerunCell(number, code) for number, code in enumerate(prefix)], strict=True)
+    except StateLost as error:
+        raise BranchError(f"replay fallback: prefix cell {error}; the pre-cell state cannot be rebuilt") from error
 
 
 def _replay_continuation(session: Any, cells: list[str], timeout_s: float,
@@ -236,13 +244,13 @@ def _replay_one(session: Any, index: int, cells: list[str], prefix: list[str], *
     before = take_snapshot(session)
     if guard is not None:
         guard.refresh()
-    agent_call(session, f"set_data_limit({int(memory_bytes)})", timeout=30)
+    agent_call(session, "set_data_limit", extra_bytes=int(memory_bytes), timeout=30)
     cell = session.execute(code, timeout=timeout_s)
     result = BranchResult(index=index, status=cell.status, outputs=cell.outputs, ename=cell.ename,
                           evalue=cell.evalue, traceback=list(cell.traceback), duration_s=cell.duration_s,
                           truncated=cell.truncated, method="replay")
     if not getattr(cell, "kernel_restarted", False) and session.alive:
-        agent_call(session, "set_data_limit(None)", timeout=30)
+        agent_call(session, "set_data_limit", extra_bytes=None, timeout=30)
         after = take_snapshot(session)
         delta = namespace_delta(before.hashes(), after.hashes())
         result.added, result.changed, result.deleted = delta["added"], delta["changed"], delta["deleted"]
@@ -273,6 +281,18 @@ def _replay_branches(session: Any, candidates: list[list[str]], prefix: list[str
 def fork_available() -> bool:
     """True where the kernel can fork (POSIX with os.fork); the kernel runs on this machine."""
     return hasattr(os, "fork") and hasattr(os, "memfd_create")
+
+
+def run_in_branch(session: Any, code: str, *, timeout_s: float = 30.0, memory_bytes: int = 2**30,
+                  output_bytes: int = 2**20) -> BranchResult:
+    """Run `code` in one branch of the kernel's current state: its status, its outputs (at most `output_bytes`,
+    `truncated` past them) and whether it changed the state (`changed_state`); the kernel's own state and work
+    folder stay as they were. The call a probe of the live state uses (a forked branch; it needs fork)."""
+    if not fork_available():
+        raise BranchError("a branch of the current state needs fork, which this platform lacks")
+    [result] = _fork_branches(session, [[str(code)]], timeout_s=timeout_s, memory_bytes=memory_bytes,
+                              output_bytes=output_bytes, protect_workdir=True, delta="pages", state_names=None)
+    return result
 
 
 def run_branches(session: Any, candidates: list, *, timeout_s: float = 30.0, memory_bytes: int = 2**30,

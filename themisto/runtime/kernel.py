@@ -332,8 +332,11 @@ class AsyncKernelSession(KernelSetup):
         return result
 
     async def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
-                             timeout: float | None = None) -> dict:
+                             timeout: float | None = None, metadata: dict | None = None) -> dict:
         """Run code without touching In/Out or the execution count; returns the execute_reply content.
+
+        `metadata` rides on the request message as JSON (the kernel reads it as its parent's metadata): how the host
+        hands the agent data, never pasted into source.
 
         The content's `status` is "ok" or "error" as the kernel said, or "timeout" / "kernel_died" when the watchdog
         ended the request (then `evalue` says whether the state was lost); `kernel_restarted: True` is added when
@@ -343,7 +346,7 @@ class AsyncKernelSession(KernelSetup):
             replaced = await self._ensure_started()
             collector = OutputCollector(self.limits.output_bytes)
             outcome = await self._request(code, collector, timeout, silent=True,
-                                          user_expressions=dict(user_expressions or {}))
+                                          user_expressions=dict(user_expressions or {}), metadata=metadata)
         if outcome.reply is not None and outcome.kind == "done":
             reply = outcome.reply
         else:
@@ -380,12 +383,16 @@ class AsyncKernelSession(KernelSetup):
         return result
 
     async def _request(self, code: str, collector: OutputCollector, timeout: float | None, *, silent: bool,
-                       user_expressions: dict | None) -> _Outcome:
+                       user_expressions: dict | None, metadata: dict | None = None) -> _Outcome:
         await self._drain_iopub()
         timeout = self.limits.cell_timeout_s if timeout is None else timeout
         started = time.monotonic()
-        msg_id = self._kc.execute(code, silent=silent, store_history=not silent, user_expressions=user_expressions,
-                                  allow_stdin=False, stop_on_error=False)
+        # jupyter_client's `execute`, with the message's metadata (which it cannot set)
+        content = {"code": code, "silent": silent, "store_history": not silent,
+                   "user_expressions": dict(user_expressions or {}), "allow_stdin": False, "stop_on_error": False}
+        request = self._kc.session.msg("execute_request", content, metadata=dict(metadata or {}))
+        self._kc.shell_channel.send(request)
+        msg_id = request["header"]["msg_id"]
         # A silent request's expressions are its work (an agent call): its timeout times them. A cell's times the cell.
         wait = _Wait(msg_id, expressions_s=EXPRESSIONS_TIMEOUT_S if user_expressions and not silent else 0.0)
         kind = await self._wait(wait, started + timeout, collector, extend=not silent)
@@ -624,9 +631,11 @@ class KernelSession:
         return self._call(self._session.execute, code, timeout=timeout, user_expressions=user_expressions)
 
     def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
-                       timeout: float | None = None) -> dict:
-        """Run code silently (no history, no execution count); returns the execute_reply content."""
-        return self._call(self._session.execute_silent, code, user_expressions=user_expressions, timeout=timeout)
+                       timeout: float | None = None, metadata: dict | None = None) -> dict:
+        """Run code silently (no history, no execution count); returns the execute_reply content. `metadata` rides
+        on the request as JSON (see `AsyncKernelSession.execute_silent`)."""
+        return self._call(self._session.execute_silent, code, user_expressions=user_expressions, timeout=timeout,
+                          metadata=metadata)
 
     def interrupt(self) -> None:
         """Send SIGINT to the kernel's process group."""

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from themisto.runtime.agent.namespace import REQUEST_KEY
+
 # A user expression that reaches the agent without binding any name in the user's namespace.
 AGENT = "__import__('themisto.runtime.agent').runtime.agent"
 SNAPSHOT_TIMEOUT_S = 60.0
@@ -20,31 +22,41 @@ class AgentError(RuntimeError):
     """The kernel agent could not answer: the kernel replied with an error, timed out or died."""
 
 
-def agent_expression(call: str) -> str:
-    """The user expression that evaluates `kernel_agent.<call>` and returns its JSON answer."""
-    return f"{AGENT}.reply({AGENT}.{call})"
+def agent_expression(name: str, *, with_arguments: bool = False) -> str:
+    """The user expression that calls the agent's function `name` and returns its JSON answer; `with_arguments`:
+    with the keyword arguments the request carries as data (`themisto.runtime.agent.requested`)."""
+    if not name.isidentifier():
+        raise ValueError(f"not an agent function name: {name[:60]!r}")
+    arguments = f"**{AGENT}.requested()" if with_arguments else ""
+    return f"{AGENT}.reply({AGENT}.{name}({arguments}))"
 
 
 def agent_answer(answer: dict | None, call: str) -> Any:
     """Decode one user expression's result (from `agent_expression`) into the agent's JSON answer."""
     if answer is None:
-        raise AgentError(f"kernel agent call {call[:60]!r}: no user expression came back")
+        raise AgentError(f"kernel agent call {call!r}: no user expression came back")
     if answer.get("status") != "ok":
-        raise AgentError(f"kernel agent call {call[:60]!r} failed in the kernel: "
+        raise AgentError(f"kernel agent call {call!r} failed in the kernel: "
                          f"{answer.get('ename')}: {answer.get('evalue')}")
     try:
         return json.loads(answer["data"]["text/plain"])
     except (KeyError, TypeError, ValueError) as error:  # the kernel's answer is input too (a prediction ran there)
-        raise AgentError(f"kernel agent call {call[:60]!r}: a malformed answer ({type(error).__name__})") from error
+        raise AgentError(f"kernel agent call {call!r}: a malformed answer ({type(error).__name__})") from error
 
 
-def agent_call(session: Any, call: str, *, timeout: float) -> Any:
-    """Evaluate `kernel_agent.<call>` silently in the session's kernel and return its decoded JSON answer."""
-    content = session.execute_silent("", user_expressions={"themisto": agent_expression(call)}, timeout=timeout)
+def agent_call(session: Any, name: str, *, timeout: float, **arguments: Any) -> Any:
+    """Call the agent's function `name` silently in the session's kernel and return its decoded JSON answer.
+
+    The keyword `arguments` (JSON values: code to run in a branch, paths, limits) travel as data, in the request's
+    metadata, and reach the function as the same values; no source text is made of them."""
+    expression = agent_expression(name, with_arguments=bool(arguments))
+    metadata = {REQUEST_KEY: arguments} if arguments else None
+    content = session.execute_silent("", user_expressions={"themisto": expression}, timeout=timeout,
+                                     metadata=metadata)
     if content.get("status") != "ok":
-        raise AgentError(f"kernel agent call {call[:60]!r}: {content.get('status')}: "
+        raise AgentError(f"kernel agent call {name!r}: {content.get('status')}: "
                          f"{content.get('ename')}: {content.get('evalue')}")
-    return agent_answer(content.get("user_expressions", {}).get("themisto"), call)
+    return agent_answer(content.get("user_expressions", {}).get("themisto"), name)
 
 
 @dataclass(frozen=True)
@@ -116,19 +128,19 @@ class Snapshot:
 
 
 # Asked for on a step's own execute request, a snapshot costs no extra round trip (see themisto.replay.replay).
-SNAPSHOT_EXPRESSIONS = {"themisto_snapshot": agent_expression("snapshot()")}
+SNAPSHOT_EXPRESSIONS = {"themisto_snapshot": agent_expression("snapshot")}
 
 
 def snapshot_from_expressions(user_expressions: dict) -> Snapshot | None:
     """The snapshot a cell's reply carried (SNAPSHOT_EXPRESSIONS), or None when there is none (the cell failed)."""
     if "themisto_snapshot" not in user_expressions:
         return None
-    return Snapshot.from_dict(agent_answer(user_expressions["themisto_snapshot"], "snapshot()"))
+    return Snapshot.from_dict(agent_answer(user_expressions["themisto_snapshot"], "snapshot"))
 
 
 def take_snapshot(session: Any, *, timeout: float = SNAPSHOT_TIMEOUT_S) -> Snapshot:
     """Read the session kernel's runtime snapshot silently (In/Out and the execution count stay as they were)."""
-    answer = agent_call(session, "snapshot()", timeout=timeout)
+    answer = agent_call(session, "snapshot", timeout=timeout)
     try:
         return Snapshot.from_dict(answer)
     except (ValueError, AttributeError) as error:
@@ -147,8 +159,7 @@ def dump_values(session: Any, names: list[str], dest_dir: str | Path, *,
                 timeout: float = SNAPSHOT_TIMEOUT_S) -> DumpReport:
     """Serialize the named variables with dill, one file per variable, into `dest_dir` (which the kernel must be
     able to write, e.g. a folder under `session.workdir`). Generators and file handles fail by name."""
-    call = f"dump_values({[str(n) for n in names]!r}, {str(dest_dir)!r})"
-    answer = agent_call(session, call, timeout=timeout)
+    answer = agent_call(session, "dump_values", names=[str(n) for n in names], dest_dir=str(dest_dir), timeout=timeout)
     return DumpReport(paths={name: Path(info["path"]) for name, info in answer["written"].items()},
                       failures=dict(answer["failures"]))
 

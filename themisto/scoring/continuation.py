@@ -197,9 +197,11 @@ def reference_continuation_problem(first, second, names: list[str] | None, k: in
 
 
 def judge_continuation(record: PredictionRecord, reference, candidate, names: list[str] | None, k: int,
-                       settings: ScoreSettings) -> None:
-    """Fill `continuation_match` (after `judge` filled the rest): the prediction's own output matches, each
+                       settings: ScoreSettings) -> PredictionRecord:
+    """The record (as `judge` gave it) with its `continuation_match`: the prediction's own output matches, each
     continuation cell ends as the reference's did with an equivalent output, and the compared names agree."""
+    from dataclasses import replace
+
     from themisto.scoring.judging import clip
 
     why = None
@@ -219,9 +221,10 @@ def judge_continuation(record: PredictionRecord, reference, candidate, names: li
         left = _left_state(candidate, names, k > 0)
         why = "the continuation left no state to compare" if left is None else _state_difference(
             _left_state(reference, names, k > 0) or {}, left)
-    record.continuation_match = why is None
+    reason = record.reason
     if why is not None and record.output_match:
-        record.reason = clip("; ".join(filter(None, [record.reason, f"continuation differs: {why}"])))
+        reason = clip("; ".join(filter(None, [record.reason, f"continuation differs: {why}"])))
+    return replace(record, continuation_match=why is None, reason=reason)
 
 
 def own_alarms(candidate, references: Sequence) -> list[str]:

@@ -8,14 +8,15 @@ import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from themisto.scoring.continuation import (continuation_rows, judge_continuation, own_alarms,
                                            reference_continuation_problem, state_names)
 from themisto.scoring.gate import ExecutionPermit
-from themisto.scoring.judging import clip, continuation_time, finish_example, judge, reference_problem, refuse
+from themisto.scoring.judging import (clip, continuation_time, finish_example, judge, reference_problem, refused,
+                                      unjudged)
 from themisto.scoring.records import (
     REFERENCE_RUNS,
     SLOW_REFERENCE_FACTOR,
@@ -30,24 +31,8 @@ from themisto.scoring.release_state import Release, prepare_workspace, trajector
 from themisto.vocabulary import EXAMPLE_STATUSES
 
 
-def _life_start(rows: Sequence[dict], step: int) -> int:
-    """The first step of the kernel life `step` belongs to (after the last logged restart at or before it)."""
-    return max([0] + [r["step"] for r in rows[:step + 1] if r["restarted_before"]])
-
-
-def _rebuild_state(session, rows: Sequence[dict], step: int, timeout_s: float) -> None:
-    """Restart the kernel and re-run this kernel life's cells before `step` as replay ran them (skipping the steps
-    that lost the state in the release's replay, as replay's own rebuild does)."""
-    from themisto.ingest.cleaning import clean_for_replay
-    from themisto.runtime.branch import BranchError
-
-    session.restart()
-    for row in rows[_life_start(rows, step):step]:
-        if row.get("kernel_restarted"):
-            continue
-        cell = session.execute(clean_for_replay(row["code"]).code, timeout=timeout_s)
-        if cell.kernel_restarted:
-            raise BranchError(f"rebuilding the state before step {step}: step {row['step']} ended {cell.status}")
+# An example's record with its predictions' (in prediction order).
+Scored = tuple[ExampleRecord, list[PredictionRecord]]
 
 
 def _run_isolated(session, codes: list[str], rebuild: Callable[[], None], **options):
@@ -64,7 +49,7 @@ def _run_isolated(session, codes: list[str], rebuild: Callable[[], None], **opti
     for index, code in enumerate(codes):
         try:
             [result] = run_branches(session, [code], **options)
-            result.index = index
+            result = replace(result, index=index)
         except (BranchError, AgentError) as error:
             result = BranchResult(index=index, status="kernel_died", outputs=[], ename="KernelDied",
                                   evalue=f"it took the kernel down (the state was rebuilt): {clip(str(error))}")
@@ -73,86 +58,111 @@ def _run_isolated(session, codes: list[str], rebuild: Callable[[], None], **opti
     return results
 
 
-def _verify_state(session, previous: dict, summaries: list[ExampleRecord]) -> None:
-    """Compare the live state with the release's after the previous step: its hash, and the names that differ."""
+def _state_check(session, previous: dict) -> dict:
+    """The live state against the release's after the previous step: whether its hash agrees, and the names that
+    differ (ExampleRecord fields); {} when the release recorded no state."""
     from themisto.runtime.agent.delta import namespace_delta
     from themisto.runtime.snapshot import take_snapshot
 
     expected = previous["state_hash"]
     if expected is None:
-        return
+        return {}
     snapshot = take_snapshot(session)
     recorded = {v["name"]: v["hash"] for v in previous["variables"] or []}
-    now = snapshot.hashes()
-    differing = sorted(set().union(*namespace_delta(recorded, now).values()))
-    for summary in summaries:
-        summary.state_verified = snapshot.state_hash == expected
-        summary.state_differences = differing[:20]
+    differing = sorted(set().union(*namespace_delta(recorded, snapshot.hashes()).values()))
+    return {"state_verified": snapshot.state_hash == expected, "state_differences": differing[:20]}
 
 
-def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Example],
-                 records: dict[str, list[PredictionRecord]], example_records: dict[str, ExampleRecord],
-                 settings: ScoreSettings, rebuild: Callable[[], None]) -> None:
-    """Run the reference twice and every prediction for `step` as branches of the live pre-step state; judge them."""
+@dataclass(frozen=True)
+class _StepCells:
+    """What runs in a step's branches: the reference and the continuation as replay ran them, the prefix the replay
+    fallback rebuilds the state from, the names compared after the continuation, and the branch timeout."""
+
+    reference: str
+    after: list[str]
+    prefix: list[str]
+    names: list[str] | None
+    timeout_s: float
+
+
+def _step_cells(rows: Sequence[dict], step: int, prefix: list[str], settings: ScoreSettings) -> _StepCells:
     from themisto.ingest.cleaning import clean_for_replay
 
-    row = rows[step]
-    ready = []
-    for example in examples:
-        for record in records[example.id]:
-            if len(record.prediction) > settings.max_prediction_chars:
-                refuse([], [record], f"the prediction has {len(record.prediction):,} characters, over the limit "
-                                      f"of {settings.max_prediction_chars:,}")
-            else:
-                ready.append(record)
-    if settings.verify_state and not (step == 0 or row["restarted_before"]):
-        _verify_state(session, rows[step - 1], [example_records[e.id] for e in examples])
     # The reference runs as replay ran it: after the same cleaning; predictions get the same cleaning.
     reference = clean_for_replay(rows[step]["code"]).code
-    # The replay fallback (no fork) rebuilds the state from the cells since the last restart.
-    prefix = [clean_for_replay(r["code"]).code for r in rows[_life_start(rows, step):step] if not r["kernel_restarted"]]
     # Each branch runs its cell, then the developer's next cells (the continuation), in sequence.
     following = continuation_rows(rows, step, settings.continuation_cells) if settings.continuation_cells else []
     after = [clean_for_replay(r["code"]).code for r in following]
     names = state_names(reference, after, prefix) if settings.continuation_cells else None
-    codes = [[reference, *after]] * REFERENCE_RUNS + [[clean_for_replay(r.prediction).code, *after] for r in ready]
-    slowest = max(float(r.get("execution_time") or 0.0) for r in [row, *following])
-    timeout = max(settings.timeout_s, SLOW_REFERENCE_FACTOR * slowest)
+    slowest = max(float(r.get("execution_time") or 0.0) for r in [rows[step], *following])
+    return _StepCells(reference, after, prefix, names, max(settings.timeout_s, SLOW_REFERENCE_FACTOR * slowest))
+
+
+def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Scored], prefix: list[str],
+                 settings: ScoreSettings, rebuild: Callable[[], None]) -> list[Scored]:
+    """Run the reference twice and every prediction for `step` as branches of the live pre-step state; the
+    examples' and predictions' records, judged."""
+    from themisto.ingest.cleaning import clean_for_replay
+
+    row = rows[step]
+    examples = [(example, [r if len(r.prediction) <= settings.max_prediction_chars else refused(
+        r, f"the prediction has {len(r.prediction):,} characters, over the limit of "
+           f"{settings.max_prediction_chars:,}") for r in own]) for example, own in examples]
+    ready = [r for _, own in examples for r in own if r.outcome != "refused"]
+    checked = _state_check(session, rows[step - 1]) if settings.verify_state and not (
+        step == 0 or row["restarted_before"]) else {}
+    cells = _step_cells(rows, step, prefix, settings)
+    codes = ([[cells.reference, *cells.after]] * REFERENCE_RUNS
+             + [[clean_for_replay(r.prediction).code, *cells.after] for r in ready])
     began = time.perf_counter()
-    results = _run_isolated(session, codes, rebuild, timeout_s=timeout, memory_bytes=settings.memory_bytes,
-                            output_bytes=settings.output_bytes, prefix=prefix, use_fork=settings.use_fork,
-                            state_names=names, delta=settings.branch_delta)
-    wall = time.perf_counter() - began
-    first, second = results[0], results[1]
-    problem = reference_problem(first, second, row, settings)
-    # Why continuation_match stays None for this example ("" when it is judged; None when it is off).
-    unjudged = None
-    if settings.continuation_cells:
-        unjudged = reference_continuation_problem(first, second, names, len(after), settings) or ""
+    results = _run_isolated(session, codes, rebuild, timeout_s=cells.timeout_s, memory_bytes=settings.memory_bytes,
+                            output_bytes=settings.output_bytes, prefix=cells.prefix, use_fork=settings.use_fork,
+                            state_names=cells.names, delta=settings.branch_delta)
+    step_facts = {**checked, "reference_status": results[0].status,
+                  "branch_wall_s": round(time.perf_counter() - began, 6),
+                  "reference_durations_s": [round(float(r.duration_s), 6) for r in results[:REFERENCE_RUNS]],
+                  "reference_continuation_s": [continuation_time(r) for r in results[:REFERENCE_RUNS]]}
+    judged = iter(_judged(ready, results, cells, settings))  # in the order of `ready`
+    return [_example_verdict(replace(example, **step_facts),
+                             [next(judged) if r.outcome != "refused" else r for r in own], row, results, cells,
+                             settings) for example, own in examples]
+
+
+def _judged(ready: list[PredictionRecord], results: list, cells: _StepCells,
+            settings: ScoreSettings) -> list[PredictionRecord]:
+    """Each ready prediction's record, judged against the first reference run."""
+    first = results[0]
+    continuation = _continuation_problem(results, cells, settings) == ""
+    judged = []
     for record, result in zip(ready, results[REFERENCE_RUNS:]):
-        judge(record, first, result, settings)
-        record.suspicious = own_alarms(result, results[:REFERENCE_RUNS])
-        if unjudged == "":
-            judge_continuation(record, first, result, names, len(after), settings)
-    for example in examples:
-        summary = example_records[example.id]
-        summary.reference_status, summary.branch_wall_s = first.status, round(wall, 6)
-        summary.reference_durations_s = [round(float(r.duration_s), 6) for r in results[:REFERENCE_RUNS]]
-        summary.reference_continuation_s = [continuation_time(r) for r in results[:REFERENCE_RUNS]]
-        if unjudged is not None:
-            summary.continuation_cells, summary.continuation_problem = len(after), unjudged
-        if problem is not None:
-            summary.status, summary.reason = problem
-            for record in records[example.id]:
-                if record.outcome != "refused":
-                    record.exec_ok = record.output_match = record.state_match = record.functional_match = None
-                    record.continuation_match = None
-        else:
-            summary.status = "scored"
-            finish_example(summary, records[example.id], settings)
-            for record in records[example.id]:
-                if record.outcome == "refused" and unjudged == "":
-                    record.continuation_match = False
+        verdict = replace(judge(record, first, result, settings),
+                          suspicious=own_alarms(result, results[:REFERENCE_RUNS]))
+        if continuation:
+            verdict = judge_continuation(verdict, first, result, cells.names, len(cells.after), settings)
+        judged.append(verdict)
+    return judged
+
+
+def _continuation_problem(results: list, cells: _StepCells, settings: ScoreSettings) -> str | None:
+    """Why continuation_match stays None for the step's examples ("" when it is judged; None when it is off)."""
+    if not settings.continuation_cells:
+        return None
+    return reference_continuation_problem(results[0], results[1], cells.names, len(cells.after), settings) or ""
+
+
+def _example_verdict(example: ExampleRecord, records: list[PredictionRecord], row: dict, results: list,
+                     cells: _StepCells, settings: ScoreSettings) -> tuple[ExampleRecord, list[PredictionRecord]]:
+    """The example's record and its predictions' once the reference runs have said whether it defines an answer."""
+    problem = reference_problem(results[0], results[1], row, settings)
+    unjudged_continuation = _continuation_problem(results, cells, settings)
+    if unjudged_continuation is not None:
+        example = replace(example, continuation_cells=len(cells.after), continuation_problem=unjudged_continuation)
+    if problem is not None:
+        return replace(example, status=problem[0], reason=problem[1]), [unjudged(r) for r in records]
+    example, records = finish_example(example, records, settings)
+    if unjudged_continuation == "":
+        records = [replace(r, continuation_match=False) if r.outcome == "refused" else r for r in records]
+    return example, records
 
 
 def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_id: str, examples: Sequence[Example],
@@ -163,61 +173,84 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
     The only function that runs model-written code; it needs a permit from `themisto.scoring.gate.permit`. An example
     whose state cannot be rebuilt ends `refused` with the reason; nothing here raises for one prediction's sake.
     """
-    from themisto.replay.replay import ReplaySettings, replay
+    from themisto.replay.replay import kernel_limits, life_cells, life_start, rebuild_before, replay
     from themisto.runtime.branch import BranchError
-    from themisto.runtime.kernel import KernelSession, Limits
+    from themisto.runtime.kernel import KernelSession
+    from themisto.runtime.rebuild import StateLost
     from themisto.runtime.sandbox import KernelStartError
     from themisto.runtime.snapshot import AgentError
 
     permit.check()
     began = time.perf_counter()
     rows = release.trajectories[kernel_id]
-    by_step: dict[int, list[Example]] = {}
-    for example in examples:
-        by_step.setdefault(int(release.task_rows[example.id]["step"]), []).append(example)
-    summaries = {e.id: ExampleRecord(id=e.id, predictions=len(e.predictions), kernel_id=kernel_id,
-                                     step=int(release.task_rows[e.id]["step"])) for e in examples}
-    own = {e.id: [r.__class__(**asdict(r)) for r in records[e.id]] for e in examples}
-    last = max(by_step)
-    known = {f.name for f in fields(ReplaySettings)}
-    replay_settings = ReplaySettings(**{**{k: v for k, v in release.replay.items() if k in known}, "snapshots": False})
-    trajectory = trajectory_from_rows(rows[: last + 1])
+    by_step = _by_step(release, kernel_id, examples, records)
+    replay_settings = release_replay_settings(release)
+    trajectory = trajectory_from_rows(rows[: max(by_step) + 1])
+    lost = frozenset(r["step"] for r in rows if r["kernel_restarted"])  # the release's replay lost the state there
+    done: dict[str, Scored] = {}  # by example id
 
     def before_step(_trajectory, step: int, session) -> None:
-        if step in by_step:
-            def rebuild() -> None:
-                _rebuild_state(session, rows, step, replay_settings.cell_timeout_s)
+        def rebuild() -> None:
+            try:
+                rebuild_before(session, trajectory, step, replay_settings, lost=lost, strict=True)
+            except StateLost as error:
+                raise BranchError(f"rebuilding the state before step {step}: {error}") from error
 
+        if step in by_step:
+            prefix = [cell.code for cell in life_cells(trajectory, life_start(trajectory, step), step,
+                                                       replay_settings) if cell.step not in lost]
             try:
                 if not session.alive:
                     raise BranchError("the replay kernel is not running")
-                _branch_step(session, step, rows, by_step[step], own, summaries, settings, rebuild)
+                done.update(_by_id(_branch_step(session, step, rows, by_step[step], prefix, settings, rebuild)))
             except (BranchError, AgentError) as error:
-                step_examples = by_step[step]
-                refuse([summaries[e.id] for e in step_examples], [r for e in step_examples for r in own[e.id]],
-                        f"the state before step {step} could not be branched: {error}")
+                done.update(_by_id(_refused(by_step[step], f"the state before step {step} could not be branched: "
+                                                           f"{error}")))
                 rebuild()  # later steps need this step's state; a failure here ends the trajectory (refused)
-        if step == last:
+        if step == max(by_step):
             raise ReplayDone
 
-    limits = Limits(memory_bytes=replay_settings.memory_bytes, cell_timeout_s=replay_settings.cell_timeout_s,
-                    output_bytes=replay_settings.output_bytes)
+    failure = None
     try:
-        with KernelSession(workspace, limits) as session:
+        with KernelSession(workspace, kernel_limits(replay_settings)) as session:
             for _ in replay(trajectory, session, replay_settings, before_step=before_step):
                 pass
     except ReplayDone:
         pass
     except (KernelStartError, AgentError, BranchError, OSError) as error:
-        pending = [e for e in examples if summaries[e.id].status == "text_only"]
-        refuse([summaries[e.id] for e in pending], [r for e in pending for r in own[e.id]],
-                f"replaying {kernel_id} failed: {type(error).__name__}: {error}")
-    pending = [e for e in examples if summaries[e.id].status == "text_only"]
-    refuse([summaries[e.id] for e in pending], [r for e in pending for r in own[e.id]],
-            f"replay of {kernel_id} never reached the example's step")
-    return TrajectoryScore(kernel_id=kernel_id, examples=[summaries[e.id] for e in examples],
-                           predictions=[r for e in examples for r in own[e.id]],
+        failure = f"replaying {kernel_id} failed: {type(error).__name__}: {error}"
+    pending = [(e, own) for step_examples in by_step.values() for e, own in step_examples if e.id not in done]
+    done.update(_by_id(_refused(pending, failure or f"replay of {kernel_id} never reached the example's step")))
+    return TrajectoryScore(kernel_id=kernel_id, examples=[done[e.id][0] for e in examples],
+                           predictions=[r for e in examples for r in done[e.id][1]],
                            replay_s=round(time.perf_counter() - began, 6))
+
+
+def _by_step(release: Release, kernel_id: str, examples: Sequence[Example],
+             records: Mapping[str, list[PredictionRecord]]) -> dict[int, list[Scored]]:
+    """Each scored step's examples, as yet unexecuted (their text records)."""
+    by_step: dict[int, list[Scored]] = {}
+    for example in examples:
+        step = int(release.task_rows[example.id]["step"])
+        blank = ExampleRecord(id=example.id, predictions=len(example.predictions), kernel_id=kernel_id, step=step)
+        by_step.setdefault(step, []).append((blank, list(records[example.id])))
+    return by_step
+
+
+def _by_id(scored: list[Scored]) -> dict[str, Scored]:
+    return {example.id: (example, own) for example, own in scored}
+
+
+def _refused(examples: list[Scored], reason: str) -> list[Scored]:
+    return [(refused(example, reason), [refused(r, reason) for r in own]) for example, own in examples]
+
+
+def release_replay_settings(release: Release):
+    """The replay settings the release was built with (without snapshots: the scorer takes its own)."""
+    from themisto.replay.replay import ReplaySettings
+
+    known = {f.name for f in fields(ReplaySettings)}
+    return ReplaySettings(**{**{k: v for k, v in release.replay.items() if k in known}, "snapshots": False})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -273,13 +306,13 @@ def threads_runner(workers: int | None = None) -> TrajectoryRunner:
 
 
 def execute_examples(permit: ExecutionPermit, release: Release, examples: list[Example],
-             by_id: dict[str, list[PredictionRecord]], summaries: dict[str, ExampleRecord], settings: ScoreSettings,
-             workspace: str | Path | None, done: Mapping[str, TrajectoryScore],
-             on_trajectory: Callable[[TrajectoryScore], None] | None, progress: Callable[[str], None],
-             workers: int | None = None, runner: TrajectoryRunner | None = None) -> None:
+                     by_id: Mapping[str, list[PredictionRecord]], settings: ScoreSettings,
+                     workspace: str | Path | None, done: Mapping[str, TrajectoryScore],
+                     on_trajectory: Callable[[TrajectoryScore], None] | None, progress: Callable[[str], None],
+                     workers: int | None = None, runner: TrajectoryRunner | None = None) -> dict[str, Scored]:
     """Execute every trajectory's examples (`workers` trajectories at once, each in its own kernel; default: one per
-    core; or as `runner` says, e.g. on Ray) and put the records into `summaries` and `by_id`; the same records
-    whatever the number of workers."""
+    core; or as `runner` says, e.g. on Ray) from their text records `by_id`; each example's executed record and its
+    predictions', by example id: the same records whatever the number of workers."""
     groups: dict[str, list[Example]] = {}
     for example in examples:
         groups.setdefault(release.task_rows[example.id]["kernel_id"], []).append(example)
@@ -302,8 +335,11 @@ def execute_examples(permit: ExecutionPermit, release: Release, examples: list[E
             counts = {s: sum(1 for e in result.examples if e.status == s) for s in EXAMPLE_STATUSES}
             progress(f"[{number}/{len(groups)}] {kernel_id}: {len(group)} example(s) in "
                      f"{result.replay_s:.1f} s ({', '.join(f'{s} {n}' for s, n in counts.items() if n)})")
+    executed: dict[str, Scored] = {}
     for kernel_id, _ in ordered:
-        for summary in results[kernel_id].examples:
-            summaries[summary.id] = summary
+        predictions: dict[str, list[PredictionRecord]] = {}
         for record in results[kernel_id].predictions:
-            by_id[record.id][record.index] = record
+            predictions.setdefault(record.id, []).append(record)
+        for example in results[kernel_id].examples:
+            executed[example.id] = (example, sorted(predictions.get(example.id, []), key=lambda r: r.index))
+    return executed

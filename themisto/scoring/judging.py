@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from dataclasses import replace
+from typing import Any
 
 from themisto.scoring.records import REASON_CHARS, ExampleRecord, PredictionRecord, ScoreSettings, pass_at_k
 from themisto.scoring.text_scores import clip as clip_text
@@ -87,28 +88,22 @@ def _state_difference(reference, candidate) -> str | None:
     return None
 
 
-def judge(record: PredictionRecord, reference, candidate, settings: ScoreSettings) -> None:
-    """Fill the record's outcome and execution scores from its branch result against the reference's."""
+def judge(record: PredictionRecord, reference, candidate, settings: ScoreSettings) -> PredictionRecord:
+    """The record with its outcome and execution scores, from its branch result against the reference's."""
     from themisto.scoring.equivalence import outputs_equivalent
 
-    record.outcome = candidate.status
-    record.duration_s = round(float(candidate.duration_s), 6)
-    record.continuation_s = continuation_time(candidate)
-    record.suspicious = list(getattr(candidate, "suspicious", None) or [])
+    ran = replace(record, outcome=candidate.status, duration_s=round(float(candidate.duration_s), 6),
+                  continuation_s=continuation_time(candidate),
+                  suspicious=list(getattr(candidate, "suspicious", None) or []))
     if candidate.status in UNFINISHED_STATUSES:
-        record.exec_ok = record.output_match = record.state_match = record.functional_match = False
         what = "ran past its time limit" if candidate.status == "timeout" else "its branch process died"
-        record.reason = f"{what} ({clip(candidate.evalue)})" if candidate.evalue else what
-        return
-    if reference.status == "ok":
-        record.exec_ok = candidate.status == "ok"
-    else:  # the developer's cell raised: reproducing the same exception is not an execution failure
-        record.exec_ok = candidate.status == "ok" or candidate.ename == reference.ename
+        return replace(ran, exec_ok=False, output_match=False, state_match=False, functional_match=False,
+                       reason=f"{what} ({clip(candidate.evalue)})" if candidate.evalue else what)
+    # the developer's cell raised: reproducing the same exception is not an execution failure
+    exec_ok = candidate.status == "ok" or (reference.status != "ok" and candidate.ename == reference.ename)
     verdict = outputs_equivalent(compared_output(candidate.outputs), compared_output(reference.outputs),
                                  rel_tol=settings.rel_tol, abs_tol=settings.abs_tol)
     state = _state_difference(reference, candidate)
-    record.output_match, record.state_match = verdict.equal, state is None
-    record.functional_match = verdict.equal and state is None
     reasons = []
     if candidate.status == "error":
         reasons.append(f"{candidate.ename}: {candidate.evalue}")
@@ -116,25 +111,36 @@ def judge(record: PredictionRecord, reference, candidate, settings: ScoreSetting
         reasons.append(f"output differs: {verdict.reason}")
     if state is not None:
         reasons.append(f"state differs: {state}")
-    record.reason = clip("; ".join(reasons))
+    return replace(ran, exec_ok=exec_ok, output_match=verdict.equal, state_match=state is None,
+                   functional_match=verdict.equal and state is None, reason=clip("; ".join(reasons)))
 
 
-def refuse(examples: Iterable[ExampleRecord], predictions: Iterable[PredictionRecord], reason: str) -> None:
-    for example in examples:
-        example.status, example.reason = "refused", clip(reason)
-    for record in predictions:
-        record.outcome, record.reason = "refused", clip(reason)
+def refused(record: PredictionRecord | ExampleRecord, reason: str) -> PredictionRecord | ExampleRecord:
+    """The record refused for `reason`: an example's status, a prediction's outcome."""
+    if isinstance(record, ExampleRecord):
+        return replace(record, status="refused", reason=clip(reason))
+    return replace(record, outcome="refused", reason=clip(reason))
 
 
+def unjudged(record: PredictionRecord) -> PredictionRecord:
+    """The record of a prediction whose example defines no functional answer: no execution score (a refusal
+    stays as it is)."""
+    if record.outcome == "refused":
+        return record
+    return replace(record, exec_ok=None, output_match=None, state_match=None, functional_match=None,
+                   continuation_match=None)
 
 
-def finish_example(example: ExampleRecord, records: list[PredictionRecord], settings: ScoreSettings) -> None:
-    for record in records:
-        if record.outcome == "refused":  # refused for its own sake (too long) in a scorable example: a failure
-            record.exec_ok = record.output_match = record.state_match = record.functional_match = False
-    example.correct = sum(1 for r in records if r.functional_match)
-    example.pass_at_k = {f"pass@{k}": pass_at_k(len(records), example.correct, k)
-                         for k in settings.k if k <= len(records)}
+def finish_example(example: ExampleRecord, records: list[PredictionRecord],
+                   settings: ScoreSettings) -> tuple[ExampleRecord, list[PredictionRecord]]:
+    """A scored example with its pass@k, and its records, where a prediction refused for its own sake (too long)
+    counts as a failure."""
+    records = [replace(r, exec_ok=False, output_match=False, state_match=False, functional_match=False)
+               if r.outcome == "refused" else r for r in records]
+    correct = sum(1 for r in records if r.functional_match)
+    return replace(example, status="scored", correct=correct,
+                   pass_at_k={f"pass@{k}": pass_at_k(len(records), correct, k)
+                              for k in settings.k if k <= len(records)}), records
 
 
 def continuation_time(result: Any) -> float:

@@ -132,14 +132,15 @@ def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | N
     by_id: dict[str, list[PredictionRecord]] = {}
     for record in records:
         by_id.setdefault(record.id, []).append(record)
-    summaries = {e.id: ExampleRecord(id=e.id, predictions=len(e.predictions)) for e in examples}
+    scored = {e.id: (ExampleRecord(id=e.id, predictions=len(e.predictions)), by_id[e.id]) for e in examples}
     if permit is not None:
         loaded = release if isinstance(release, Release) else load_release(release, settings.task)
         check_against_release(examples, loaded)
-        execute_examples(permit, loaded, examples, by_id, summaries, settings, workspace, done or {}, on_trajectory,
-                 progress or (lambda msg: print(msg, file=sys.stderr, flush=True)), workers, runner)
-    ordered_examples = [summaries[e.id] for e in examples]
-    ordered_records = [r for e in examples for r in by_id[e.id]]
+        scored.update(execute_examples(permit, loaded, examples, by_id, settings, workspace, done or {}, on_trajectory,
+                                       progress or (lambda msg: print(msg, file=sys.stderr, flush=True)), workers,
+                                       runner))
+    ordered_examples = [scored[e.id][0] for e in examples]
+    ordered_records = [r for e in examples for r in scored[e.id][1]]
     scores, notes = aggregate(ordered_examples, ordered_records, settings, executed=permit is not None)
     return ScoreResult(settings.task, scores, ordered_examples, ordered_records, settings, notes)
 

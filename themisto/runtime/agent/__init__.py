@@ -20,10 +20,10 @@ from themisto.runtime.agent.branching import branch, process_count, set_data_lim
 from themisto.runtime.agent.describe import describe, memory_usage, size_of
 from themisto.runtime.agent.hashing import content_hash, state_hash
 from themisto.runtime.agent.namespace import (HASH_CHARS, IPYTHON_NAMES, OUTPUT_CAP_MARKER, REPR_CHARS, UNHASHABLE,
-                                              user_variables)
+                                              requested, user_variables)
 from themisto.runtime.agent.snapshots import Reply, dump_values, reply, snapshot
 from themisto.runtime.agent.workdir import WorkdirGuard
 
 __all__ = ["HASH_CHARS", "IPYTHON_NAMES", "OUTPUT_CAP_MARKER", "REPR_CHARS", "UNHASHABLE", "Reply", "WorkdirGuard",
            "branch", "content_hash", "describe", "dump_values", "memory_usage", "process_count", "reply",
-           "set_data_limit", "size_of", "snapshot", "state_hash", "user_variables"]
+           "requested", "set_data_limit", "size_of", "snapshot", "state_hash", "user_variables"]

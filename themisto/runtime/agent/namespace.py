@@ -17,6 +17,8 @@ HASH_CHARS = 32  # hex digits of sha256 kept: 128 bits
 UNHASHABLE = "unhashable"
 # Names IPython puts in the namespace even when user_ns_hidden no longer lists them.
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+# The key of the request metadata under which the host sends an agent call's keyword arguments.
+REQUEST_KEY = "themisto_arguments"
 # One marker for a cut cell, whether it ran in the kernel (themisto.runtime.kernel) or in a branch child.
 OUTPUT_CAP_MARKER = "\n[themisto: output truncated: the cell wrote {total:,} bytes, over its {cap:,}-byte limit]\n"
 
@@ -31,6 +33,15 @@ def get_shell(shell: Any = None) -> Any:
     if found is None:
         raise RuntimeError("themisto.runtime.agent runs inside an IPython kernel; no shell is active")
     return found
+
+
+def requested(shell: Any = None) -> dict[str, Any]:
+    """The keyword arguments the host sent with the request being answered (as data, in its message's metadata:
+    `themisto.runtime.snapshot.agent_call`); {} when it sent none."""
+    kernel = getattr(get_shell(shell), "kernel", None)
+    parent = kernel.get_parent("shell") if kernel is not None else {}
+    arguments = (parent.get("metadata") or {}).get(REQUEST_KEY)
+    return dict(arguments) if isinstance(arguments, dict) else {}
 
 
 def qualname(value: Any) -> str:
