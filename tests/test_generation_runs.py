@@ -18,6 +18,7 @@ import pytest
 from test_tasks import make_steps, rows_of
 
 from themisto.cli import main
+from themisto.errors import InputError
 from themisto.generation.backends import Sampling
 from themisto.generation.prompts import extract_answer, template_sha256
 from themisto.generation.run_folder import RunFolderError
@@ -75,11 +76,12 @@ def test_a_torn_last_line_is_redone_and_a_corrupt_line_is_named(small_release, t
     assert report.torn_line_dropped and report.written == 1 and path.read_text() == whole
     lines = whole.splitlines(keepends=True)
     path.write_text("".join(lines[:2]) + '{"id": "x", "task\n' + "".join(lines[3:]))
-    with pytest.raises(RunFolderError, match=r"generations.jsonl:3: corrupt line"):
+    with pytest.raises(InputError, match=r"generations.jsonl:3: not JSON"):
         generate_run(small_release, run, settings, progress=False)
     assert path.read_text().count("\n") == len(lines)  # left as it was
     path.write_text("".join(lines) + lines[1])
-    with pytest.raises(RunFolderError, match=rf"generations.jsonl:{len(lines) + 1}: a second record"):
+    with pytest.raises(RunFolderError, match=rf"generations.jsonl:{len(lines) + 1}: example .* was already given on "
+                                             r"line 2"):
         generate_run(small_release, run, settings, progress=False)
 
 

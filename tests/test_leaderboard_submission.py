@@ -6,6 +6,7 @@ import json
 import pytest
 
 from _leaderboard import baseline_run, task_rows, write_run
+from themisto.errors import InputError
 from themisto.leaderboard.submission import (SubmissionError, find_submissions, read_submission, submission_slug,
                                              write_submission)
 from themisto.release.folder import open_release
@@ -33,7 +34,7 @@ def test_a_complete_run_is_accepted_with_every_id_once_per_context(run, release,
     sub = read_submission(run, release)
     ids = [r["id"] for r in task_rows(small_release, "next_cell")]
     assert len(ids) > 20
-    assert sorted(r["id"] for r in sub.generations if r["context"] == "variables") == sorted(ids)
+    assert sorted(r.id for r in sub.generations if r.context == "variables") == sorted(ids)
     assert sub.contexts == ("none", "variables") and sub.ignored == []
     assert len(sub.predictions_sha256) == 64
 
@@ -87,7 +88,8 @@ def test_a_missing_id_is_refused_naming_it(run, release):
 def test_a_duplicate_id_is_refused_with_both_lines(run, release):
     lines = _lines(run)
     _write_lines(run, lines + [lines[1]])
-    with pytest.raises(SubmissionError, match=rf"generations.jsonl:{len(lines) + 1}: id .* is already on line 2"):
+    with pytest.raises(InputError, match=rf"generations.jsonl:{len(lines) + 1}: example .* was already given on "
+                                         r"line 2"):
         read_submission(run, release)
 
 
@@ -103,7 +105,7 @@ def test_ids_from_another_release_are_refused_by_line(run, release):
     lines = _lines(run)
     lines[5] = json.dumps({**json.loads(lines[5]), "id": "other-kernel/7"})
     _write_lines(run, lines)
-    with pytest.raises(SubmissionError, match=r"generations.jsonl:6: id 'other-kernel/7' is not a next_cell test id"):
+    with pytest.raises(InputError, match=r"generations.jsonl:6: id 'other-kernel/7' is not a next_cell test id"):
         read_submission(run, release)
 
 
@@ -112,28 +114,28 @@ def test_a_prediction_that_is_not_a_string_is_refused(run, release, bad):
     lines = _lines(run)
     lines[2] = json.dumps({**json.loads(lines[2]), "prediction": bad})
     _write_lines(run, lines)
-    with pytest.raises(SubmissionError, match=r"generations.jsonl:3: id .*: `prediction` must be a string"):
+    with pytest.raises(InputError, match=r"generations.jsonl:3: example .*: `prediction` must be a string"):
         read_submission(run, release)
 
 
 def test_a_truncated_file_is_named_by_line(run, release):
     lines = _lines(run)
     _write_lines(run, lines[:-1] + [lines[-1][: len(lines[-1]) // 2]], end="")
-    with pytest.raises(SubmissionError, match=rf"generations.jsonl:{len(lines)}: not a JSON line \(the last line "
-                                              r"has no newline: the file is truncated\)"):
+    with pytest.raises(InputError, match=rf"generations.jsonl:{len(lines)}: not JSON .*; no newline ends it: the "
+                                         r"file is cut"):
         read_submission(run, release)
 
 
 def test_a_truncated_run_json_is_named(run, release):
     text = (run / "run.json").read_text()
     (run / "run.json").write_text(text[: len(text) // 2])
-    with pytest.raises(SubmissionError, match=r"run.json:\d+: not JSON .*truncated"):
+    with pytest.raises(InputError, match=r"run.json:\d+: not JSON \("):
         read_submission(run, release)
 
 
 @pytest.mark.parametrize("field,value,message", [
     ("sampling", {"n": 1}, "`sampling` must give n, temperature, top_p, max_new_tokens, seed"),
-    ("contexts", ["none", "everything"], "`contexts` must be a non-empty list"),
+    ("contexts", ["none", "everything"], r"contexts \['none', 'everything'\], expected distinct names"),
     ("templates", {}, "`templates` must give"),
     ("model", "", "`model` must be a non-empty string"),
     ("split", "train", "`split` must be"),
@@ -142,14 +144,14 @@ def test_incomplete_settings_are_refused(run, release, field, value, message):
     data = json.loads((run / "run.json").read_text())
     data[field] = value
     (run / "run.json").write_text(json.dumps(data))
-    with pytest.raises(SubmissionError, match=message):
+    with pytest.raises(InputError, match=message):
         read_submission(run, release)
 
 
 def test_a_flooding_line_is_refused_without_reading_it_whole(run, release):
     with (run / "generations.jsonl").open("a") as fh:
         fh.write('{"id": "' + "x" * (2 << 20) + '"}\n')
-    with pytest.raises(SubmissionError, match=r"generations.jsonl:\d+: line longer than 1048576 bytes"):
+    with pytest.raises(InputError, match=r"generations.jsonl:\d+: longer than 1,048,576 bytes \(bound: line_bytes\)"):
         read_submission(run, release)
 
 

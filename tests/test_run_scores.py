@@ -15,7 +15,8 @@ from themisto.generation.baselines import baseline_prediction, baselines_for
 from themisto.release.folder import open_release
 from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
-from themisto.scoring.run_files import RunError
+from themisto.errors import InputError
+from themisto.generation.run_folder import RunFolderError
 from themisto.scoring.run_scores import score_run
 from themisto.scoring.release_state import load_release
 from themisto.scoring.text_scores import normalize_whitespace
@@ -191,7 +192,7 @@ def test_a_corrupt_line_is_named(good_run):
     lines = _lines(good_run)
     lines[4] = lines[4][: len(lines[4]) // 2] + "\n"
     (good_run / "generations.jsonl").write_text("".join(lines))
-    with pytest.raises(RunError, match=r"generations\.jsonl:5: not JSON"):
+    with pytest.raises(InputError, match=r"generations\.jsonl:5: not JSON"):
         score_run(good_run)
     assert not (good_run / "results.json").exists()
 
@@ -200,7 +201,7 @@ def test_a_corrupt_line_is_named(good_run):
     (lambda r: {**r, "id": "kernel-9/7"}, None),
     (lambda r: {**r, "context": "full"}, r":3: example .*: context 'full' is not one of the run's none, variables"),
     (lambda r: {**r, "sample": 1}, r":3: example .*: sample 1, expected 0\.\.0"),
-    (lambda r: {**r, "prediction": 7}, r":3: example .*: `prediction` is int"),
+    (lambda r: {**r, "prediction": 7}, r":3: example .*: `prediction` must be a string, got int"),
     (lambda r: {**r, "status": "done"}, r":3: example .*: status 'done'"),
     (lambda r: {**r, "task": "output_prediction"}, r":3: example .*: task 'output_prediction'"),
 ])
@@ -208,7 +209,7 @@ def test_bad_lines_are_named_by_line_or_id(good_run, change, message):
     lines = _lines(good_run)
     lines[2] = json.dumps(change(json.loads(lines[2]))) + "\n"
     (good_run / "generations.jsonl").write_text("".join(lines))
-    with pytest.raises(RunError, match=message or r"example kernel-9/7"):
+    with pytest.raises(RunFolderError, match=message or r"example kernel-9/7"):
         score_run(good_run)
 
 
@@ -216,22 +217,22 @@ def test_an_unknown_id_is_named(good_run):
     lines = _lines(good_run)
     lines += [json.dumps({**json.loads(line), "id": "kernel-9/7"}) + "\n" for line in lines[:2]]
     (good_run / "generations.jsonl").write_text("".join(lines))
-    with pytest.raises(RunError, match=r"example kernel-9/7 is not in the release"):
+    with pytest.raises(RunFolderError, match=r"example kernel-9/7 is not in the release"):
         score_run(good_run)
 
 
 def test_duplicates_and_gaps_are_refused(good_run):
     lines = _lines(good_run)
     (good_run / "generations.jsonl").write_text("".join(lines + [lines[0]]))
-    with pytest.raises(RunError, match=rf":{len(lines) + 1}: example .* was already given on line 1"):
+    with pytest.raises(RunFolderError, match=rf":{len(lines) + 1}: example .* was already given on line 1"):
         score_run(good_run)
     (good_run / "generations.jsonl").write_text("".join(lines[:-1]))
-    with pytest.raises(RunError, match=r"has no line for context variables sample 0 \(the run is incomplete"):
+    with pytest.raises(RunFolderError, match=r"has no line for context variables sample 0 \(the run is incomplete"):
         score_run(good_run)
 
 
 def test_another_release_is_refused(good_run, small_release):
-    with pytest.raises(RunError, match=r"content hash .* differs from the run's .*refusing to mix"):
+    with pytest.raises(RunFolderError, match=r"content hash .* differs from the run's .*refusing to mix"):
         score_run(good_run, release=small_release)
     meta = json.loads((good_run / "run.json").read_text())
     meta["release"]["content_hash"] = "0" * 64
@@ -245,7 +246,7 @@ def test_bad_run_json_is_refused(good_run, capsys):
     assert main(["score", str(good_run)]) == 2
     assert "run.json: contexts ['none', 'verbose']" in capsys.readouterr().err
     (good_run / "run.json").unlink()
-    with pytest.raises(RunError, match=r"run\.json: missing"):
+    with pytest.raises(RunFolderError, match=r"run\.json: missing"):
         score_run(good_run)
 
 

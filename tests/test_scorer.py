@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from themisto.errors import InputError
 from themisto.scoring import execution, judging, records, release_state
 from themisto.scoring import scorer as sc
 from themisto.scoring.gate import ExecutionRefused
@@ -402,7 +403,7 @@ def test_bad_predictions_file_names_file_and_line(tmp_path):
     with pytest.raises(sc.ScoreError, match=r"preds.jsonl:3: example k/5 was already given on line 1"):
         sc.read_predictions(path)
     path.write_text('{"id": "k/5", "prediction": "x"\n')
-    with pytest.raises(sc.ScoreError, match=r"preds.jsonl:1: not JSON"):
+    with pytest.raises(InputError, match=r"preds.jsonl:1: not JSON"):
         sc.read_predictions(path)
 
 

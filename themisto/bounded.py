@@ -196,11 +196,13 @@ def read_json(path: str | os.PathLike, bounds: Bounds = Bounds()) -> Any:
 
 @dataclass(frozen=True)
 class JsonLine:
-    """One line of a JSON-lines file: its number, its value, and whether a newline ended it."""
+    """One line of a JSON-lines file: its number, its value, whether a newline ended it, and the byte offset it
+    starts at (where a resume cuts a torn line off)."""
 
     number: int
     value: Any
     ended: bool = True
+    offset: int = 0
 
 
 def _count_lines(fh, path: Path, bounds: Bounds) -> None:
@@ -229,7 +231,7 @@ def iter_json_lines(path: str | os.PathLike, bounds: Bounds = Bounds(), *, skip_
         items_left, number, size = bounds.items, 0, 0
         while raw := fh.readline(bounds.line_bytes + 1):
             number += 1
-            size += len(raw)
+            offset, size = size, size + len(raw)
             ended = raw.endswith(b"\n")
             if size > bounds.file_bytes:
                 raise BoundError(path, number, f"more than {bounds.file_bytes:,} bytes", "file_bytes")
@@ -238,7 +240,7 @@ def iter_json_lines(path: str | os.PathLike, bounds: Bounds = Bounds(), *, skip_
             if number > bounds.lines:  # the file grew since it was counted
                 raise BoundError(path, number, f"more than {bounds.lines:,} lines", "lines")
             if not ended and torn_tail == "report":
-                yield JsonLine(number, None, ended=False)
+                yield JsonLine(number, None, ended=False, offset=offset)
                 return
             try:
                 text = (raw[:-1] if ended else raw).decode("utf-8")
@@ -255,7 +257,7 @@ def iter_json_lines(path: str | os.PathLike, bounds: Bounds = Bounds(), *, skip_
                 if ended:
                     raise
                 raise BoundError(path, number, exc.problem + "; no newline ends it: the file is cut") from None
-            yield JsonLine(number, value, ended)
+            yield JsonLine(number, value, ended, offset)
 
 
 # ---------------------------------------------------------------------------------------------------------------

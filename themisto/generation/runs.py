@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from themisto.errors import InputError
 from themisto.generation.backends import BACKENDS, BackendError, Sampling, make_backend
-from themisto.generation.backends.base import Generation
 from themisto.generation.baselines import baselines_for
 from themisto.generation.prompts import (
     PROMPT_TEMPLATES,
@@ -25,15 +24,16 @@ from themisto.generation.prompts import (
     template_sha256,
 )
 from themisto.generation.release_rows import load_task_rows, release_info
-from themisto.release.folder import ReleaseInfo
 from themisto.generation.run_folder import (
     RUN_FILE,
+    Generation,
     GenerationWriter,
     RunFolderError,
     check_same_run,
     read_generations,
     read_run_json,
 )
+from themisto.release.folder import ReleaseInfo
 from themisto.resume import write_json_atomic
 from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, TASKS
 
@@ -139,12 +139,11 @@ def run_header(settings: RunSettings, info: ReleaseInfo, described: dict) -> dic
     return header
 
 
-def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_is_answer: bool) -> dict:
+def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_is_answer: bool) -> Generation:
+    """The backend's generation placed: its example, context and sample, and the answer taken from its text."""
     ok = generation.status == "ok"
     prediction = (generation.raw if raw_is_answer else extract_answer(generation.raw, task)) if ok else ""
-    return {"id": prompt.id, "task": task, "context": prompt.context, "sample": sample, "prediction": prediction,
-            "raw": generation.raw, "status": generation.status, "reason": generation.reason,
-            "tokens_in": generation.tokens_in, "tokens_out": generation.tokens_out}
+    return replace(generation, id=prompt.id, task=task, context=prompt.context, sample=sample, prediction=prediction)
 
 
 def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
@@ -158,7 +157,7 @@ def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
 
 def _check_folder(out: Path, header: dict) -> dict | None:
     """The folder's earlier run.json, if any; a folder of another run, or of something else, is refused."""
-    existing = read_run_json(out) if out.exists() else None
+    existing = read_run_json(out, missing_ok=True) if out.exists() else None
     if existing is None and out.exists() and any(out.iterdir()):
         raise RunFolderError(f"{out}: not empty and has no {RUN_FILE}; give a new or empty output folder")
     if existing is not None:
@@ -195,7 +194,7 @@ def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *,
     if backend is None:
         backend = make_backend(settings.backend, settings.model, **backend_options(settings))
     header, _ = _open_folder(out, run_header(settings, info, backend.describe()))
-    existing = read_generations(out)
+    existing = read_generations(out, header, repair=True)
     done = existing.records
     n = settings.sampling.n
     todo = [(row, context) for row in rows for context in settings.contexts
@@ -221,9 +220,9 @@ def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *,
                         written += 1
             bar.update(len(chunk))
     seconds = time.perf_counter() - started
-    final = read_generations(out).records
+    final = read_generations(out, header, repair=True).records
     header = _finish(out, header, final, written, seconds, backend)
-    return RunReport(out, written, len(done), existing.torn_line_dropped, header["counts"], seconds, header)
+    return RunReport(out, written, len(done), existing.torn_line, header["counts"], seconds, header)
 
 
 def _samples(prompt: Prompt, generated: list[Generation] | None, n: int) -> list[Generation]:
@@ -238,10 +237,10 @@ def _samples(prompt: Prompt, generated: list[Generation] | None, n: int) -> list
 def _finish(out: Path, header: dict, records: dict, written: int, seconds: float, backend) -> dict:
     counts = {"generations": len(records)}
     for record in records.values():
-        counts[record["status"]] = counts.get(record["status"], 0) + 1
+        counts[record.status] = counts.get(record.status, 0) + 1
     header = {**header, "finished": _now(), "backend_info": backend.describe(), "counts": counts,
-              "tokens_in": sum(r["tokens_in"] or 0 for r in records.values()),
-              "tokens_out": sum(r["tokens_out"] or 0 for r in records.values()),
+              "tokens_in": sum(r.tokens_in or 0 for r in records.values()),
+              "tokens_out": sum(r.tokens_out or 0 for r in records.values()),
               # This call's rate: a resumed run's earlier part ran at another time, perhaps on another machine.
               "generations_per_s": round(written / seconds, 3) if seconds > 0 and written else None}
     write_json_atomic(out / RUN_FILE, header)

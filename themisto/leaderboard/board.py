@@ -102,8 +102,8 @@ def _entry(submission: Submission, results: dict, cached: bool) -> Entry:
     backend = submission.run["backend"]
     answered = {c: {"generations": 0, "unanswered": 0} for c in submission.contexts}
     for record in submission.generations:
-        answered[record["context"]]["generations"] += 1
-        answered[record["context"]]["unanswered"] += record["status"] != "ok"
+        answered[record.context]["generations"] += 1
+        answered[record.context]["unanswered"] += record.status != "ok"
     return Entry(folder=str(submission.folder), model=submission.model, backend=backend, task=submission.task,
                  contexts=list(submission.contexts), kind="baseline" if backend == BASELINE_BACKEND else "model",
                  predictions_sha256=submission.predictions_sha256, settings_key=submission.settings_key,

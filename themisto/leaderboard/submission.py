@@ -1,33 +1,32 @@
 """Read and validate a submission: a run folder (`run.json` + `generations.jsonl`, optional `submission.json`).
 
-A submission is predictions, never scores. Validation checks the run's settings are complete, the release content
-hash is the board's release, and every test id appears exactly once per context mode and sample with a string
-prediction; the first problem is a SubmissionError naming the file and line. Anything that claims a score (a
-results file, a `scores` key, a per-line `score`) is dropped and listed in `Submission.ignored`.
+A submission is predictions, never scores. It is read through the run folder's own reader
+(`themisto.generation.run_folder`, within bounds: a hostile file is refused with its line and bound), and then
+checked as the board needs it: the run's settings are complete, the release content hash is the board's release,
+and every test id appears exactly once per context mode and sample with a string prediction; the first problem is
+an InputError naming the file and line. Anything that claims a score (a results file, a `scores` key, a per-line
+`score`) is dropped and listed in `Submission.ignored`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
 
+from themisto.bounded import Bounds, read_json
 from themisto.errors import InputError
+from themisto.generation.run_folder import (GENERATIONS_BOUNDS, GENERATIONS_FILE, RUN_FILE, Generation,
+                                            read_generations, read_run_json)
 from themisto.release.folder import ReleaseInfo
 from themisto.resume import folder_written_whole
-from themisto.vocabulary import CONTEXT_MODES, GENERATION_STATUSES, TASKS
+from themisto.vocabulary import BENCHMARK_SPLIT
 
-RUN_FILE = "run.json"
-GENERATIONS_FILE = "generations.jsonl"
 SUBMISSION_FILE = "submission.json"
 SUBMITTED_FILES: tuple[str, ...] = (RUN_FILE, GENERATIONS_FILE, SUBMISSION_FILE)
-# One line of generations.jsonl holds one prediction; a longer line is a flood, not a prediction.
-MAX_LINE_BYTES = 1 << 20
-MAX_JSON_BYTES = 1 << 20
-GENERATION_KEYS: tuple[str, ...] = ("id", "task", "context", "sample", "prediction", "raw", "status", "reason",
-                                    "tokens_in", "tokens_out")
+SUBMISSION_BOUNDS = Bounds(file_bytes=64 << 10, depth=4, items=1_000)  # a few strings about the submitter
 SAMPLING_KEYS: tuple[str, ...] = ("n", "temperature", "top_p", "max_new_tokens", "seed")
 SUBMISSION_KEYS: tuple[str, ...] = ("submitter", "model_id", "model_revision", "link", "submitted")
 # Keys and file names that carry a score someone computed elsewhere: never read, always reported.
@@ -46,7 +45,7 @@ class Submission:
     folder: Path
     run: dict
     meta: dict
-    generations: list[dict]
+    generations: list[Generation]
     predictions_sha256: str
     ignored: list[str] = field(default_factory=list)
 
@@ -78,22 +77,6 @@ class Submission:
         return str(self.meta.get("submitted") or self.run.get("finished") or "")
 
 
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise SubmissionError(f"{path}: missing ({what})")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise SubmissionError(f"{path}: larger than {MAX_JSON_BYTES} bytes, not a {what}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise SubmissionError(f"{path}: not UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise SubmissionError(f"{path}:{exc.lineno}: not JSON ({exc.msg}; truncated?)") from None
-    if not isinstance(data, dict):
-        raise SubmissionError(f"{path}: expected a JSON object")
-    return data
-
-
 def claims_score(name: str) -> bool:
     """Whether a file or key name says it holds a score (such things are ignored, never read)."""
     lowered = name.lower()
@@ -114,11 +97,7 @@ def check_run(run: dict, path: Path, release: ReleaseInfo) -> None:
         if not ok:
             raise SubmissionError(f"{path}: {what}")
 
-    need(run.get("format") == 1, "`format` must be 1")
-    need(run.get("task") in TASKS, f"`task` must be one of {', '.join(TASKS)}")
-    contexts = run.get("contexts")
-    need(isinstance(contexts, list) and contexts and all(c in CONTEXT_MODES for c in contexts)
-         and len(set(contexts)) == len(contexts), f"`contexts` must be a non-empty list of distinct {CONTEXT_MODES}")
+    contexts = run["contexts"]  # format, task, contexts, sampling.n and the release hash: checked by the reader
     for key in ("backend", "model"):
         need(isinstance(run.get(key), str) and run[key].strip() != "", f"`{key}` must be a non-empty string")
     need("model_revision" in run or "weights_sha256" in run, "names neither `model_revision` nor `weights_sha256`")
@@ -132,97 +111,36 @@ def check_run(run: dict, path: Path, release: ReleaseInfo) -> None:
     need(isinstance(templates, dict) and all(isinstance(templates.get(c), dict) and
                                              isinstance(templates[c].get("sha256"), str) for c in contexts),
          "`templates` must give {text, sha256} for every context mode")
-    hash_ = (run.get("release") or {}).get("content_hash") if isinstance(run.get("release"), dict) else None
-    need(isinstance(hash_, str), "`release.content_hash` is missing")
+    hash_ = run["release"]["content_hash"]
     need(hash_ == release.content_hash, f"made on release {hash_[:12]}…, the board's release is "
                                         f"{release.content_hash[:12]}… (ids and targets differ between releases)")
-    need(run.get("split") == "test", "`split` must be \"test\"")
+    need(run.get("split") == BENCHMARK_SPLIT, f"`split` must be \"{BENCHMARK_SPLIT}\"")
     need(release.has(run["task"]), f"the release has no {run['task']} test split")
 
 
-def _lines(path: Path) -> Iterable[tuple[int, bytes, bool]]:
-    """(line number, bytes, ended with a newline) for each line, each read with a bound."""
-    with path.open("rb") as fh:
-        lineno = 0
-        while True:
-            line = fh.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return
-            lineno += 1
-            if len(line) > MAX_LINE_BYTES:
-                raise SubmissionError(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES} bytes")
-            yield lineno, line, line.endswith(b"\n")
-
-
-def _record(path: Path, lineno: int, raw: bytes, complete: bool, run: dict, ids: set[str]) -> dict:
-    """One checked generation record (contract keys only); SubmissionError names the line."""
-    where = f"{path}:{lineno}"
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        cut = "" if complete else " (the last line has no newline: the file is truncated)"
-        raise SubmissionError(f"{where}: not a JSON line{cut}: {exc}") from None
-    if not isinstance(record, dict):
-        raise SubmissionError(f"{where}: expected a JSON object")
-    example = record.get("id")
-    if not isinstance(example, str):
-        raise SubmissionError(f"{where}: `id` must be a string")
-    if example not in ids:
-        raise SubmissionError(f"{where}: id {example!r} is not a {run['task']} test id of the board's release "
-                              "(ids from another release?)")
-    if record.get("task") != run["task"]:
-        raise SubmissionError(f"{where}: id {example}: task {record.get('task')!r}, run.json says {run['task']!r}")
-    if record.get("context") not in run["contexts"]:
-        raise SubmissionError(f"{where}: id {example}: context {record.get('context')!r} is not one of run.json's "
-                              f"{run['contexts']}")
-    sample = record.get("sample")
-    if not _is_int(sample) or not 0 <= sample < run["sampling"]["n"]:
-        raise SubmissionError(f"{where}: id {example}: `sample` must be an integer in 0..{run['sampling']['n'] - 1}")
-    if not isinstance(record.get("prediction"), str):
-        raise SubmissionError(f"{where}: id {example}: `prediction` must be a string, got "
-                              f"{type(record.get('prediction')).__name__}")
-    if record.get("status") not in GENERATION_STATUSES:
-        raise SubmissionError(f"{where}: id {example}: `status` must be one of {', '.join(GENERATION_STATUSES)}")
-    return record
-
-
-def read_generations(path: Path, run: dict, release: ReleaseInfo) -> tuple[list[dict], dict[str, int]]:
-    """The checked records (every test id once per context and sample) and the count of ignored keys."""
-    ids = set(release.ids(run["task"]))
-    if not path.is_file():
-        raise SubmissionError(f"{path}: missing (the predictions)")
-    seen: dict[tuple, int] = {}
-    records: list[dict] = []
-    extra: dict[str, int] = {}
-    for lineno, raw, complete in _lines(path):
-        if not raw.strip():
-            continue
-        record = _record(path, lineno, raw, complete, run, ids)
-        key = (record["context"], record["sample"], record["id"])
-        if key in seen:
-            raise SubmissionError(f"{path}:{lineno}: id {record['id']} (context {key[0]}, sample {key[1]}) is "
-                                  f"already on line {seen[key]}")
-        seen[key] = lineno
-        for name in record:
-            if name not in GENERATION_KEYS:
-                extra[name] = extra.get(name, 0) + 1
-        records.append({k: record.get(k) for k in GENERATION_KEYS})
-    expected = [(c, s, i) for c in run["contexts"] for s in range(run["sampling"]["n"])
-                for i in release.ids(run["task"])]
-    missing = [key for key in expected if key not in seen]
+def read_predictions(folder: Path, run: dict, release: ReleaseInfo) -> tuple[list[Generation], dict[str, int]]:
+    """The checked records (every test id once per context and sample), in file order, and the count of each key
+    outside the record's schema (ignored)."""
+    ids = release.ids(run["task"])
+    calls_for = len(ids) * len(run["contexts"]) * run["sampling"]["n"]
+    # Each line is one prediction the settings call for (blank lines aside): a file of many more lines is a flood,
+    # refused before any line is parsed.
+    bounds = replace(GENERATIONS_BOUNDS, lines=min(GENERATIONS_BOUNDS.lines, 2 * calls_for))
+    found = read_generations(folder, run, ids=set(ids), bounds=bounds)
+    missing = found.missing(ids, run)
     if missing:
-        context, sample, example = missing[0]
+        example, context, sample = missing[0]
         limit = f"; run.json has limit={run['limit']}" if run.get("limit") else ""
-        raise SubmissionError(f"{path}: {len(missing)} of {len(expected)} predictions missing, first: id {example} "
-                              f"(context {context}, sample {sample}){limit}")
-    return records, extra
+        raise SubmissionError(f"{folder / GENERATIONS_FILE}: {len(missing)} of {calls_for} predictions missing, "
+                              f"first: id {example} (context {context}, sample {sample}){limit}")
+    return list(found.records.values()), dict(found.extra_keys)
 
 
-def predictions_sha256(task: str, records: Iterable[dict]) -> str:
+def predictions_sha256(task: str, records: Iterable[Generation]) -> str:
     """sha256 over the task and every (context, sample, id, status, prediction), sorted: the scores' cache key."""
     digest = hashlib.sha256(task.encode() + b"\n")
-    for r in sorted(records, key=lambda r: (r["context"], r["sample"], r["id"])):
-        digest.update(json.dumps([r["context"], r["sample"], r["id"], r["status"], r["prediction"]]).encode() + b"\n")
+    for r in sorted(records, key=lambda r: (r.context, r.sample, r.id)):
+        digest.update(json.dumps([r.context, r.sample, r.id, r.status, r.prediction]).encode() + b"\n")
     return digest.hexdigest()
 
 
@@ -230,7 +148,9 @@ def _meta(folder: Path, ignored: list[str]) -> dict:
     path = folder / SUBMISSION_FILE
     if not path.exists():
         return {}
-    data = _read_json(path, "the submitter's details")
+    data = read_json(path, SUBMISSION_BOUNDS)
+    if not isinstance(data, dict):
+        raise SubmissionError(f"{path}: expected a JSON object (the submitter's details)")
     for key, value in data.items():
         if key not in SUBMISSION_KEYS:
             ignored.append(f"{SUBMISSION_FILE}: key `{key}` ignored" + (" (a claimed score)" if claims_score(key)
@@ -243,6 +163,8 @@ def _meta(folder: Path, ignored: list[str]) -> dict:
 def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
     """Validate one run folder against the board's release; SubmissionError says why it is refused."""
     folder = Path(folder)
+    if folder.is_symlink():
+        raise SubmissionError(f"{folder}: a link; a submission is a folder of plain files, read where it lies")
     if not folder.is_dir():
         raise SubmissionError(f"{folder}: no such submission folder")
     ignored: list[str] = []
@@ -255,13 +177,13 @@ def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
             why = "claimed scores, ignored: the board re-scores the predictions" if claims_score(entry.name) \
                 else "not part of a submission, ignored"
             ignored.append(f"{entry.name}{'/' if entry.is_dir() else ''}: {why}")
-    run = _read_json(folder / RUN_FILE, "the run's settings")
+    run = read_run_json(folder)
     check_run(run, folder / RUN_FILE, release)
     for key in run:
         if claims_score(key):
             ignored.append(f"{RUN_FILE}: key `{key}` ignored (a claimed score)")
     meta = _meta(folder, ignored)
-    records, extra = read_generations(folder / GENERATIONS_FILE, run, release)
+    records, extra = read_predictions(folder, run, release)
     for key, count in sorted(extra.items()):
         ignored.append(f"{GENERATIONS_FILE}: key `{key}` on {count} line(s) ignored"
                        + (" (a claimed score)" if claims_score(key) else ""))
@@ -271,7 +193,7 @@ def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
 def submission_bytes(submission: Submission) -> dict[str, bytes]:
     """The files a validated submission is passed on as: settings (no claimed score), cleaned records, details."""
     run = {k: v for k, v in submission.run.items() if not claims_score(k)}
-    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in submission.generations)
+    lines = "".join(json.dumps(r.to_dict(), ensure_ascii=False) + "\n" for r in submission.generations)
     files = {RUN_FILE: (json.dumps(run, indent=2, sort_keys=True) + "\n").encode(), GENERATIONS_FILE: lines.encode()}
     if submission.meta:
         files[SUBMISSION_FILE] = (json.dumps(submission.meta, indent=2, sort_keys=True) + "\n").encode()

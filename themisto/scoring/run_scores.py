@@ -18,8 +18,9 @@ from pathlib import Path
 from statistics import fmean
 from typing import Callable
 
+from themisto.generation.run_folder import RunFolder, RunFolderError, find_release, read_run
+from themisto.resume import write_text_atomic
 from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
-from themisto.scoring.run_files import RunError, RunFolder, find_release, read_run
 from themisto.vocabulary import POSITIONS
 
 TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
@@ -28,8 +29,8 @@ EXECUTION_METRICS: tuple[str, ...] = ("continuation_match", "functional_match", 
                                       "state_match")
 RESULTS_FORMAT = 1
 RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
-# What the run asks the scorer: one line per example with its distinct candidate texts; the scorer's own records.
-SCORER_INPUT, SCORER_RECORDS = "scorer_input.jsonl", "scorer_records.json"
+# The scorer's own per-prediction records of a run (its resume file lies beside: SCORER_RECORDS.partial.jsonl).
+SCORER_RECORDS = "scorer_records.json"
 HARD_RULES = {
     "next_cell": "no baseline's prediction is an exact match (whitespace-normalised)",
     "next_cell+executed": "no baseline's prediction is an exact match or, where executed, a functional match",
@@ -75,23 +76,15 @@ def _candidates(run: RunFolder, baselines: dict[str, list[str]]) -> list[list[st
     return out
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-def _run_scorer(run: RunFolder, release: Path, candidates: list[list[str]], execute: bool,
+def _run_scorer(run: RunFolder, release, candidates: list[list[str]], execute: bool,
                 progress: Callable[[str], None], runner=None, workspace: str | Path | None = None):
     """Score every candidate with the scorer (resumable per trajectory when executing); records by id and text."""
     from themisto.scoring.records import ScoreSettings
-    from themisto.scoring.scorer import score_to_file
+    from themisto.scoring.scorer import score_texts_to_file
 
-    lines = [json.dumps({"id": i, "prediction": texts}, ensure_ascii=False) for i, texts in zip(run.ids, candidates)]
-    _write_text(run.folder / SCORER_INPUT, "\n".join(lines) + "\n")
-    scored = score_to_file(release, run.folder / SCORER_INPUT, run.folder / SCORER_RECORDS,
-                           ScoreSettings(task=run.task), execute=execute, workspace=workspace, progress=progress,
-                           runner=runner).result
+    scored = score_texts_to_file(release, run.ids, candidates, run.folder / SCORER_RECORDS,
+                                 ScoreSettings(task=run.task), execute=execute, workspace=workspace,
+                                 progress=progress, runner=runner).result
     records: dict[str, dict[str, object]] = {}
     for record in scored.predictions:
         records.setdefault(record.id, {})[record.prediction] = record
@@ -201,11 +194,11 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
     if execute:
         permit(execute=True)  # refuse before reading anything
     run = read_run(run_dir)
-    release_dir, release_hash = find_release(run, release)
-    loaded = load_release(release_dir, run.task)
+    info = find_release(run, release)
+    loaded = load_release(info, run.task)
     unknown = [i for i in run.ids if i not in loaded.task_rows]
     if unknown:
-        raise RunError(f"{run.folder}: example {unknown[0]} is not in the release {release_dir}"
+        raise RunFolderError(f"{run.folder}: example {unknown[0]} is not in the release {info.path}"
                        + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
     rows = [loaded.task_rows[i] for i in run.ids]
     names = baselines_for(run.task)
@@ -215,8 +208,8 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
                                                 "scored by text and output equivalence"]
     say(f"scoring {len(run.ids)} example(s) x {len(run.contexts)} context(s) x {run.samples} sample(s) and "
         f"{len(names)} baseline(s)" + (" with execution" if executed else ""))
-    records, examples, scorer_notes = _run_scorer(run, release_dir, _candidates(run, baselines), executed, say,
-                                                  runner, workspace)
+    records, examples, scorer_notes = _run_scorer(run, info, _candidates(run, baselines), executed, say, runner,
+                                                  workspace)
     metrics = metrics_for(run.task, executed)
     systems = _per_example(run, baselines, records, examples, metrics)
     solved = {name: [_solved(run.task, records[i][t], examples[i]) for i, t in zip(run.ids, baselines[name])]
@@ -229,7 +222,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
         "run": {"model": meta.get("model"), "backend": meta.get("backend"), "task": run.task,
                 "contexts": run.contexts, "sampling": meta.get("sampling"), "n": len(run.ids),
                 "limit": meta.get("limit")},
-        "release_hash": release_hash, "executed": executed, "metrics": list(metrics),
+        "release_hash": info.content_hash, "executed": executed, "metrics": list(metrics),
         **_tables(run, systems, hard, rows, lengths, metrics, settings),
         "hard_subset": {"rule": HARD_RULES[run.task + ("+executed" if executed else "")], "examples": sum(hard),
                         "solved_by": {name: sum(v) for name, v in solved.items()}},
@@ -237,6 +230,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
         "seconds": round(time.perf_counter() - started, 2)}
     out_path = Path(out) if out is not None else run.folder / RESULTS_JSON
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    _write_text(out_path, json.dumps(results, ensure_ascii=False, indent=1) + "\n")
-    _write_text(out_path.with_name(RESULTS_MD if out is None else out_path.stem + ".md"), render_markdown(results))
+    write_text_atomic(out_path, json.dumps(results, ensure_ascii=False, indent=1) + "\n")
+    write_text_atomic(out_path.with_name(RESULTS_MD if out is None else out_path.stem + ".md"),
+                      render_markdown(results))
     return results

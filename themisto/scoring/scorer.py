@@ -28,6 +28,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from themisto.bounded import Bounds, iter_json_lines
+from themisto.release.folder import ReleaseInfo, open_release
 from themisto.resume import (LineWriter, ResumeError, folder_fingerprint, read_lines, settings_difference,
                              write_text_atomic)
 from themisto.scoring.execution import TrajectoryRunner, execute_examples
@@ -43,8 +45,11 @@ from themisto.scoring.records import (
     make_examples,
     text_records,
 )
-from themisto.vocabulary import OUTCOMES
 from themisto.scoring.release_state import Release, check_against_release, load_release
+from themisto.vocabulary import OUTCOMES
+
+# A predictions file someone gave: one line per example, each holding its predictions (several samples each).
+PREDICTIONS_BOUNDS = Bounds(file_bytes=1 << 30, line_bytes=16 << 20, depth=16, items=20_000_000)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -155,27 +160,21 @@ def read_predictions(path: str | Path) -> tuple[list[str], list]:
     ids: list[str] = []
     predictions: list = []
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ScoreError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or "id" not in record or "prediction" not in record:
-                raise ScoreError(f"{path}:{lineno}: expected an object with `id` and `prediction`")
-            example_id, prediction = str(record["id"]), record["prediction"]
-            texts = prediction if isinstance(prediction, list) else [prediction]
-            if not texts or not all(isinstance(t, str) for t in texts):
-                raise ScoreError(f"{path}:{lineno}: example {example_id}: `prediction` must be a string or a "
-                                 "non-empty list of strings")
-            if example_id in first_line:
-                raise ScoreError(f"{path}:{lineno}: example {example_id} was already given on line "
-                                 f"{first_line[example_id]}")
-            first_line[example_id] = lineno
-            ids.append(example_id)
-            predictions.append(prediction)
+    for line in iter_json_lines(path, PREDICTIONS_BOUNDS, skip_blank=True):
+        record, lineno = line.value, line.number
+        if not isinstance(record, dict) or "id" not in record or "prediction" not in record:
+            raise ScoreError(f"{path}:{lineno}: expected an object with `id` and `prediction`")
+        example_id, prediction = str(record["id"]), record["prediction"]
+        texts = prediction if isinstance(prediction, list) else [prediction]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ScoreError(f"{path}:{lineno}: example {example_id}: `prediction` must be a string or a "
+                             "non-empty list of strings")
+        if example_id in first_line:
+            raise ScoreError(f"{path}:{lineno}: example {example_id} was already given on line "
+                             f"{first_line[example_id]}")
+        first_line[example_id] = lineno
+        ids.append(example_id)
+        predictions.append(prediction)
     if not ids:
         raise ScoreError(f"{path}: no predictions")
     return ids, predictions
@@ -219,18 +218,18 @@ def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> di
     return done
 
 
-def resume_header(release: str | Path, ids: list[str], texts: list, settings: ScoreSettings,
+def resume_header(release: str | Path | ReleaseInfo, ids: list[str], texts: list, settings: ScoreSettings,
                   workspace: str | Path | None, out: Path) -> dict:
     """Everything that changes an execution run's records: settings, predictions, the release's content, the
     workspace the states are rebuilt over and the kernel's environment (interpreter, hash seed, package versions)."""
     import hashlib
 
-    from themisto.release.folder import open_release
     from themisto.runtime.sandbox import kernel_environment
 
+    info = release if isinstance(release, ReleaseInfo) else open_release(release)
     digest = hashlib.sha256(json.dumps([ids, texts], ensure_ascii=False).encode("utf-8")).hexdigest()
     return {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
-            "release": str(release), "release_content_sha256": open_release(release).content_hash,
+            "release": str(info.path), "release_content_sha256": info.content_hash,
             "workspace": folder_fingerprint(workspace, output=out), "kernel": kernel_environment()}
 
 
@@ -239,7 +238,23 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
                   workspace: str | Path | None = None, resume: bool = True,
                   progress: Callable[[str], None] | None = None, workers: int | None = None,
                   runner: TrajectoryRunner | None = None) -> ScoreRun:
-    """Score a predictions JSONL against a release's targets and write the results JSON to `out`.
+    """Score a predictions JSONL against a release's targets and write the results JSON to `out` (see
+    `score_texts_to_file`)."""
+    if execute:
+        gate_permit(execute=True)  # refuse before reading anything
+    ids, texts = read_predictions(predictions)
+    return score_texts_to_file(release, ids, texts, out, settings, execute=execute, workspace=workspace,
+                               resume=resume, progress=progress, workers=workers, runner=runner,
+                               source=str(predictions))
+
+
+def score_texts_to_file(release: str | Path | ReleaseInfo, ids: list[str], texts: list, out: str | Path,
+                        settings: ScoreSettings = ScoreSettings(), *, execute: bool = False,
+                        workspace: str | Path | None = None, resume: bool = True,
+                        progress: Callable[[str], None] | None = None, workers: int | None = None,
+                        runner: TrajectoryRunner | None = None, source: str = "predictions") -> ScoreRun:
+    """Score each id's prediction (a text, or a list of them) against a release's targets and write the results
+    JSON to `out`; `source` names where the predictions came from in errors.
 
     With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
     same settings, predictions, release and workspace keeps those trajectories; `out` appears whole when everything
@@ -250,18 +265,18 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if execute:
         gate_permit(execute=True)  # refuse before reading anything
-    ids, texts = read_predictions(predictions)
-    loaded = load_release(release, settings.task)
+    info = release if isinstance(release, ReleaseInfo) else open_release(release)
+    loaded = load_release(info, settings.task)
     unknown = [i for i in ids if i not in loaded.task_rows]
     if unknown:
-        raise ScoreError(f"{predictions}: example {unknown[0]}: no such id in {release}"
+        raise ScoreError(f"{source}: example {unknown[0]}: no such id in {info.path}"
                          + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
     references = [loaded.task_rows[i]["target"] for i in ids]
     partial = _partial_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer, done = None, {}
     if execute:
-        header = resume_header(release, ids, texts, settings, workspace, out)
+        header = resume_header(info, ids, texts, settings, workspace, out)
         done = _load_partial(partial, header, say) if resume else {}
         kept = [json.dumps(header, sort_keys=True)] + [json.dumps(t.to_dict(), ensure_ascii=False)
                                                        for t in done.values()]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-from themisto.generation.backends.base import Backend, BackendError, Generation, Sampling
+from themisto.generation.backends.base import Backend, BackendError, Sampling
+from themisto.generation.run_folder import Generation
 
 BACKENDS: tuple[str, ...] = ("transformers", "openai", "vllm", "baseline")
 _MODULES = {

@@ -1,4 +1,5 @@
-"""What every backend shares: the sampling settings, one generation's record, the two-method interface."""
+"""What every backend shares: the sampling settings and the two-method interface (a sample's record is
+`themisto.generation.run_folder.Generation`, the one schema of a generations line)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from themisto.errors import InputError
-from themisto.vocabulary import GenerationStatus
+from themisto.generation.run_folder import Generation
 
 if TYPE_CHECKING:
     from themisto.generation.prompts import Prompt
+
 
 class BackendError(InputError):
     """A backend cannot be made or used as asked: unknown name or model, a missing package (the message gives the
@@ -38,17 +40,6 @@ class Sampling:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One sample's outcome: the raw text, a closed status, why it is not ok, and token counts where known."""
-
-    raw: str
-    status: GenerationStatus = "ok"
-    reason: str | None = None
-    tokens_in: int | None = None
-    tokens_out: int | None = None
 
 
 class Backend(Protocol):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from themisto import __name__ as _package
-from themisto.generation.backends.base import BackendError, Generation, Sampling
+from themisto.generation.backends.base import BackendError, Sampling
+from themisto.generation.run_folder import Generation
 from themisto.generation.baselines import BASELINES, baseline_prediction
 from themisto.generation.prompts import Prompt
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from themisto.generation.backends.base import BackendError, Generation, Sampling, require, weights_sha256
+from themisto.generation.backends.base import BackendError, Sampling, require, weights_sha256
+from themisto.generation.run_folder import Generation
 from themisto.generation.prompts import Prompt, messages_text
 
 INSTALL = "pip install 'transformers==5.23.0' 'torch==2.13.0' accelerate gguf"

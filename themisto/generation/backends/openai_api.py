@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from themisto.generation.backends.base import BackendError, Generation, Sampling, require
+from themisto.generation.backends.base import BackendError, Sampling, require
+from themisto.generation.run_folder import Generation
 from themisto.generation.prompts import Prompt
 
 INSTALL = "pip install 'openai==3.57.0'"

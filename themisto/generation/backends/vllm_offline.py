@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import hashlib
 
-from themisto.generation.backends.base import BackendError, Generation, Sampling, require
+from themisto.generation.backends.base import BackendError, Sampling, require
+from themisto.generation.run_folder import Generation
 from themisto.generation.prompts import Prompt
 
 INSTALL = "pip install -r requirements-gpu.txt  (vllm==0.33.0, CUDA only)"
