@@ -158,7 +158,9 @@ def test_a_flooding_line_is_refused_without_reading_it_whole(run, release):
 def test_submissions_are_found_below_a_folder(tmp_path, small_release):
     write_run(tmp_path / "subs" / "b", small_release)
     write_run(tmp_path / "subs" / "a" / "deep", small_release)
-    assert find_submissions([tmp_path / "subs"]) == [tmp_path / "subs" / "a" / "deep", tmp_path / "subs" / "b"]
+    found = find_submissions([tmp_path / "subs"])
+    assert [(f.folder, f.name, f.refusal) for f in found] == [(tmp_path / "subs" / "a" / "deep", "a/deep", None),
+                                                              (tmp_path / "subs" / "b", "b", None)]
     (tmp_path / "empty").mkdir()
     with pytest.raises(SubmissionError, match="empty: no run.json in this folder or below it"):
         find_submissions([tmp_path / "empty"])

@@ -66,7 +66,8 @@ def add_submit(subparsers: argparse._SubParsersAction) -> None:
 
 
 def leaderboard_command(args: argparse.Namespace) -> int:
-    """Re-score every submission against the release and write the board: Markdown, CSV, JSON, PNG, Space."""
+    """Re-score every submission against the release and write the board: Markdown, CSV, JSON, PNG, Space; exit 2
+    when a submission was refused (the board lists it, the rest are on it)."""
     from themisto.leaderboard.board import build_board
     from themisto.leaderboard.board_files import SPACE_DIR, write_board
     from themisto.release.folder import open_release
@@ -82,15 +83,16 @@ def leaderboard_command(args: argparse.Namespace) -> int:
     files = write_board(board, args.output)
     for note in board.notes:
         print(f"note: {note}")
-    for refusal in board.refused:
-        print(f"refused: {refusal.folder}: {refusal.reason}")
+    for refusal in board.refused:  # one line each; the reason names the submission's file, line and bound
+        shown = refusal.reason if refusal.reason.startswith(refusal.folder) else f"{refusal.folder}: {refusal.reason}"
+        print(f"refused: {shown}")
     print(f"{len(board.entries)} submission(s) on the board, {len(board.refused)} refused; wrote "
           + ", ".join(str(path) for path in files.values()))
     if args.push_space:
         from themisto.leaderboard.hub import push_space
 
         print(f"pushed the Space: {push_space(args.output / SPACE_DIR, args.push_space)}")
-    return 0
+    return 2 if board.refused else 0
 
 
 def add_leaderboard(subparsers: argparse._SubParsersAction) -> None:

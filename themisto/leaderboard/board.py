@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
-from themisto.leaderboard.submission import (Submission, SubmissionError, find_submissions, read_submission,
-                                             write_submission)
+from themisto.errors import InputError
+from themisto.leaderboard.submission import Found, Submission, find_submissions, read_submission, write_submission
 from themisto.release.folder import ReleaseInfo
 from themisto.resume import write_text_atomic
 
@@ -48,10 +48,15 @@ class Entry:
 
 @dataclass
 class Refusal:
-    """A submission the board did not take, and why."""
+    """A submission the board did not take, and why; both name the submission relative to the submissions folder
+    (the board is public: the maintainer's paths stay off it)."""
 
     folder: str
     reason: str
+
+    @classmethod
+    def of(cls, found: Found, error: Exception | str) -> Refusal:
+        return cls(found.name, str(error).replace(str(found.folder), found.name))
 
 
 @dataclass
@@ -104,7 +109,7 @@ def _entry(submission: Submission, results: dict, cached: bool) -> Entry:
     for record in submission.generations:
         answered[record.context]["generations"] += 1
         answered[record.context]["unanswered"] += record.status != "ok"
-    return Entry(folder=str(submission.folder), model=submission.model, backend=backend, task=submission.task,
+    return Entry(folder=submission.name, model=submission.model, backend=backend, task=submission.task,
                  contexts=list(submission.contexts), kind="baseline" if backend == BASELINE_BACKEND else "model",
                  predictions_sha256=submission.predictions_sha256, settings_key=submission.settings_key,
                  results=results, cached=cached, ignored=list(submission.ignored),
@@ -117,7 +122,7 @@ def _latest(submissions: list[Submission], notes: list[str]) -> list[Submission]
     for sub in sorted(enumerate(submissions), key=lambda pair: (pair[1].order, pair[0])):
         earlier = kept.get(sub[1].settings_key)
         if earlier is not None:
-            notes.append(f"{sub[1].folder} replaces {earlier.folder}: same model ({sub[1].model}) and settings, "
+            notes.append(f"{sub[1].name} replaces {earlier.name}: same model ({sub[1].model}) and settings, "
                          "the later one counts")
         kept[sub[1].settings_key] = sub[1]
     return sorted(kept.values(), key=lambda s: submissions.index(s))
@@ -131,15 +136,23 @@ def build_board(paths: Sequence[str | Path], release: ReleaseInfo, *, execute: b
     board = Board(release.content_hash, release.built,
                   datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), execute)
     valid: list[Submission] = []
-    for folder in find_submissions(paths):
-        try:
-            valid.append(read_submission(folder, release))
-        except SubmissionError as exc:
-            board.refused.append(Refusal(str(folder), str(exc)))
-            say(f"refused {folder}: {exc}")
+    found = {}
+    for item in find_submissions(paths):
+        if item.refusal is not None:
+            board.refused.append(Refusal.of(item, item.refusal))
+            continue
+        try:  # whatever a submission holds, a refusal names its file, line and bound, and costs only its own row
+            valid.append(read_submission(item.folder, release, item.name))
+            found[item.name] = item
+        except InputError as exc:
+            board.refused.append(Refusal.of(item, exc))
     for number, submission in enumerate(_latest(valid, board.notes), start=1):
-        results, cached = rescore(submission, release, execute=execute, cache_dir=cache_dir, progress=say,
-                                  runner=runner)
+        try:
+            results, cached = rescore(submission, release, execute=execute, cache_dir=cache_dir, progress=say,
+                                      runner=runner)
+        except InputError as exc:
+            board.refused.append(Refusal.of(found[submission.name], exc))
+            continue
         say(f"[{number}] {submission.model} ({submission.task}): " + ("scores from the cache" if cached
                                                                      else "re-scored"))
         for line in submission.ignored:

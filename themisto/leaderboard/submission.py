@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
@@ -48,6 +49,7 @@ class Submission:
     generations: list[Generation]
     predictions_sha256: str
     ignored: list[str] = field(default_factory=list)
+    name: str = ""  # as the board shows it: the folder relative to the submissions folder it was found in
 
     @property
     def task(self) -> str:
@@ -160,8 +162,8 @@ def _meta(folder: Path, ignored: list[str]) -> dict:
     return {k: data.get(k) for k in SUBMISSION_KEYS if data.get(k) is not None}
 
 
-def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
-    """Validate one run folder against the board's release; SubmissionError says why it is refused."""
+def read_submission(folder: str | Path, release: ReleaseInfo, name: str | None = None) -> Submission:
+    """Validate one run folder against the board's release; an InputError says why it is refused."""
     folder = Path(folder)
     if folder.is_symlink():
         raise SubmissionError(f"{folder}: a link; a submission is a folder of plain files, read where it lies")
@@ -171,7 +173,7 @@ def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
     for entry in sorted(folder.iterdir()):
         # A link could point the board at any file it can read (a key, another submission) and print what it
         # finds in a refusal on the public page.
-        if entry.name in SUBMITTED_FILES and (entry.is_symlink() or not entry.is_file()):
+        if entry.is_symlink() or (entry.name in SUBMITTED_FILES and not entry.is_file()):
             raise SubmissionError(f"{entry}: not a plain file (a link or a folder); a submission holds plain files")
         if entry.name not in SUBMITTED_FILES:
             why = "claimed scores, ignored: the board re-scores the predictions" if claims_score(entry.name) \
@@ -187,7 +189,8 @@ def read_submission(folder: str | Path, release: ReleaseInfo) -> Submission:
     for key, count in sorted(extra.items()):
         ignored.append(f"{GENERATIONS_FILE}: key `{key}` on {count} line(s) ignored"
                        + (" (a claimed score)" if claims_score(key) else ""))
-    return Submission(folder, run, meta, records, predictions_sha256(run["task"], records), ignored)
+    return Submission(folder, run, meta, records, predictions_sha256(run["task"], records), ignored,
+                      name or folder.name)
 
 
 def submission_bytes(submission: Submission) -> dict[str, bytes]:
@@ -209,21 +212,50 @@ def write_submission(submission: Submission, dest: str | Path) -> Path:
     return dest
 
 
-def find_submissions(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path that holds a run.json, or the run folders found below a folder of submissions (sorted)."""
-    found: list[Path] = []
+@dataclass(frozen=True)
+class Found:
+    """A submission found under a path the board was given: its folder, its name relative to that path, and why
+    it is refused unread (a link), if it is."""
+
+    folder: Path
+    name: str
+    refusal: str | None = None
+
+
+def find_submissions(paths: Iterable[str | Path]) -> list[Found]:
+    """Each path that holds a run.json, or the run folders found below a folder of submissions (sorted). Links are
+    not followed: a link to a folder, or a submission folder that is a link, is found refused."""
+    found: list[Found] = []
     for raw in paths:
         path = Path(raw)
-        if (path / RUN_FILE).exists():
-            found.append(path)
+        if path.is_symlink():
+            found.append(Found(path, path.name, f"{path.name}: a link, not followed (a submission is a folder of "
+                                                 "plain files)"))
+        elif (path / RUN_FILE).exists() or (path / RUN_FILE).is_symlink():
+            found.append(Found(path, path.name))
         elif path.is_dir():
-            inside = sorted(p.parent for p in path.rglob(RUN_FILE))
+            inside = _walk(path)
             if not inside:
                 raise SubmissionError(f"{path}: no {RUN_FILE} in this folder or below it")
             found.extend(inside)
         else:
             raise SubmissionError(f"{path}: no such submission folder")
     return found
+
+
+def _walk(root: Path) -> list[Found]:
+    """The run folders below a folder of submissions, and every link to a folder met on the way (not followed)."""
+    found = []
+    for folder, dirs, files in os.walk(root):  # os.walk does not descend into links to folders
+        here = Path(folder)
+        for name in sorted(dirs) if RUN_FILE not in files else ():  # a run folder's links refuse it (read_submission)
+            if (here / name).is_symlink():
+                rel = (here / name).relative_to(root).as_posix()
+                found.append(Found(here / name, rel, f"{rel}: a link to a folder, not followed (a submission is a "
+                                                     "folder of plain files)"))
+        if RUN_FILE in files:
+            found.append(Found(here, here.relative_to(root).as_posix() if here != root else root.name))
+    return sorted(found, key=lambda item: item.folder)
 
 
 def submission_slug(submission: Submission) -> str:
