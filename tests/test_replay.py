@@ -126,3 +126,12 @@ def test_snapshot_on_the_cells_request_equals_a_separate_snapshot(tmp_path):
         failed = session.execute("frame['b'] = 1 / 0", user_expressions=SNAPSHOT_EXPRESSIONS)
         # IPython evaluates user expressions only after a cell that succeeded: replay then asks separately
         assert failed.status == "error" and snapshot_from_expressions(failed.user_expressions) is None
+
+
+@pytest.mark.slow
+def test_a_steps_execution_time_is_the_cells_own_whatever_its_snapshot_costs(tmp_path):
+    # an object hashed by pickling a million strings makes every snapshot after it take a while; the sleeping cell's
+    # time still ends where the cell did (it once had the snapshot's time taken off a second time)
+    held = "class Held:\n    pass\nheld = Held()\nheld.data = [str(i) for i in range(1_000_000)]"
+    steps = list(replay_trajectory(_traj([held, "import time\ntime.sleep(0.5)"]), tmp_path, FAST))
+    assert steps[1].status == "ok" and 0.5 <= steps[1].execution_time < 5

@@ -131,13 +131,13 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             done = rebuild_state(session, life_cells(trajectory, session_start, i, settings), restart=False,
                                  lost=lost | {i})
             lost, rebuilt = set(done.lost), done.ran
-        snap, snap_error, execution_time = _snapshot_after(session, result, settings, rebuilt > 0)
+        snap, snap_error = _snapshot_after(session, result, settings, rebuilt > 0)
         yield Step(
             kernel_id=trajectory.id, step=i, cell_id=execution.cell_id, code=execution.code,
             replayed_code=cleaned.code, cleaning=[asdict(c) for c in cleaned.changes], restarted_before=restarted,
             status=result.status, ename=result.ename, evalue=result.evalue, output=output_text(result.outputs),
             outputs=rich_outputs(result.outputs), output_types=output_types(result.outputs),
-            execution_time=round(execution_time, 6), memory_bytes=snap.memory_bytes if snap else None,
+            execution_time=round(result.duration_s, 6), memory_bytes=snap.memory_bytes if snap else None,
             state_hash=snap.state_hash if snap else None,
             variables=[v.to_dict() for v in snap.variables.values()] if snap else [],
             snapshot_failures=dict(snap.failures) if snap else snap_error,
@@ -147,18 +147,17 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
 
 
 def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool):
-    """The snapshot after a step (None when off or unreadable), what could not be read, and the cell's own time."""
+    """The snapshot after a step (None when off or unreadable) and what could not be read. (The cell's own time,
+    `result.duration_s`, ends where the kernel announced the cell's end, before it took the snapshot.)"""
     from themisto.runtime.snapshot import AgentError, snapshot_from_expressions, take_snapshot
 
     if not settings.snapshots:
-        return None, {}, result.duration_s
+        return None, {}
     try:
         snap = None if rebuilt else snapshot_from_expressions(result.user_expressions)
-        if snap is not None:  # the request's time includes the snapshot the kernel took after the cell
-            return snap, {}, max(0.0, result.duration_s - snap.elapsed_s)
-        return take_snapshot(session), {}, result.duration_s
+        return (snap if snap is not None else take_snapshot(session)), {}
     except AgentError as exc:  # recorded on the step; one unreadable state does not end the replay
-        return None, {"<snapshot>": str(exc)[:500]}, result.duration_s
+        return None, {"<snapshot>": str(exc)[:500]}
 
 
 def life_cells(trajectory: Trajectory, start: int, end: int, settings: ReplaySettings) -> list:

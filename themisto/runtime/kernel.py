@@ -74,7 +74,7 @@ class CellResult:
     evalue: str | None = None
     traceback: list[str] = field(default_factory=list)  # ANSI-free
     execution_count: int | None = None
-    duration_s: float = 0.0
+    duration_s: float = 0.0  # the cell's own: until the kernel announced its end, before any user expressions ran
     truncated: bool = False
     kernel_restarted: bool = False  # the namespace was lost (timeout escalated to restart, or the kernel died)
     user_expressions: dict = field(default_factory=dict)  # evaluated after the cell (IPython: only when it succeeded)

@@ -225,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
               "--HistoryManager.hist_file=:memory:"]
     if args.output_bytes is not None:
         os.environ[OUTPUT_CAP_ENV] = str(args.output_bytes)
-        kernel.append("--IPKernelApp.extensions=themisto.runtime.launcher")
+    # Always: the host times a cell up to the end it announces (CELL_DONE_MSG), not up to the reply, which comes
+    # after the user expressions (a snapshot) riding on the same request.
+    kernel.append("--IPKernelApp.extensions=themisto.runtime.launcher")
     os.execv(sys.executable, kernel)
 
 
