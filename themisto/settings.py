@@ -70,6 +70,14 @@ def _kernel_python() -> tuple[str, Literal["env", "kernel_venv", "host"]]:
     return sys.executable, "host"
 
 
+def usable_cores() -> int:
+    """How many cores this process may use (its CPU affinity): how many kernels to run at once, one per core."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 @lru_cache(maxsize=1)
 def settings() -> Settings:
     """The settings from the environment: THEMISTO_SANDBOX, THEMISTO_BWRAP, THEMISTO_KERNEL_UID, THEMISTO_TMPDIR,

@@ -114,13 +114,26 @@ def _print_fidelity(report: dict) -> None:
 
 
 def _replay_runner(args: argparse.Namespace):
-    """The replay runner --ray asks for (an unreachable address is refused here, before any work), or None."""
+    """The replay runner --ray asks for (an unreachable address is refused here, before any work), else this
+    machine's cores (--workers, default one per core)."""
     target = ray_target(args)
-    if target is None:
-        return None
-    from themisto.distributed.ray_runner import replay_runner
+    if target is not None:
+        if args.workers is not None:
+            raise CommandError("--workers and --ray both choose where trajectories replay: give one of them")
+        from themisto.distributed.ray_runner import replay_runner
 
-    return replay_runner(target)
+        return replay_runner(target)
+    if args.workers is not None and args.workers < 1:
+        raise CommandError(f"--workers must be at least 1, got {args.workers}")
+    from themisto.replay.workers import workers_runner
+
+    return workers_runner(args.workers)
+
+
+def _add_workers_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="trajectories replayed at once, one sandboxed kernel each (default: one per core; "
+                             "1: one after the other); the steps file is the same either way")
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -131,6 +144,7 @@ def replay_command(args: argparse.Namespace) -> int:
     from themisto.replay.fidelity import fidelity_report
     from themisto.replay.replay import ReplayIncomplete, ReplaySettings, read_steps, replay_to_file
 
+    runner = _replay_runner(args)
     trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
     settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.cell_timeout)
     with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
@@ -141,7 +155,7 @@ def replay_command(args: argparse.Namespace) -> int:
             raise CommandError(f"{workspace}: no such workspace directory (make one with `themisto workspace`)")
         try:
             run = replay_to_file(trajectories, args.output, workspace, settings, resume=not args.no_resume,
-                                 runner=_replay_runner(args))
+                                 runner=runner)
         except ReplayIncomplete as exc:
             raise CommandError(str(exc)) from None
     reports = [r.to_dict() for r in fidelity_report(read_steps(args.output))]
@@ -168,6 +182,7 @@ def add_replay(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the fidelity per trajectory")
+    _add_workers_option(parser)
     add_ray_option(parser, "replay")
     parser.set_defaults(run=replay_command)
 
@@ -233,6 +248,7 @@ def add_build(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
     parser.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="release folder to write")
     parser.add_argument("--json", action="store_true", help="print the build report as one JSON object")
+    _add_workers_option(parser)
     add_ray_option(parser, "replay")
     parser.set_defaults(run=build_command)
 

@@ -229,10 +229,11 @@ def local_runner(pending: list[Trajectory], workspace: str | Path | None, settin
                  say: Callable[[str], None]) -> Iterator[tuple[str, Iterable[Step]]]:
     """Replay the trajectories one after the other in this process, streaming each one's steps."""
     for trajectory in pending:
-        yield trajectory.id, _with_progress(trajectory, replay_trajectory(trajectory, workspace, settings), say)
+        yield trajectory.id, with_progress(trajectory, replay_trajectory(trajectory, workspace, settings), say)
 
 
-def _with_progress(trajectory: Trajectory, steps: Iterable[Step], say: Callable[[str], None]) -> Iterator[Step]:
+def with_progress(trajectory: Trajectory, steps: Iterable[Step], say: Callable[[str], None]) -> Iterator[Step]:
+    """`steps` as they come, saying every 25 steps how far the trajectory is."""
     n, t0 = len(trajectory.executions), time.perf_counter()
     for step in steps:
         yield step

@@ -4,7 +4,6 @@ before each scored step. The only module here that runs predictions (`unsafe_exe
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -28,6 +27,7 @@ from themisto.scoring.records import (
     TrajectoryScore,
 )
 from themisto.scoring.release_state import Release, prepare_workspace, trajectory_from_rows
+from themisto.settings import usable_cores
 from themisto.vocabulary import EXAMPLE_STATUSES
 
 
@@ -271,14 +271,6 @@ def same_predictions(earlier: TrajectoryScore, group: Sequence[Example],
 # Files: predictions in, results out (written per trajectory, resumable)
 
 
-def default_workers() -> int:
-    """As many trajectories at once as this process may use cores (one kernel each)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 # One pending trajectory: its number in the run, its id and its examples.
 Pending = tuple[int, str, list[Example]]
 # Runs (permit, release, pending, by_id, settings, workspace) and yields each pending trajectory with its
@@ -294,7 +286,7 @@ def threads_runner(workers: int | None = None) -> TrajectoryRunner:
             workspace: str | Path | None) -> Iterator[tuple[Pending, TrajectoryScore]]:
         with tempfile.TemporaryDirectory(prefix="themisto-score-") as tmp:
             folder = prepare_workspace(release, workspace, Path(tmp))  # only a run that executes needs it
-            count = max(1, min(workers or default_workers(), len(pending)))
+            count = max(1, min(workers or usable_cores(), len(pending)))
             # Threads suffice: each trajectory's work happens in its own kernel process; the host only waits.
             with ThreadPoolExecutor(max_workers=count, thread_name_prefix="themisto-score") as pool:
                 futures = {pool.submit(unsafe_execute_trajectory, permit, release, item[1], item[2], by_id, folder,
