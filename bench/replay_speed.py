@@ -45,7 +45,8 @@ def real_trajectories(limit: int | None) -> tuple[list, dict[str, str]]:
 
 def one_run(trajectories: list, ws: Path, out: Path, workers: int) -> dict:
     """Replay everything into `out` with `workers` at once: wall time, the cells' own time, per-trajectory cells."""
-    from themisto.replay.replay import ReplaySettings, read_steps, replay_to_file
+    from themisto.replay.replay import ReplaySettings
+    from themisto.replay.steps_file import read_steps, replay_to_file
     from themisto.replay.workers import workers_runner
 
     out.unlink(missing_ok=True)

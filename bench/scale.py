@@ -43,7 +43,8 @@ def sample_trajectories(limit: int) -> list:
 
 def local_run(trajectories, ws: Path, out: Path) -> dict:
     """One kernel at a time, in this process: per-kernel throughput, and the steps' size and peak memory."""
-    from themisto.replay.replay import ReplaySettings, read_steps, replay_to_file
+    from themisto.replay.replay import ReplaySettings
+    from themisto.replay.steps_file import read_steps, replay_to_file
 
     t0 = time.perf_counter()
     run = replay_to_file(trajectories, out, ws, ReplaySettings(), resume=False, progress=lambda msg: None)
@@ -58,7 +59,8 @@ def ray_run(trajectories, ws: Path, out: Path, cpus: int) -> dict:
     """The same replay on a fresh local Ray with `cpus` CPUs; replay wall time excludes Ray's start and stop."""
     from themisto.distributed.cluster import RayTarget
     from themisto.distributed.ray_runner import replay_runner
-    from themisto.replay.replay import ReplaySettings, replay_to_file
+    from themisto.replay.replay import ReplaySettings
+    from themisto.replay.steps_file import replay_to_file
 
     marks: dict[str, float] = {}
 

@@ -23,7 +23,8 @@ from themisto.cli import main
 from themisto.distributed.cluster import ClusterError, RayTarget, check_workers, environment_problems
 from themisto.distributed.ray_runner import replay_runner
 from themisto.ingest.trajectory import Execution, Trajectory
-from themisto.replay.replay import ReplayIncomplete, ReplaySettings, read_steps, replay_to_file
+from themisto.replay.replay import ReplaySettings
+from themisto.replay.steps_file import ReplayIncomplete, read_steps, replay_to_file
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"

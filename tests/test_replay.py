@@ -6,7 +6,8 @@ import json
 import pytest
 
 from themisto.replay.fidelity import fidelity_report
-from themisto.replay.replay import LoggedOutcome, ReplaySettings, Step, read_steps, replay_to_file, replay_trajectory
+from themisto.replay.replay import LoggedOutcome, ReplaySettings, Step, replay_trajectory
+from themisto.replay.steps_file import read_steps, replay_to_file
 from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
 
 FAST = ReplaySettings(cell_timeout_s=4.0, interrupted_timeout_s=2.0)

@@ -11,7 +11,8 @@ import pytest
 from themisto.cli import main
 from themisto.ingest.june import read_june_logs
 from themisto.ingest.workspace import write_workspace
-from themisto.replay.replay import ReplaySettings, replay_to_file
+from themisto.replay.replay import ReplaySettings
+from themisto.replay.steps_file import replay_to_file
 from themisto.replay.workers import workers_runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,8 +37,8 @@ def short_logs(tmp_path_factory) -> list[Path]:
 
 
 def _masked(path: Path) -> list[bytes]:
-    """The steps file's lines, its measured figures masked in the file's own bytes."""
-    return [_MEASURED.sub(rb'"\1": ...', line) for line in path.read_bytes().splitlines(keepends=True)]
+    """The steps file's step lines (its header aside), its measured figures masked in the file's own bytes."""
+    return [_MEASURED.sub(rb'"\1": ...', line) for line in path.read_bytes().splitlines(keepends=True)[1:]]
 
 
 def _leaves(value, path=()) -> dict[tuple, object]:
@@ -52,7 +53,7 @@ def _differences(a: Path, b: Path) -> set[tuple]:
     """Where two steps files differ, measured figures aside: (line, key path) of each differing value, or the line
     alone where the lines differ in shape."""
     found: set[tuple] = set()
-    lines_a, lines_b = a.read_text(encoding="utf-8").splitlines(), b.read_text(encoding="utf-8").splitlines()
+    lines_a, lines_b = (path.read_text(encoding="utf-8").splitlines()[1:] for path in (a, b))
     assert len(lines_a) == len(lines_b)
     for n, (x, y) in enumerate(zip(lines_a, lines_b)):
         leaves_x, leaves_y = ({p: v for p, v in _leaves(json.loads(line)).items() if p[0] not in _MEASURED_KEYS}
@@ -77,7 +78,7 @@ def _same_as_sequential(out: Path, sequential: tuple[Path, Path]) -> None:
 def _replay(logs: list[Path], out: Path, workers: int) -> list[str]:
     """`themisto replay --workers N`; the ids of the steps file's lines, in file order."""
     assert main(["replay", *map(str, logs), "-o", str(out), "--workers", str(workers), "--json"]) == 0
-    return [json.loads(line)["kernel_id"] for line in out.read_text(encoding="utf-8").splitlines()]
+    return [json.loads(line)["kernel_id"] for line in out.read_text(encoding="utf-8").splitlines()[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,8 @@ def test_two_workers_write_the_steps_file_of_a_sequential_run(short_logs, sequen
     assert ids == sorted(ids, key=order.index) and list(dict.fromkeys(ids)) == order
     assert all(ids.count(i) >= 8 for i in order)
     _same_as_sequential(tmp_path / "steps.jsonl", sequential)
+    header = (tmp_path / "steps.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    assert header == sequential[0].read_text(encoding="utf-8").splitlines()[0]  # the same inputs and settings
 
 
 class _StopAfterFirst:

@@ -16,6 +16,7 @@ from themisto.ingest.trajectory import Execution, Trajectory
 from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings, trajectory_rows
 from themisto.replay.replay import ReplaySettings, replay_trajectory
+from themisto.replay.steps_file import read_steps
 
 REPO = Path(__file__).resolve().parents[1]
 # A sample trajectory whose 12th cell shows a matplotlib object's address; its first 40 log lines hold 16 cells.
@@ -68,8 +69,7 @@ def test_two_fresh_builds_give_identical_ids_and_targets(tmp_path):
         out = tmp_path / f"build-{seed}"
         _cli(["build", str(log), "-o", str(out), "--json"], seed)
         folders.append(out)
-    raw = [[json.loads(line)["output"] for line in Path(f"{f}.steps.jsonl").read_text().splitlines()]
-           for f in folders]
+    raw = [[step.output for step in read_steps(Path(f"{f}.steps.jsonl"))] for f in folders]
     addresses = [[m.group(0) for text in outputs for m in ADDRESS.finditer(text)] for outputs in raw]
     assert addresses[0] and addresses[0] != addresses[1]  # the replays themselves differ: the masking is needed
     first, second = (_contents(f) for f in folders)

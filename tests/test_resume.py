@@ -5,7 +5,8 @@ import json
 import pytest
 
 from themisto.ingest.trajectory import Execution, Trajectory
-from themisto.replay.replay import ReplaySettings, read_steps, replay_to_file
+from themisto.replay.replay import ReplaySettings
+from themisto.replay.steps_file import read_steps, replay_to_file
 from themisto.resume import ResumeError, folder_fingerprint, read_lines, settings_difference
 from themisto.scoring import scorer as sc
 from themisto.scoring.records import TrajectoryScore

@@ -140,22 +140,25 @@ def replay_command(args: argparse.Namespace) -> int:
     """Replay trajectories in sandboxed kernels, write one step record per execution, print the fidelity report."""
     import tempfile
 
-    from themisto.ingest.workspace import write_workspace
+    from themisto.ingest.workspace import TASKS, write_workspace
     from themisto.replay.fidelity import fidelity_report
-    from themisto.replay.replay import ReplayIncomplete, ReplaySettings, read_steps, replay_to_file
+    from themisto.replay.replay import ReplaySettings
+    from themisto.replay.steps_file import ReplayIncomplete, read_steps, replay_to_file
+    from themisto.replay.workspace_recipe import look_alike
 
     runner = _replay_runner(args)
     trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
     settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.cell_timeout)
     with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
-        workspace = args.workspace
+        workspace, recipe = args.workspace, None  # a given folder is recorded by its name and hash
         if workspace is None:
-            workspace = write_workspace(Path(tmp) / "ws", seed=args.workspace_seed, size=args.size).root
+            workspace = write_workspace(Path(tmp) / "ws", TASKS, seed=args.workspace_seed, size=args.size).root
+            recipe = look_alike(TASKS, args.workspace_seed, args.size)
         elif not Path(workspace).is_dir():
             raise CommandError(f"{workspace}: no such workspace directory (make one with `themisto workspace`)")
         try:
             run = replay_to_file(trajectories, args.output, workspace, settings, resume=not args.no_resume,
-                                 runner=runner)
+                                 runner=runner, recipe=recipe)
         except ReplayIncomplete as exc:
             raise CommandError(str(exc)) from None
     reports = [r.to_dict() for r in fidelity_report(read_steps(args.output))]
@@ -210,7 +213,7 @@ def build_command(args: argparse.Namespace) -> int:
     settings = TaskSettings(seed=args.split_seed, test_fraction=args.test_fraction,
                             output_sample_size=None if args.all_outputs else TaskSettings.output_sample_size)
     steps_default = args.output.with_name(args.output.name + ".steps.jsonl")
-    from themisto.replay.replay import ReplayIncomplete
+    from themisto.replay.steps_file import ReplayIncomplete
 
     try:
         rows, source, extra = release_rows(inputs, steps_default, runner=_replay_runner(args))

@@ -16,7 +16,8 @@ from typing import Callable, Iterator
 from themisto.distributed.cluster import RayTarget, check_reachable, node_folder, ray_session, remote
 from themisto.distributed.tasks import TaskFailed, run_tasks
 from themisto.ingest.trajectory import Trajectory
-from themisto.replay.replay import ReplayFailure, ReplaySettings, Runner, Step
+from themisto.replay.replay import ReplaySettings, Step
+from themisto.replay.steps_file import ReplayFailure, Runner
 
 
 # A workspace up to this size travels with the tasks (once, through Ray's object store) to nodes that do not see

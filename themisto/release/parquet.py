@@ -213,11 +213,16 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
                                              else "notebooks" if inputs.notebooks else "replayed-steps")
     source: dict[str, Any] = {"kind": kind, "inputs": _described(read)}
     settings: dict[str, Any] = {}
-    from themisto.replay.replay import ReplaySettings, read_steps, replay_to_file
+    from themisto.replay.replay import ReplaySettings
+    from themisto.replay.steps_file import read_steps, read_steps_header, replay_to_file
+    from themisto.replay.workspace_recipe import given, look_alike
 
     if inputs.steps is not None:
         steps = read_steps(inputs.steps)
         source["steps"] = _described([inputs.steps])[0]
+        header = read_steps_header(inputs.steps)  # {} for a steps file made before steps files recorded it
+        if header:
+            source["workspace"], settings["replay"] = header["workspace"], header.get("replay") or {}
         unknown = sorted({s.kernel_id for s in steps} - seen) if trajectories else []
         if unknown:
             raise ReleaseError(f"{inputs.steps}: trajectories {unknown[:3]} are not in the given logs/table/notebooks")
@@ -233,11 +238,11 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
                 tasks = sorted({t.task for t in trajectories if t.task in ("task1", "task2")}) or ["task1", "task2"]
                 workspace = write_workspace(Path(tmp) / "ws", tasks, seed=inputs.workspace_seed,
                                             size=inputs.workspace_size).root
-                source["workspace"] = {"look_alike_seed": inputs.workspace_seed, "size": inputs.workspace_size,
-                                       "tasks": tasks}
+                source["workspace"] = look_alike(tasks, inputs.workspace_seed, inputs.workspace_size)
             else:
-                source["workspace"] = {"given": Path(workspace).name}
-            replay_to_file(trajectories, out, workspace, replay, progress=progress, runner=runner)
+                source["workspace"] = given(workspace, output=out)
+            replay_to_file(trajectories, out, workspace, replay, progress=progress, runner=runner,
+                           recipe=source["workspace"])
         steps = read_steps(out)
     participants = {t.id: t.participant for t in trajectories}
     return trajectory_rows(steps, participants), source, settings

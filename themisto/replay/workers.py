@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from themisto.ingest.trajectory import Trajectory
-from themisto.replay.replay import ReplaySettings, Runner, Step, kernel_limits, local_runner, replay, with_progress
+from themisto.replay.replay import ReplaySettings, Step, kernel_limits, replay
+from themisto.replay.steps_file import Runner, local_runner, with_progress
 from themisto.settings import usable_cores
 
 

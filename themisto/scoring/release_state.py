@@ -57,22 +57,14 @@ def check_against_release(examples: Sequence[Example], release: Release) -> None
 
 
 def prepare_workspace(release: Release, workspace: str | Path | None, tmp: Path) -> Path:
-    """The input files the release was replayed over: `workspace` if given, else regenerated from the build's seed."""
-    if workspace is not None:
-        if not Path(workspace).is_dir():
-            raise ScoreError(f"{workspace}: no such workspace directory")
-        return Path(workspace)
-    spec = release.workspace
-    if "look_alike_seed" in spec:
-        from themisto.ingest.workspace import write_workspace
+    """The input files the release was replayed over: `workspace` if given (checked against the hash of a given
+    folder the build recorded), else made again from the build's recipe (`source.workspace`) under `tmp`."""
+    from themisto.replay.workspace_recipe import RecipeError, workspace_from_recipe
 
-        return write_workspace(tmp / "ws", spec.get("tasks") or ("task1", "task2"), seed=int(spec["look_alike_seed"]),
-                               size=spec.get("size", "small")).root
-    if "given" in spec:
-        raise ScoreError(f"{release.name}: the release was replayed over a given workspace ({spec['given']!r}); "
-                         "pass that folder as the workspace to rebuild the states")
-    raise ScoreError(f"{release.name}: the build does not record the workspace it was replayed over "
-                     "(no themisto_build.json source.workspace); pass the workspace folder")
+    try:
+        return workspace_from_recipe(release.workspace, workspace, tmp / "ws", what=f"the release {release.name}")
+    except RecipeError as error:
+        raise ScoreError(str(error)) from None
 
 
 def trajectory_from_rows(rows: Sequence[dict]):
