@@ -1,0 +1,171 @@
+"""One request to the kernel and the watchdog over it: send the execute request (its metadata too), read its messages
+until the reply and the idle status come, the deadline passes or the kernel dies; past the deadline, interrupt, and
+restart the kernel when the interrupt does not end the cell. Every request ends in a closed outcome.
+`AsyncKernelSession` (themisto.runtime.kernel) inherits these steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from themisto.runtime import launcher as kernel_launcher
+from themisto.runtime.collector import OutputCollector
+from themisto.vocabulary import CellStatus
+
+# After an interrupt, how long the cell gets to end before the kernel is restarted.
+INTERRUPT_GRACE_S = 1.5
+# Once a cell has ended within its timeout, how long the user expressions on its request (a snapshot) may take.
+EXPRESSIONS_TIMEOUT_S = 120.0
+# How often the kernel process is checked for life while a cell runs.
+_LIVENESS_PERIOD_S = 0.2
+
+
+@dataclass
+class Outcome:
+    """How one request ended: done (with the kernel's reply), timeout or died, and the cell's closed status."""
+
+    kind: str  # done | timeout | died
+    reply: dict | None
+    duration_s: float
+    status: CellStatus = "ok"
+    ename: str | None = None
+    evalue: str | None = None
+    restarted: bool = False
+
+
+class KernelRequests:
+    """Requests and their watchdog; they use the session's `_kc`, `limits`, `alive`, `interrupt`, `_process` and
+    `_restart_now`."""
+
+    async def _request(self, code: str, collector: OutputCollector, timeout: float | None, *, silent: bool,
+                       user_expressions: dict | None, metadata: dict | None = None) -> Outcome:
+        await self._drain_iopub()
+        timeout = self.limits.cell_timeout_s if timeout is None else timeout
+        started = time.monotonic()
+        # jupyter_client's `execute`, with the message's metadata (which it cannot set)
+        content = {"code": code, "silent": silent, "store_history": not silent,
+                   "user_expressions": dict(user_expressions or {}), "allow_stdin": False, "stop_on_error": False}
+        request = self._kc.session.msg("execute_request", content, metadata=dict(metadata or {}))
+        self._kc.shell_channel.send(request)
+        msg_id = request["header"]["msg_id"]
+        # A silent request's expressions are its work (an agent call): its timeout times them. A cell's times the cell.
+        wait = _Wait(msg_id, expressions_s=EXPRESSIONS_TIMEOUT_S if user_expressions and not silent else 0.0)
+        kind = await self._wait(wait, started + timeout, collector, extend=not silent)
+        in_time = not silent and wait.cell_done is not None and wait.cell_done <= started + timeout
+        outcome = Outcome(kind=kind, reply=wait.reply, duration_s=(wait.cell_done or time.monotonic()) - started)
+        if kind == "done":
+            outcome.status = "ok" if (wait.reply or {}).get("status") == "ok" else "error"
+            return outcome
+        interrupted = kind == "deadline"
+        if interrupted:
+            self.interrupt()
+            kind = await self._wait(wait, time.monotonic() + INTERRUPT_GRACE_S, collector, extend=False)
+            outcome.reply = wait.reply
+        if kind == "done" and in_time:  # the snapshot ran long, not the cell: the cell's own outcome stands
+            outcome.status = "ok" if (wait.reply or {}).get("status") == "ok" else "error"
+        elif kind == "done":
+            outcome.kind, outcome.status, outcome.ename = "timeout", "timeout", "CellTimeout"
+            outcome.evalue = f"the cell ran past its {timeout:g} s timeout; interrupted, state kept"
+        elif kind == "deadline" and not in_time:
+            await self._restart_now()
+            outcome.kind, outcome.status, outcome.ename, outcome.restarted = "timeout", "timeout", "CellTimeout", True
+            outcome.evalue = (f"the cell ran past its {timeout:g} s timeout and ignored the interrupt; "
+                              "kernel restarted after timeout, state lost")
+        else:  # it died (perhaps of the interrupt), or what hung was the snapshot after a cell that ended in time
+            outcome.kind, outcome.status, outcome.ename = "died", "kernel_died", "KernelDied"
+            outcome.evalue = await self._replace_dead_kernel(timeout if interrupted else None, in_time)
+            outcome.restarted = True
+        return outcome
+
+    async def _replace_dead_kernel(self, interrupted_after: float | None, in_time: bool) -> str:
+        """Restart a kernel that died (or hung past the interrupt after its cell ended), once; why, for `evalue`."""
+        process = self._process()
+        code_ = process.poll() if process is not None else None
+        await self._restart_now()
+        if code_ is None and in_time:
+            return ("the user expressions after the cell (a snapshot) ignored the interrupt; a fresh kernel was "
+                    "started, state lost")
+        when = "" if interrupted_after is None else f" when interrupted after its {interrupted_after:g} s timeout"
+        return f"the kernel died{when} (exit status {code_}); a fresh kernel was started, state lost"
+
+    async def _wait(self, wait: _Wait, deadline: float, collector: OutputCollector, *, extend: bool) -> str:
+        """Read messages of `wait.msg_id` until its reply and idle status arrive ("done"), the deadline passes
+        ("deadline") or the kernel dies ("died"). With `extend`, a cell that ended before the deadline gives its
+        user expressions `wait.expressions_s` more."""
+        import zmq
+        import zmq.asyncio
+
+        iopub = self._kc.iopub_channel.socket
+        shell = self._kc.shell_channel.socket
+        poller = zmq.asyncio.Poller()
+        poller.register(iopub, zmq.POLLIN)
+        poller.register(shell, zmq.POLLIN)
+        last_check = time.monotonic()
+        while not (wait.idle and wait.reply is not None):
+            now = time.monotonic()
+            limit = deadline
+            if extend and wait.cell_done is not None and wait.cell_done <= deadline:
+                limit = max(deadline, wait.cell_done + wait.expressions_s)
+            if now >= limit:
+                return "deadline"
+            events = dict(await poller.poll(int(min(limit - now, _LIVENESS_PERIOD_S) * 1000) + 1))
+            if iopub in events:
+                await self._read_iopub(wait, collector)
+            if shell in events:
+                msg = await self._kc.shell_channel.get_msg(timeout=0)
+                if msg.get("parent_header", {}).get("msg_id") == wait.msg_id:
+                    wait.reply = msg["content"]
+            if time.monotonic() - last_check >= _LIVENESS_PERIOD_S or not events:
+                last_check = time.monotonic()
+                if not self.alive:
+                    await self._read_iopub(wait, collector)
+                    return "died"
+        return "done"
+
+    async def _read_iopub(self, wait: _Wait | None, collector: OutputCollector | None, limit: int = 1000) -> None:
+        """Read the iopub messages ready now (at most `limit`), without decoding any content over the output cap."""
+        kc = self._kc
+        socket = kc.iopub_channel.socket
+        session = kc.session
+        cap = self.limits.output_bytes + 65536
+        for _ in range(limit):
+            if not await socket.poll(0):
+                return
+            frames = await socket.recv_multipart()
+            _, msg_list = session.feed_identities(frames)
+            try:
+                msg = session.deserialize(msg_list, content=False)
+            except (ValueError, TypeError):
+                continue  # unsigned or malformed: not from our kernel
+            if wait is None or collector is None or msg["parent_header"].get("msg_id") != wait.msg_id:
+                continue
+            raw = msg["content"]
+            raw = raw.bytes if hasattr(raw, "bytes") else bytes(raw)
+            msg_type = msg["msg_type"]
+            if len(raw) > cap:
+                # Decoding a 200 MB message would copy it several times over; keep a prefix of a stream's text.
+                collector.add_oversized(msg_type, raw)
+                continue
+            if msg_type == kernel_launcher.CELL_DONE_MSG:
+                wait.cell_done = wait.cell_done or time.monotonic()
+                continue
+            content = session.unpack(raw)
+            if msg_type == "status":
+                if content.get("execution_state") == "idle":
+                    wait.idle = True
+            else:
+                collector.add(msg_type, content)
+
+    async def _drain_iopub(self) -> None:
+        if self._kc is not None:
+            await self._read_iopub(None, None, limit=100_000)
+
+
+@dataclass
+class _Wait:
+    msg_id: str
+    reply: dict | None = None
+    idle: bool = False
+    cell_done: float | None = None  # when the kernel said the cell itself ended (before its user expressions)
+    expressions_s: float = 0.0  # how long the user expressions may take once the cell ended in time
