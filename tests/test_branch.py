@@ -163,7 +163,8 @@ def test_run_in_branch_gives_the_bounded_output_status_and_whether_the_state_cha
     flood = run_in_branch(session, "print('x' * 5000)", output_bytes=1000)
     assert flood.truncated and sum(len(o.get("text", "")) for o in flood.outputs) < 2000
     slow = run_in_branch(session, "import time\ntime.sleep(30)", timeout_s=0.5)
-    assert slow.status == "timeout" and slow.changed_state is False  # cut by its own timer, then hashed
+    # cut by its own timer, then hashed (False); or, on a loaded machine, killed before it could report (None)
+    assert slow.status == "timeout" and slow.changed_state is not True
     gone = run_in_branch(session, "import os\nos._exit(3)")
     assert gone.status == "kernel_died" and gone.changed_state is None  # no state left to compare
     failed = run_in_branch(session, "1/0")
