@@ -9,6 +9,7 @@ import datasets
 import pytest
 
 from themisto.generation.baselines import BASELINES, baseline_prediction, baselines_for, last_repr
+from themisto.generation.budget import Kept
 from themisto.generation.prompts import (
     CONTEXT_MODES,
     PROMPT_TEMPLATES,
@@ -81,30 +82,34 @@ def test_templates_are_recorded_with_their_sha256():
 
 def test_budget_drops_the_oldest_history_first(rows):
     row = max(rows["next_cell"], key=lambda r: len(r["history"]))
-    whole = render_prompt(row, "next_cell", "variables", count_tokens=_words, max_prompt_tokens=10_000)
-    assert whole.trimmed == {} and whole.skipped_reason is None
+    total = len(row["history"])
+    whole = render_prompt(row, "next_cell", "none", count_tokens=_words, max_prompt_tokens=10_000)
+    assert whole.kept == Kept(total, total, None, None, None, 0) and whole.skipped_reason is None
     budget = whole.tokens - 15
-    cut = render_prompt(row, "next_cell", "variables", count_tokens=_words, max_prompt_tokens=budget)
-    assert cut.skipped_reason is None and cut.tokens <= budget
-    assert cut.trimmed["history_dropped"] >= 1 and cut.trimmed["repr_chars"] is None
-    kept = row["history"][cut.trimmed["history_dropped"]:]
+    cut = render_prompt(row, "next_cell", "none", count_tokens=_words, max_prompt_tokens=budget)
+    shown = cut.kept.history_shown
+    assert cut.skipped_reason is None and cut.tokens <= budget and 1 <= shown < total
     text = _user(cut)
-    assert all(c["code"] in text for c in kept if c["code"])
-    assert f"# Cell {cut.trimmed['history_dropped'] + 1}\n" in text and "# Cell 1\n" not in text
+    assert all(c["code"] in text for c in row["history"][-shown:] if c["code"])
+    assert f"# Cell {total - shown + 1}\n" in text and "# Cell 1\n" not in text
     # the fewest cells go: one more cell would not fit
-    assert _words(messages_text(render_prompt(row, "next_cell", "variables").messages)) > budget
+    one_more = {**row, "history": row["history"][-(shown + 1):]}
+    assert _words(messages_text(render_prompt(one_more, "next_cell", "none").messages)) > budget
 
 
-def test_budget_then_trims_reprs_and_skips_when_nothing_fits(rows):
-    row = next(r for r in rows["output_prediction"] if r["variables_before"])
+def test_budget_cuts_reprs_first_and_skips_only_when_the_cell_alone_is_too_long(rows):
+    row = next(r for r in rows["output_prediction"] if len(r["variables_before"]) >= 3)
+    total = len(row["variables_before"])
     no_history = {**row, "history": []}
     base = render_prompt(no_history, "output_prediction", "variables", count_tokens=len, max_prompt_tokens=10**6)
     trimmed = render_prompt(row, "output_prediction", "variables", count_tokens=len,
                             max_prompt_tokens=base.tokens - 20)
-    assert trimmed.trimmed["history_kept"] == 0 and trimmed.trimmed["repr_chars"] is not None
-    assert trimmed.skipped_reason is None
+    assert trimmed.skipped_reason is None and trimmed.tokens <= base.tokens - 20
+    assert trimmed.kept.variables_shown == total and trimmed.kept.repr_chars is not None
+    assert trimmed.kept.reprs_cut >= 1 and trimmed.kept.variables_total == total
     tiny = render_prompt(row, "output_prediction", "full", count_tokens=len, max_prompt_tokens=50)
     assert tiny.skipped_reason and "over budget" in tiny.skipped_reason and "(budget 50)" in tiny.skipped_reason
+    assert tiny.kept is None
     # the instruction and the target's own cell are never trimmed
     assert row["code"] in _user(tiny) and "Predict the exact output" in _user(tiny)
 

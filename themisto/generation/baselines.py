@@ -6,20 +6,16 @@ output_prediction: the previous cell's output, or the repr of the variable the c
 
 from __future__ import annotations
 
-import ast
-import io
-import re
-import tokenize
 from collections import Counter
 
 from themisto.errors import InputError
+from themisto.generation.variable_ranking import names_in_order
 
 BASELINES: tuple[str, ...] = ("previous-cell", "common-cell", "previous-output", "last-repr")
 _FOR_TASK: dict[str, tuple[str, ...]] = {
     "next_cell": ("previous-cell", "common-cell"),
     "output_prediction": ("previous-output", "last-repr"),
 }
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class BaselineError(InputError):
@@ -59,24 +55,10 @@ def previous_output(row: dict) -> str:
     return (history[-1].get("output") or "") if history else ""
 
 
-def _names_in_order(code: str) -> list[str]:
-    """Identifiers as they appear in the source: from the AST where it parses, else from its tokens or text."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        try:
-            return [t.string for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.NAME]
-        except (tokenize.TokenError, IndentationError, SyntaxError):
-            return _IDENTIFIER.findall(code)
-    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
-    nodes.sort(key=lambda n: (n.lineno, n.col_offset))
-    return [n.id for n in nodes]
-
-
 def last_repr(row: dict) -> str:
     """The repr of the last variable (known before the cell) that the cell's code names."""
     reprs = {v.get("name"): v.get("repr") or "" for v in row.get("variables_before") or []}
-    for name in reversed(_names_in_order(row.get("code") or "")):
+    for name in reversed(names_in_order(row.get("code") or "")):
         if name in reprs:
             return reprs[name]
     return ""

@@ -1,8 +1,9 @@
 """Chat prompts for the two tasks, with named runtime-context modes, a token budget, and answer extraction.
 
 `none` shows the cells and their outputs (the paper's baseline), `variables` adds the snapshot before the target
-(names, types, shapes, bounded reprs), `full` adds memory, execution times, errors and restarts. Every template
-lives in `PROMPT_TEMPLATES`; a run records each template's text and sha256.
+(names, types, shapes, bounded reprs, the most relevant variables first), `full` adds memory, execution times,
+errors and restarts. Every template lives in `PROMPT_TEMPLATES`, the budget's rule (`themisto.generation.budget`)
+written into its text; a run records each template's text and sha256.
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from themisto.errors import InputError
+from themisto.generation.budget import WHOLE_FIELDS, Cut, Fields, Kept, budget_rule, fit
+from themisto.generation.variable_ranking import rank_variables
 from themisto.vocabulary import CONTEXT_MODES, TASKS
-
-# Reprs as the prompt shows them before any budget trimming; then these shorter limits in turn (0: no repr).
-REPR_CHARS = 400
-REPR_TRIM_STEPS: tuple[int, ...] = (120, 40, 0)
 
 SYSTEM = "You are an expert Python data scientist working in a Jupyter notebook."
 
@@ -25,8 +24,9 @@ _HISTORY_INTRO = "The cells a developer executed in a Jupyter notebook, oldest f
 _NO_HISTORY = "(no earlier cells are shown)"
 _RUNTIME_INTRO = {
     "none": "",
-    "variables": "Runtime state before the next cell: the user's variables (name, type, shape, repr).",
-    "full": ("Runtime state before the next cell: memory in use, and the user's variables "
+    "variables": "Runtime state before the next cell: the user's variables, most relevant first (name, type, shape, "
+                 "repr).",
+    "full": ("Runtime state before the next cell: memory in use, and the user's variables, most relevant first "
              "(name, type, shape, size, repr). Cell headers show status, execution time and kernel restarts."),
 }
 _INSTRUCTION = {
@@ -40,12 +40,13 @@ _USER = "{history_intro}\n\n{history}\n\n{runtime}{target}{instruction}"
 
 
 def _template_text(task: str, context: str) -> str:
-    """The full template of one (task, context): system message, user layout and the fixed texts it fills in."""
+    """The full template of one (task, context): system message, user layout and the fixed texts it fills in, and
+    the budget's rule (not sent: it says how an over-long prompt was cut)."""
     runtime = f"{_RUNTIME_INTRO[context]}\n{{runtime}}\n\n" if context != "none" else ""
     target = _TARGET_CELL + "\n\n" if task == "output_prediction" else ""
     user = _USER.format(history_intro=_HISTORY_INTRO, history="{history}", runtime=runtime, target=target,
                         instruction=_INSTRUCTION[task])
-    return f"[system]\n{SYSTEM}\n[user]\n{user}\n"
+    return f"[system]\n{SYSTEM}\n[user]\n{user}\n[budget]\n{budget_rule(context != 'none')}\n"
 
 
 PROMPT_TEMPLATES: dict[tuple[str, str], str] = {
@@ -71,11 +72,11 @@ def template_sha256(task: str, context: str) -> str:
 
 @dataclass
 class Prompt:
-    """Chat messages for one example and context mode, what the budget dropped, and why it was skipped (if)."""
+    """Chat messages for one example and context mode, what they kept of the row, and why it was skipped (if)."""
 
     messages: list[dict]
     template_sha256: str
-    trimmed: dict = field(default_factory=dict)
+    kept: Kept | None = None  # None: skipped, the model sees nothing
     skipped_reason: str | None = None
     id: str | None = None
     context: str | None = None
@@ -123,7 +124,7 @@ def _bounded(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def _render_variable(var: dict, repr_chars: int, full: bool) -> str:
+def _render_variable(var: dict, fields: Fields, full: bool) -> str:
     facts = [var.get("type") or "unknown type"]
     if var.get("shape"):
         facts.append(f"shape ({', '.join(str(s) for s in var['shape'])}{',' if len(var['shape']) == 1 else ''})")
@@ -131,36 +132,44 @@ def _render_variable(var: dict, repr_chars: int, full: bool) -> str:
         facts.append(f"len {var['len']}")
     if var.get("dtype"):
         facts.append(f"dtype {var['dtype']}")
-    if var.get("columns"):
-        facts.append("columns [" + ", ".join(var["columns"][:30]) + (", ..." if len(var["columns"]) > 30 else "")
-                     + "]")
+    columns = var.get("columns") or []
+    if columns and fields.columns:
+        facts.append("columns [" + ", ".join(columns[:fields.columns]) + (", ..." if len(columns) > fields.columns
+                                                                           else "") + "]")
+    elif columns:
+        facts.append(f"{len(columns)} columns")
     if full and var.get("size") is not None:
         facts.append(_human_bytes(var["size"]))
     line = f"- {var.get('name')}: {'; '.join(facts)}"
-    if repr_chars > 0 and var.get("repr"):
-        line += "\n  " + _bounded(var["repr"], repr_chars).replace("\n", "\n  ")
+    if fields.repr_chars > 0 and var.get("repr"):
+        line += "\n  " + _bounded(var["repr"], fields.repr_chars).replace("\n", "\n  ")
     return line
 
 
-def _render_runtime(row: dict, context: str, repr_chars: int) -> str:
+def _render_runtime(row: dict, context: str, variables: list[dict], cut: Cut) -> str:
     full = context == "full"
     lines = []
     if full:
         lines.append(f"memory in use: {_human_bytes(row.get('memory_bytes_before'))}")
         if row.get("restarted_before"):
             lines.append("the kernel was restarted just before the next cell")
-    variables = row.get("variables_before") or []
-    lines += [_render_variable(v, repr_chars, full) for v in variables] or ["(no user variables)"]
+    lines += [_render_variable(v, cut.fields, full) for v in variables[:cut.variables]]
+    hidden = len(variables) - cut.variables
+    if not variables:
+        lines.append("(no user variables)")
+    elif hidden:
+        lines.append(f"(and {hidden} more variable{'s' if hidden > 1 else ''}, ranked lower, not shown)")
     return "\n".join(lines)
 
 
-def _render_user(row: dict, task: str, context: str, history: list[dict], first_number: int,
-                 repr_chars: int) -> str:
+def _render_user(row: dict, task: str, context: str, variables: list[dict], cut: Cut) -> str:
     full = context == "full"
-    cells = "\n\n".join(_render_cell(c, first_number + i, full) for i, c in enumerate(history)) or _NO_HISTORY
+    history = list(row.get("history") or [])
+    first = len(history) - cut.history
+    cells = "\n\n".join(_render_cell(c, first + 1 + i, full) for i, c in enumerate(history[first:])) or _NO_HISTORY
     runtime = ""
     if context != "none":
-        runtime = f"{_RUNTIME_INTRO[context]}\n{_render_runtime(row, context, repr_chars)}\n\n"
+        runtime = f"{_RUNTIME_INTRO[context]}\n{_render_runtime(row, context, variables, cut)}\n\n"
     target = _TARGET_CELL.format(code=row.get("code") or "") + "\n\n" if task == "output_prediction" else ""
     return _USER.format(history_intro=_HISTORY_INTRO, history=cells, runtime=runtime, target=target,
                         instruction=_INSTRUCTION[task])
@@ -184,55 +193,46 @@ def approx_tokens(text: str) -> int:
 # The budget
 
 
+def _kept(row: dict, context: str, variables: list[dict], cut: Cut) -> Kept:
+    runtime = context != "none"
+    shown = variables[:cut.variables]
+    limit = cut.fields.repr_chars if runtime and cut.fields != WHOLE_FIELDS else None
+    reprs_cut = 0 if limit is None else sum(len(v.get("repr") or "") > limit for v in shown)
+    return Kept(history_shown=cut.history, history_total=len(row.get("history") or []),
+                variables_shown=cut.variables if runtime else None,
+                variables_total=len(variables) if runtime else None, repr_chars=limit, reprs_cut=reprs_cut)
+
+
 def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[[str], int] | None = None,
                   max_prompt_tokens: int | None = None) -> Prompt:
-    """Render one row as chat messages; over `max_prompt_tokens`, drop the oldest history, then trim reprs."""
+    """Render one row as chat messages; over `max_prompt_tokens`, cut the history and the runtime section by the
+    budget's rule (`themisto.generation.budget`), counting with `count_tokens` (default: `approx_tokens`)."""
     check_task_context(task, context)
     if task == "output_prediction" and "code" not in row:
         raise PromptError(f"row {row.get('id')}: an output_prediction row needs the cell's `code`")
-    history = list(row.get("history") or [])
-    sha = template_sha256(task, context)
+    variables = rank_variables(row, task) if context != "none" else []
+    history = len(row.get("history") or [])
 
-    def render(dropped: int, repr_chars: int) -> list[dict]:
-        return _messages(_render_user(row, task, context, history[dropped:], dropped + 1, repr_chars))
+    def messages(cut: Cut) -> list[dict]:
+        return _messages(_render_user(row, task, context, variables, cut))
 
-    def prompt(messages: list[dict], trimmed: dict, reason: str | None, tokens: int | None) -> Prompt:
-        return Prompt(messages, sha, trimmed, reason, row.get("id"), context, tokens, task, row)
+    def prompt(cut: Cut | None, tokens: int | None, reason: str | None = None) -> Prompt:
+        shown = cut or Cut(0, 0)
+        return Prompt(messages(shown), template_sha256(task, context),
+                      _kept(row, context, variables, cut) if cut else None, reason, row.get("id"), context, tokens,
+                      task, row)
 
+    whole = Cut(history, len(variables))
     if max_prompt_tokens is None:
-        return prompt(render(0, REPR_CHARS), {}, None, count_tokens(messages_text(render(0, REPR_CHARS)))
-                      if count_tokens else None)
+        return prompt(whole, count_tokens(messages_text(messages(whole))) if count_tokens else None)
     count = count_tokens or approx_tokens
-
-    def tokens(dropped: int, repr_chars: int) -> int:
-        return count(messages_text(render(dropped, repr_chars)))
-
-    n = tokens(0, REPR_CHARS)
-    if n <= max_prompt_tokens:
-        return prompt(render(0, REPR_CHARS), {}, None, n)
-    # Fewest dropped cells that fit: the count only falls as cells go, so a binary search needs log2(10) counts.
-    low, high = min(1, len(history)), len(history)
-    while low < high:
-        mid = (low + high) // 2
-        if tokens(mid, REPR_CHARS) <= max_prompt_tokens:
-            high = mid
-        else:
-            low = mid + 1
-    dropped, repr_chars = low, REPR_CHARS
-    n = tokens(dropped, repr_chars)
-    for limit in REPR_TRIM_STEPS if context != "none" else ():
-        if n <= max_prompt_tokens:
-            break
-        repr_chars = limit
-        n = tokens(dropped, repr_chars)
-    trimmed = {"history_dropped": dropped, "history_kept": len(history) - dropped,
-               "repr_chars": repr_chars if repr_chars != REPR_CHARS else None}
-    reason = None
-    if n > max_prompt_tokens:
-        reprs = " and every repr" if context != "none" else ""
-        reason = (f"prompt over budget: {n} tokens after dropping all {len(history)} history cells{reprs} "
-                  f"(budget {max_prompt_tokens})")
-    return prompt(render(dropped, repr_chars), trimmed, reason, n)
+    chosen = fit(lambda cut: count(messages_text(messages(cut))), max_prompt_tokens, history,
+                 len(variables) if context != "none" else None)
+    if chosen.cut is None:
+        section = " and no variable" if context != "none" else ""
+        return prompt(None, chosen.tokens, f"prompt over budget: {chosen.tokens} tokens with no history cell{section} "
+                                           f"shown (budget {max_prompt_tokens})")
+    return prompt(chosen.cut, chosen.tokens)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The release as a run reads it: its content hash, one task's test rows, checked for what the context modes need."""
+"""The release as a run reads it: its content hash, one task's test rows, checked for what the context modes need,
+and joined with what the trajectories config knows (when each variable last changed; each cell's execution time)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,48 @@ def spread(rows: list[dict], limit: int | None) -> list[dict]:
     return [rows[i * len(rows) // limit] for i in range(limit)]
 
 
-def _with_execution_times(info: ReleaseInfo, rows: list[dict], split: str = BENCHMARK_SPLIT) -> list[dict]:
-    """History cells gain their execution time from the trajectories config (task rows do not carry it)."""
+def _change_steps(steps: list[dict], wanted: set[int]) -> dict[int, dict[str, int]]:
+    """For each step in `wanted`, when each variable of its snapshot last changed: the latest step at or before it
+    whose snapshot gave the name another hash than the step before (or first had it)."""
+    last_hash: dict[str, str | None] = {}
+    changed: dict[str, int] = {}
+    out: dict[int, dict[str, int]] = {}
+    for step in sorted(steps, key=lambda r: r["step"]):
+        now = {v["name"]: v.get("hash") for v in step.get("variables") or []}
+        for name in set(last_hash) - set(now):  # gone (a restart, a `del`): back later, it is new again
+            del last_hash[name], changed[name]
+        for name, digest in now.items():
+            if name not in last_hash or last_hash[name] != digest:
+                last_hash[name], changed[name] = digest, step["step"]
+        if step["step"] in wanted:
+            out[step["step"]] = dict(changed)
+    return out
+
+
+def _joined(info: ReleaseInfo, rows: list[dict], split: str, times: bool) -> list[dict]:
+    """Rows with what the trajectories config knows and task rows do not carry: each snapshot variable's
+    `changed_step` (the variable ranking's "most recently changed") and, with `times`, each history cell's
+    `execution_time`. A release without the trajectories config gives the rows as they are."""
     if not info.has(TRAJECTORIES, split):
         return rows
-    times = {(r["kernel_id"], r["step"]): r["execution_time"]
-             for r in info.rows(TRAJECTORIES, split, columns=["kernel_id", "step", "execution_time"])}
-    return [{**row, "history": [{**cell, "execution_time": times.get((row["kernel_id"], cell["step"]))}
-                                for cell in row["history"] or []]} for row in rows]
+    by_kernel: dict[str, list[dict]] = {}
+    for step in info.rows(TRAJECTORIES, split, columns=["kernel_id", "step", "execution_time", "variables"]):
+        by_kernel.setdefault(step["kernel_id"], []).append(step)
+    wanted: dict[str, set[int]] = {}
+    for row in rows:
+        wanted.setdefault(row["kernel_id"], set()).add(row["step"] - 1)
+    changes = {k: _change_steps(by_kernel.get(k, []), steps) for k, steps in wanted.items()}
+    clock = {(k, r["step"]): r["execution_time"] for k, steps in by_kernel.items() for r in steps} if times else {}
+    out = []
+    for row in rows:
+        changed = changes[row["kernel_id"]].get(row["step"] - 1, {})
+        row = {**row, "variables_before": [{**v, "changed_step": changed.get(v["name"])}
+                                           for v in row.get("variables_before") or []]}
+        if times:
+            row["history"] = [{**cell, "execution_time": clock.get((row["kernel_id"], cell["step"]))}
+                              for cell in row.get("history") or []]
+        out.append(row)
+    return out
 
 
 def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, limit: int | None = None,
@@ -45,4 +80,4 @@ def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, l
     if runtime and rows and not any(row.get("variables_before") for row in rows):
         raise ReleaseError(f"{info.path}: context mode {runtime[0]} needs runtime snapshots, and no {task} row "
                            f"has any (variables_before is empty everywhere); use --context none")
-    return _with_execution_times(info, rows, split) if "full" in contexts else rows
+    return _joined(info, rows, split, times="full" in contexts) if runtime else rows

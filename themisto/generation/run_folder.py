@@ -21,6 +21,7 @@ from typing import Any, Collection
 
 from themisto.bounded import Bounds, iter_json_lines, read_json
 from themisto.errors import InputError
+from themisto.generation.budget import Kept
 from themisto.resume import LineWriter
 from themisto.vocabulary import CONTEXT_MODES, GENERATION_STATUSES, TASKS, GenerationStatus
 
@@ -69,6 +70,9 @@ class Generation:
     context: str = ""
     sample: int = 0
     prediction: str = ""
+    # What the prompt showed of its row (`themisto.generation.budget.Kept` as a dict); None where it was skipped or
+    # the run predates the field.
+    kept: dict | None = None
 
     def to_dict(self) -> dict:
         """The line's JSON object: where it belongs first, then the rest in field order."""
@@ -111,7 +115,8 @@ class Generation:
 
 _PLACE = ("id", "task", "context", "sample", "prediction")
 _OPTIONAL = (("raw", _optional(str), "a string"), ("reason", _optional(str), "a string"),
-             ("tokens_in", _optional(int), "an integer"), ("tokens_out", _optional(int), "an integer"))
+             ("tokens_in", _optional(int), "an integer"), ("tokens_out", _optional(int), "an integer"),
+             ("kept", Kept.valid, "an object of counts"))
 RECORD_KEYS: tuple[str, ...] = tuple(Generation().to_dict())
 
 

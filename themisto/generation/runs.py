@@ -143,7 +143,8 @@ def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_
     """The backend's generation placed: its example, context and sample, and the answer taken from its text."""
     ok = generation.status == "ok"
     prediction = (generation.raw if raw_is_answer else extract_answer(generation.raw, task)) if ok else ""
-    return replace(generation, id=prompt.id, task=task, context=prompt.context, sample=sample, prediction=prediction)
+    return replace(generation, id=prompt.id, task=task, context=prompt.context, sample=sample, prediction=prediction,
+                   kept=prompt.kept.to_dict() if prompt.kept else None)
 
 
 def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
