@@ -83,7 +83,19 @@ def test_skipped_generations_are_counted_per_context(board):
     assert _row(none, HOSTILE_MODEL)["answered"] == {"generations": n, "unanswered": 3}
     assert _row(variables, HOSTILE_MODEL)["answered"] == {"generations": n, "unanswered": 0}
     assert _row(none, "common-cell")["answered"] is None  # computed by the board, not submitted
-    assert f"| 3/{n} |" in (folder / "leaderboard.md").read_text()
+    markdown = (folder / "leaderboard.md").read_text()
+    assert f"| 3/{n} |" in markdown
+    # the paired effect twice: over every example (the three skips scored 0), and like with like without them
+    hostile = _row(variables, HOSTILE_MODEL)
+    assert hostile["effect"]["n"] == n and "unanswered" not in hostile["effect"]
+    assert hostile["effect_generated"]["n"] == n - 3
+    assert hostile["effect_generated"]["unanswered"] == {"variables": 0, "none": 3}
+    assert "vs none, all (skips as 0) | Δ exact_match vs none, both generated (n) |" in markdown
+    assert f"{hostile['effect_generated']['diff']:+.3f} [" in markdown and f"(n={n - 3}) |" in markdown
+    rows = [r for r in csv.DictReader((folder / "leaderboard.csv").open())
+            if r["context"] == "variables" and r["metric"] == "exact_match" and r["subset"] == "all"
+            and r["kind"] == "model" and r["task"] == "next_cell" and r["n_both_generated"]]
+    assert {int(r["n_both_generated"]) for r in rows} == {n, n - 3}
 
 
 def test_every_board_file_is_written(board):

@@ -40,9 +40,10 @@ def repeat_release(tmp_path_factory) -> Path:
 
 
 def write_run(folder: Path, release: Path, task: str, predict, *, contexts=("none", "variables"), samples=1,
-              skip=()) -> Path:
-    """A run folder as `themisto generate` writes it; `predict(row, context, sample)` gives each prediction and
-    the (id, context, sample) keys in `skip` are recorded as skipped over the prompt budget."""
+              skip=(), kept=None) -> Path:
+    """A run folder as `themisto generate` writes it; `predict(row, context, sample)` gives each prediction, the
+    (id, context, sample) keys in `skip` are recorded as skipped over the prompt budget, and `kept(row, context)`
+    what each prompt that was sent kept."""
     rows = sorted(load_release(release, task).task_rows.values(), key=lambda r: (r["kernel_id"], r["step"]))
     folder.mkdir(parents=True)
     meta = {"format": 1, "task": task, "contexts": list(contexts), "backend": "baseline", "model": "test-model",
@@ -58,7 +59,8 @@ def write_run(folder: Path, release: Path, task: str, predict, *, contexts=("non
                     fh.write(json.dumps({"id": row["id"], "task": task, "context": context, "sample": sample,
                                          "prediction": text, "raw": text, "status": "skipped" if skipped else "ok",
                                          "reason": "prompt over budget" if skipped else None, "tokens_in": None,
-                                         "tokens_out": None}) + "\n")
+                                         "tokens_out": None,
+                                         "kept": kept(row, context) if kept and not skipped else None}) + "\n")
     return folder
 
 
@@ -94,8 +96,35 @@ def next_cell_run(repeat_release, tmp_path_factory):
                                                                                                r["step"]))
     skipped = (rows[3]["id"], "variables", 0)
     folder = write_run(tmp_path_factory.mktemp("runs") / "nc", repeat_release, "next_cell",
-                       _first_baseline("next_cell"), samples=2, skip={skipped})
+                       _first_baseline("next_cell"), samples=2, skip={skipped}, kept=_kept)
     return folder, rows, skipped, score_run(folder)
+
+
+def _kept(row, context):
+    """Every prompt shows its whole history but `variables` only half of it, and the first two variables."""
+    total, count = len(row["history"]), len(row["variables_before"])
+    if context == "none":
+        return {"history_shown": total, "history_total": total, "variables_shown": None, "variables_total": None,
+                "repr_chars": None, "reprs_cut": 0}
+    return {"history_shown": total // 2, "history_total": total, "variables_shown": min(2, count),
+            "variables_total": count, "repr_chars": 40, "reprs_cut": 1}
+
+
+def test_results_give_what_the_prompts_kept_per_context(next_cell_run):
+    folder, rows, skipped, results = next_cell_run
+    by_context = {k["context"]: k for k in results["kept"]}
+    assert by_context["none"] == {"context": "none", "prompts": len(rows), "skipped": 0, "history_shown": 1.0,
+                                  "variables_shown": None, "reprs_cut": 0.0, "recorded": True}
+    sent = [r for r in rows if r["id"] != skipped[0]]
+    variables = by_context["variables"]
+    assert variables["prompts"] == len(rows) and variables["skipped"] == 1 and variables["reprs_cut"] == 1.0
+    halves = [(len(r["history"]) // 2) / len(r["history"]) for r in sent if r["history"]]
+    assert variables["history_shown"] == pytest.approx(sum(halves) / len(halves), abs=1e-4)
+    shares = [min(2, len(r["variables_before"])) / len(r["variables_before"]) for r in sent if r["variables_before"]]
+    assert variables["variables_shown"] == pytest.approx(sum(shares) / len(shares), abs=1e-4)
+    assert variables["variables_shown"] < 1
+    table = (folder / "results.md").read_text()
+    assert "| variables | " + str(len(rows)) + " | 1 | " in table and "What the prompts kept" in table
 
 
 def test_results_carry_the_interval_method_hard_subset_and_breakdowns(next_cell_run):
@@ -131,10 +160,25 @@ def test_scores_match_the_predictions_the_run_made(next_cell_run):
                 for r in rows]
     variables = _pick(results["scores"], context="variables", metric="exact_match", subset="all")
     assert variables["mean"] == pytest.approx(sum(expected) / len(rows))
-    effect = _pick(results["paired"], context="variables", versus="none", metric="exact_match", subset="all")
+    effect = _pick(results["paired"], context="variables", versus="none", metric="exact_match", subset="all",
+                   examples="all")
     assert effect["diff"] == pytest.approx(variables["mean"] - none["mean"]) and 0 < effect["low"] <= effect["high"]
+    # like with like: the example whose variables prompt was skipped is left out of the both-generated effect
+    none_scores = [float(_solved_by_a_baseline(r, "next_cell")) for r in rows]
+    kept = [k for k, r in enumerate(rows) if r["id"] != skipped[0]]
+    both = _pick(results["paired"], context="variables", versus="none", metric="exact_match", subset="all",
+                 examples="both_generated")
+    assert both["n"] == len(rows) - 1 and both["unanswered"] == {"variables": 1, "none": 0}
+    assert both["diff"] == pytest.approx(sum(expected[k] - none_scores[k] for k in kept) / len(kept))
+    assert both["diff"] > effect["diff"]  # the skip, scored 0, pulled the all-examples effect down
+    hard_both = _pick(results["paired"], context="variables", metric="exact_match", subset="hard",
+                      examples="both_generated")
+    hard = [not _solved_by_a_baseline(r, "next_cell") for r in rows]
+    assert hard_both["n"] == sum(hard[k] for k in kept)
     assert results["counts"]["skipped"] == {"prompt over budget": 1} and results["counts"]["failed"] == {}
     assert results["counts"]["generations"] == len(rows) * 2 * 2
+    assert results["counts"]["by_context"] == {"none": {"ok": len(rows) * 2, "skipped": 0, "failed": 0},
+                                               "variables": {"ok": len(rows) * 2 - 1, "skipped": 1, "failed": 0}}
 
 
 def test_results_md_is_the_table(next_cell_run):
@@ -142,7 +186,11 @@ def test_results_md_is_the_table(next_cell_run):
     table = (folder / "results.md").read_text()
     assert "percentile block bootstrap (4 trajectories" in table and "**Warning:**" in table
     assert f"| metric | system | all (n={len(rows)}) | hard (n={results['hard_subset']['examples']}) |" in table
-    effect = _pick(results["paired"], context="variables", metric="chrf", subset="all")
+    effect = _pick(results["paired"], context="variables", metric="chrf", subset="all", examples="all")
+    both = _pick(results["paired"], context="variables", metric="chrf", subset="all", examples="both_generated")
+    assert (f"| chrf | variables | {effect['diff']:+.3f} [{effect['low']:+.3f}, {effect['high']:+.3f}] "
+            f"(n={len(rows)}) | {both['diff']:+.3f} [") in table and "| 1 / 0 |" in table
+    assert "Δ all examples, skips as 0" in table and "Δ both generated" in table
     assert "| chrf | model · variables |" in table and f"{effect['diff']:+.3f} [" in table
     assert "| exact_match | baseline · common-cell |" in table and "early (n=" in table
 

@@ -96,7 +96,7 @@ def _row_html(rank: int, row: Row, table: Table) -> str:
                                                                                         "text")]
     cells += [_score_cell(row.values.get(column)) for column in table.columns]
     if table.context != "none":
-        cells.append(_score_cell(row.effect, "diff"))
+        cells += [_score_cell(row.effect, "diff"), _score_cell(row.effect_generated, "diff")]
     cells.append(_cell(unanswered(row), row.answered["unanswered"] if row.answered else None))
     return f'<tr class="{escape(row.kind)}">' + "".join(cells) + "</tr>"
 
@@ -106,7 +106,10 @@ def _table_html(table: Table) -> str:
              '<th class="text" data-type="text">kind</th>']
     heads += [f'<th data-type="num">{escape(column_label(c))}</th>' for c in table.columns]
     if table.context != "none":
-        heads.append(f'<th data-type="num">Δ {escape(table.lead)} vs none</th>')
+        heads += [f'<th data-type="num" title="over every example; a skipped or failed generation scores 0">'
+                  f'Δ {escape(table.lead)} vs none, all</th>',
+                  f'<th data-type="num" title="over the examples where both modes generated: like with like">'
+                  f'Δ {escape(table.lead)} vs none, both generated</th>']
     heads.append('<th data-type="num" title="generations skipped (over the prompt budget) or failed; they score 0">'
                  'skipped or failed</th>')
     rows = "\n".join(_row_html(rank, row, table) for rank, row in enumerate(table.rows, start=1))
@@ -136,7 +139,8 @@ def index_html(board: Board, tables: list[Table], plot_png: bytes | None) -> str
              '</p><p>A submission is predictions, never scores: every number here was computed by the board. '
              '<em>(hard)</em> is the subset of examples no model-free baseline gets right; baselines are rows of '
              'their own (in italics); intervals are 95 %; Δ is the paired difference with context <code>none</code> '
-             'on the same examples.</p>', f'<nav>{nav}</nav></header><main>']
+             'on the same examples: over all of them (a skipped or failed generation scores 0), and over those '
+             'where both modes generated.</p>', f'<nav>{nav}</nav></header><main>']
     parts += [_table_html(table) for table in tables]
     if plot_png:
         data = base64.b64encode(plot_png).decode()

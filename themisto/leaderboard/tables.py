@@ -1,6 +1,7 @@
 """The board as tables: one per task and context mode, models and model-free baselines as rows, each metric's
-overall and hard-subset score with its interval, and the paired effect of runtime context; written as Markdown,
-CSV and JSON (each whole, or not at all)."""
+overall and hard-subset score with its interval, and the paired effect of runtime context (over every example, skips
+scored 0, and over the examples both modes generated); written as Markdown, CSV and JSON (each whole, or not at
+all)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from themisto.leaderboard.board import Board
-from themisto.vocabulary import CONTEXT_MODES, SUBSETS
+from themisto.scoring.results_table import paired_examples
+from themisto.vocabulary import BASELINE_CONTEXT, CONTEXT_MODES, SUBSETS
 
 # The metric a table leads with and sorts by, first one present (functional match needs the execution opt-in).
 LEAD_METRICS: dict[str, tuple[str, ...]] = {"next_cell": ("continuation_match", "functional_match", "exact_match"),
@@ -29,7 +31,10 @@ class Row:
     backend: str
     source: str  # the submission folder, or "computed by the board" for a baseline the board ran itself
     values: dict[str, dict] = field(default_factory=dict)  # "metric/subset" -> {mean, low, high, n}
-    effect: dict | None = None  # the lead metric's paired difference vs context "none": {diff, low, high, n}
+    # The lead metric's paired difference vs context "none", {diff, low, high, n}: over every example (a skipped or
+    # failed generation scored 0), and over the examples both modes generated (like with like; with `unanswered`).
+    effect: dict | None = None
+    effect_generated: dict | None = None
     answered: dict | None = None  # {generations, unanswered}: skipped or failed generations score 0
 
 
@@ -87,18 +92,23 @@ def build_tables(board: Board) -> list[Table]:
         found = {tuple(column.split("/")) for row in rows for column in row.values}
         lead = _lead(task, found)
         for row, entry in zip(rows, entries):  # the submitted rows come first; computed baselines have no pairs
-            row.effect = _effect(entry.results, task, context, lead)
+            row.effect = _effect(entry.results, task, context, lead, "all")
+            row.effect_generated = _effect(entry.results, task, context, lead, "both_generated")
         rows.sort(key=lambda r: (-(r.values.get(f"{lead}/all", {}).get("mean") or 0.0), r.kind, r.model))
         tables.append(Table(task, context, lead, _columns(found), rows))
     return tables
 
 
-def _effect(results: dict, task: str, context: str, metric: str) -> dict | None:
+def _effect(results: dict, task: str, context: str, metric: str, examples: str) -> dict | None:
     for p in results.get("paired", []):
         if (p.get("task", task) == task and p.get("context") == context and p.get("metric") == metric
-                and p.get("subset") == "all" and p.get("versus") == "none"):
+                and p.get("subset") == "all" and p.get("versus") == BASELINE_CONTEXT and paired_examples(p) == examples):
             # The contract names the difference `diff`; run_scores writes it as `mean`: read either.
-            return {"diff": p.get("diff", p.get("mean")), "low": p.get("low"), "high": p.get("high"), "n": p.get("n")}
+            effect = {"diff": p.get("diff", p.get("mean")), "low": p.get("low"), "high": p.get("high"),
+                      "n": p.get("n")}
+            if "unanswered" in p:
+                effect["unanswered"] = p["unanswered"]
+            return effect
     return None
 
 
@@ -130,12 +140,17 @@ def to_markdown(board: Board, tables: list[Table]) -> str:
              "of examples no model-free baseline gets right; intervals are 95 %."]
     for table in tables:
         head = (["#", "model", "kind"] + [column_label(c) for c in table.columns]
-                + [f"Δ {table.lead} vs none", "skipped or failed"])
+                + [f"Δ {table.lead} vs none, all (skips as 0)", f"Δ {table.lead} vs none, both generated (n)",
+                   "skipped or failed"])
         lines += ["", f"## {table.task} · context `{table.context}` (sorted by {table.lead})", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for rank, row in enumerate(table.rows, start=1):
             cells = [str(rank), _md_text(row.model), row.kind] + [fmt(row.values.get(c)) for c in table.columns]
-            cells += [fmt(row.effect, "diff") if table.context != "none" else "–", unanswered(row)]
+            both = row.effect_generated
+            paired = table.context != BASELINE_CONTEXT
+            cells += [fmt(row.effect, "diff") if paired else "–",
+                      f"{fmt(both, 'diff')} (n={both['n']})" if paired and both else "–",
+                      unanswered(row)]
             lines.append("| " + " | ".join(cells) + " |")
     if board.refused:
         lines += ["", "## Refused", ""] + [f"- `{_md_text(r.folder)}`: {_md_text(r.reason)}" for r in board.refused]
@@ -145,7 +160,8 @@ def to_markdown(board: Board, tables: list[Table]) -> str:
 
 
 CSV_FIELDS = ("task", "context", "model", "kind", "backend", "metric", "subset", "mean", "low", "high", "n",
-              "diff_vs_none", "diff_low", "diff_high", "generations", "skipped_or_failed")
+              "diff_vs_none", "diff_low", "diff_high", "diff_both_generated", "diff_both_low", "diff_both_high",
+              "n_both_generated", "generations", "skipped_or_failed")
 
 
 def _csv_text(text: str) -> str:
@@ -165,10 +181,13 @@ def to_csv(tables: list[Table]) -> str:
                 if not value:
                     continue
                 metric, subset = column.split("/")
-                effect = row.effect if (metric == table.lead and subset == "all" and row.effect) else {}
+                lead = metric == table.lead and subset == "all"
+                effect = (row.effect if lead else None) or {}
+                both = (row.effect_generated if lead else None) or {}
                 writer.writerow([table.task, table.context, _csv_text(row.model), row.kind, _csv_text(row.backend),
                                  metric, subset, value["mean"], value["low"], value["high"], value["n"],
                                  effect.get("diff"), effect.get("low"), effect.get("high"),
+                                 both.get("diff"), both.get("low"), both.get("high"), both.get("n"),
                                  *((row.answered or {}).get(k) for k in ("generations", "unanswered"))])
     return out.getvalue()
 

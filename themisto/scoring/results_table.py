@@ -1,5 +1,6 @@
 """The Markdown table of a run's results.json: per metric, each context and baseline with its 95 % interval, the hard
-subset beside all examples, and the paired runtime effect (context − none on the same examples).
+subset beside all examples; the paired runtime effect (context − none on the same examples) over all examples and
+over those both modes generated, with each mode's unanswered examples; what the prompts kept.
 
 >>> print(cell({"mean": 0.25, "low": 0.1, "high": 0.4, "n": 8}), cell({"diff": 0.05, "low": -0.02, "high": 0.1},
 ...       signed=True), cell({"mean": None}))
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from themisto.vocabulary import POSITIONS, SUBSETS
+from themisto.vocabulary import BASELINE_CONTEXT, POSITIONS
 
 
 def cell(entry: dict | None, *, signed: bool = False) -> str:
@@ -60,21 +61,63 @@ def _header(results: dict) -> list[str]:
 def _main_table(results: dict) -> list[str]:
     run = results["run"]
     scores = _index(results["scores"], "context", "metric", "subset")
-    paired = _index(results["paired"], "context", "metric", "subset")
     baselines = _index(results["baselines"], "baseline", "metric", "subset")
     names = list(dict.fromkeys(b["baseline"] for b in results["baselines"]))
     n_all = results["counts"]["examples"]
-    lines = [f"| metric | system | all (n={n_all}) | hard (n={results['hard_subset']['examples']}) "
-             "| Δ vs none, all | Δ vs none, hard |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [f"| metric | system | all (n={n_all}) | hard (n={results['hard_subset']['examples']}) |",
+             "| --- | --- | --- | --- |"]
     for metric in results["metrics"]:
         for context in run["contexts"]:
-            effects = [cell(paired.get((context, metric, s)), signed=True) if context != "none" else ""
-                       for s in SUBSETS]
             lines.append(f"| {metric} | model · {context} | {cell(scores.get((context, metric, 'all')))} | "
-                         f"{cell(scores.get((context, metric, 'hard')))} | {effects[0]} | {effects[1]} |")
+                         f"{cell(scores.get((context, metric, 'hard')))} |")
         for name in names:
             lines.append(f"| {metric} | baseline · {name} | {cell(baselines.get((name, metric, 'all')))} | "
-                         f"{cell(baselines.get((name, metric, 'hard')))} | | |")
+                         f"{cell(baselines.get((name, metric, 'hard')))} |")
+    return lines
+
+
+def paired_examples(entry: dict) -> str:
+    """Which examples a paired entry compares; results written before the both-generated figure mean all of them."""
+    return entry.get("examples", "all")
+
+
+def _with_n(entry: dict | None) -> str:
+    return "–" if not entry or entry.get("diff") is None else f"{cell(entry, signed=True)} (n={entry['n']})"
+
+
+def _paired_table(results: dict) -> list[str]:
+    entries = results["paired"]
+    if not entries:
+        return []
+    index = {(e["context"], e["metric"], e["subset"], paired_examples(e)): e for e in entries}
+    lines = ["", f"Runtime effect, context − {BASELINE_CONTEXT} on the same examples: over every example (a skipped or failed "
+             "generation scored 0), and over the examples where both modes generated (like with like):", "",
+             "| metric | context | Δ all examples, skips as 0 | Δ both generated | Δ hard, both generated "
+             f"| not generated: context / {BASELINE_CONTEXT} |", "| --- | --- | --- | --- | --- | --- |"]
+    for context, metric in dict.fromkeys((e["context"], e["metric"]) for e in entries):
+        both = index.get((context, metric, "all", "both_generated"))
+        missing = (both or {}).get("unanswered") or {}
+        lines.append(f"| {metric} | {context} | {_with_n(index.get((context, metric, 'all', 'all')))} | "
+                     f"{_with_n(both)} | {_with_n(index.get((context, metric, 'hard', 'both_generated')))} | "
+                     f"{missing.get(context, '–')} / {missing.get(BASELINE_CONTEXT, '–')} |")
+    return lines
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def _kept_table(results: dict) -> list[str]:
+    kept = [k for k in results.get("kept") or [] if k.get("recorded")]
+    if not kept:
+        return []
+    lines = ["", "What the prompts kept of their rows' history cells and variables (mean shares over the prompts sent):", "",
+             "| context | prompts | skipped | history cells shown | variables shown | reprs cut per prompt |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for k in kept:
+        cut = "–" if k["reprs_cut"] is None else f"{k['reprs_cut']:.1f}"
+        lines.append(f"| {k['context']} | {k['prompts']} | {k['skipped']} | {_share(k['history_shown'])} | "
+                     f"{_share(k['variables_shown'])} | {cut} |")
     return lines
 
 
@@ -93,7 +136,7 @@ def _breakdown(entries: list[dict], key: str, values: list[str], title: str) -> 
 
 def render_markdown(results: dict) -> str:
     """The whole Markdown report of one run's results."""
-    lines = _header(results) + _main_table(results)
+    lines = _header(results) + _main_table(results) + _paired_table(results) + _kept_table(results)
     breakdown = results["breakdown"]
     lines += _breakdown(breakdown["position"], "position", list(POSITIONS),
                         "By the target's position in its trajectory (all examples):")

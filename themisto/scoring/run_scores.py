@@ -5,7 +5,9 @@ All predictions of a run (every context and sample) and the baselines' predictio
 distinct text once per example, so execution replays each trajectory once. An example is in the **hard subset** when
 no model-free baseline gets it right: for next_cell an exact match (whitespace-normalised), or where executed a
 functional match; for output_prediction an equivalent output (`themisto.scoring.equivalence`, which includes exact
-match). A skipped or failed generation scores 0 on every metric, so all contexts keep the same examples.
+match). A skipped or failed generation scores 0 on every metric, so all contexts keep the same examples; the paired
+runtime effect (context − none) is given twice: over all examples (skips as 0), and over the examples where both
+modes generated every sample (like with like), each mode's unanswered examples beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Callable
 from themisto.generation.run_folder import RunFolder, RunFolderError, find_release, read_run
 from themisto.resume import write_text_atomic
 from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
-from themisto.vocabulary import POSITIONS
+from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS
 
 TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
 # continuation_match first: the headline (metrics/themisto/README.md says why).
@@ -129,12 +131,24 @@ def _entry(interval, **keys) -> dict:
     return {**keys, "mean": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n}
 
 
+def generated(run: RunFolder) -> dict[str, list[bool]]:
+    """Per context, per example: whether every sample of it was generated (none skipped over the budget or failed)."""
+    return {context: [all(g.status == "ok" for g in run.samples_of(i, context)) for i in run.ids]
+            for context in run.contexts}
+
+
+def _paired(task: str, metric: str, subset: str, context: str, examples: str, effect, **extra) -> dict:
+    return {"task": task, "metric": metric, "subset": subset, "context": context, "versus": BASELINE_CONTEXT,
+            "examples": examples, "diff": effect.mean, "low": effect.low, "high": effect.high, "n": effect.n, **extra}
+
+
 def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], lengths: dict[str, int],
             metrics: tuple[str, ...], settings: IntervalSettings) -> dict:
     """The scores, paired effects, baselines and breakdowns with their intervals, all from one resampling plan."""
     plan = plan_resamples([r["kernel_id"] for r in rows], [r["step"] for r in rows], settings)
     subsets = {"all": None, "hard": hard}
     task = run.task
+    made = generated(run)
     scores, paired, baseline_rows = [], [], []
     for system, table in systems.items():
         for metric in metrics:
@@ -145,11 +159,19 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
                                                 subset=subset))
                 else:
                     scores.append(_entry(interval, task=task, context=system, metric=metric, subset=subset))
-                if system in run.contexts and system != "none" and "none" in run.contexts:
-                    effect = paired_interval(table[metric], systems["none"][metric], plan, mask)
-                    paired.append({"task": task, "metric": metric, "subset": subset, "context": system,
-                                   "versus": "none", "diff": effect.mean, "low": effect.low, "high": effect.high,
-                                   "n": effect.n})
+                if system in run.contexts and system != BASELINE_CONTEXT and BASELINE_CONTEXT in run.contexts:
+                    control = systems[BASELINE_CONTEXT][metric]
+                    # Every example, a skipped or failed generation scored 0: what a user of the prompts gets.
+                    paired.append(_paired(task, metric, subset, system, "all",
+                                          paired_interval(table[metric], control, plan, mask)))
+                    # Like with like: only where both modes generated, so the budget's skips are not the effect.
+                    inside = mask if mask is not None else [True] * len(run.ids)
+                    both = [k and a and b for k, a, b in zip(inside, made[system], made[BASELINE_CONTEXT])]
+                    unanswered = {c: sum(k and not ok for k, ok in zip(inside, made[c]))
+                                  for c in (system, BASELINE_CONTEXT)}
+                    paired.append(_paired(task, metric, subset, system, "both_generated",
+                                          paired_interval(table[metric], control, plan, both),
+                                          unanswered=unanswered))
     positions = [position_of(r["step"], lengths[r["kernel_id"]]) for r in rows]
     kinds = [output_type(r) for r in rows] if task == "output_prediction" else []
     by_position, by_type = [], []
@@ -170,10 +192,36 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
 
 def _counts(run: RunFolder, examples: dict) -> dict:
     lines = list(run.generations.values())
+    by_context = {c: {status: sum(1 for g in lines if g.context == c and g.status == status)
+                      for status in GENERATION_STATUSES} for c in run.contexts}
     return {"examples": len(run.ids), "generations": len(lines),
             "skipped": dict(Counter(g.reason or "unknown" for g in lines if g.status == "skipped")),
             "failed": dict(Counter(g.reason or "unknown" for g in lines if g.status == "failed")),
+            "by_context": by_context,
             "execution": dict(Counter(e.status for e in examples.values()))}
+
+
+def _share(parts: list[tuple[int | None, int | None]]) -> float | None:
+    shares = [shown / total for shown, total in parts if shown is not None and total]
+    return round(fmean(shares), 4) if shares else None
+
+
+def prompt_kept(run: RunFolder) -> list[dict]:
+    """Per context, what its prompts showed the model: the mean share of history cells and of variables shown (of
+    the row's), the mean count of reprs the budget cut, over the prompts sent; the prompts skipped beside them.
+    A run written before lines recorded `kept` gives None."""
+    out = []
+    for context in run.contexts:
+        first = [run.generations[(i, context, 0)] for i in run.ids]
+        sent = [g.kept for g in first if g.status != "skipped" and g.kept is not None]
+        recorded = any(g.kept is not None for g in first)
+        out.append({
+            "context": context, "prompts": len(first), "skipped": sum(g.status == "skipped" for g in first),
+            "history_shown": _share([(k.get("history_shown"), k.get("history_total")) for k in sent]),
+            "variables_shown": _share([(k.get("variables_shown"), k.get("variables_total")) for k in sent]),
+            "reprs_cut": round(fmean(k.get("reprs_cut") or 0 for k in sent), 2) if sent else None,
+            "recorded": recorded})
+    return out
 
 
 def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute: bool = False,
@@ -226,7 +274,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
         **_tables(run, systems, hard, rows, lengths, metrics, settings),
         "hard_subset": {"rule": HARD_RULES[run.task + ("+executed" if executed else "")], "examples": sum(hard),
                         "solved_by": {name: sum(v) for name, v in solved.items()}},
-        "counts": _counts(run, examples), "notes": notes + scorer_notes,
+        "counts": _counts(run, examples), "kept": prompt_kept(run), "notes": notes + scorer_notes,
         "seconds": round(time.perf_counter() - started, 2)}
     out_path = Path(out) if out is not None else run.folder / RESULTS_JSON
     out_path.parent.mkdir(parents=True, exist_ok=True)
