@@ -131,7 +131,8 @@ def test_the_prompt_is_sent_without_variables_and_history_before_it_is_skipped(c
     assert row["code"] in bare.messages[-1]["content"]
     skipped = render_prompt(row, "output_prediction", "full", count_tokens=_words, max_prompt_tokens=floor.tokens - 2)
     assert skipped.kept is None and skipped.skipped_reason.startswith("prompt over budget: ")
-    assert skipped.skipped_reason.endswith(f"tokens with no history cell and no variable shown (budget {floor.tokens - 2})")
+    assert skipped.skipped_reason.endswith(
+        f"tokens with no history cell and no variable shown (budget {floor.tokens - 2})")
 
 
 def test_the_runtime_share_gives_way_to_a_short_history_and_takes_back_what_the_history_left():

@@ -102,7 +102,8 @@ def build_tables(board: Board) -> list[Table]:
 def _effect(results: dict, task: str, context: str, metric: str, examples: str) -> dict | None:
     for p in results.get("paired", []):
         if (p.get("task", task) == task and p.get("context") == context and p.get("metric") == metric
-                and p.get("subset") == "all" and p.get("versus") == BASELINE_CONTEXT and paired_examples(p) == examples):
+                and p.get("subset") == "all" and p.get("versus") == BASELINE_CONTEXT
+                and paired_examples(p) == examples):
             # The contract names the difference `diff`; run_scores writes it as `mean`: read either.
             effect = {"diff": p.get("diff", p.get("mean")), "low": p.get("low"), "high": p.get("high"),
                       "n": p.get("n")}

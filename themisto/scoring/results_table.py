@@ -90,8 +90,8 @@ def _paired_table(results: dict) -> list[str]:
     if not entries:
         return []
     index = {(e["context"], e["metric"], e["subset"], paired_examples(e)): e for e in entries}
-    lines = ["", f"Runtime effect, context − {BASELINE_CONTEXT} on the same examples: over every example (a skipped or failed "
-             "generation scored 0), and over the examples where both modes generated (like with like):", "",
+    lines = ["", f"Runtime effect, context − {BASELINE_CONTEXT} on the same examples: over every example (a skipped "
+             "or failed generation scored 0), and over the examples where both modes generated (like with like):", "",
              "| metric | context | Δ all examples, skips as 0 | Δ both generated | Δ hard, both generated "
              f"| not generated: context / {BASELINE_CONTEXT} |", "| --- | --- | --- | --- | --- | --- |"]
     for context, metric in dict.fromkeys((e["context"], e["metric"]) for e in entries):
@@ -103,7 +103,7 @@ def _paired_table(results: dict) -> list[str]:
     return lines
 
 
-def _share(value: float | None) -> str:
+def _percent(value: float | None) -> str:
     return "–" if value is None else f"{value:.0%}"
 
 
@@ -111,13 +111,14 @@ def _kept_table(results: dict) -> list[str]:
     kept = [k for k in results.get("kept") or [] if k.get("recorded")]
     if not kept:
         return []
-    lines = ["", "What the prompts kept of their rows' history cells and variables (mean shares over the prompts sent):", "",
+    lines = ["", "What the prompts kept of their rows' history cells and variables (mean shares over the prompts "
+             "sent):", "",
              "| context | prompts | skipped | history cells shown | variables shown | reprs cut per prompt |",
              "| --- | --- | --- | --- | --- | --- |"]
     for k in kept:
         cut = "–" if k["reprs_cut"] is None else f"{k['reprs_cut']:.1f}"
-        lines.append(f"| {k['context']} | {k['prompts']} | {k['skipped']} | {_share(k['history_shown'])} | "
-                     f"{_share(k['variables_shown'])} | {cut} |")
+        lines.append(f"| {k['context']} | {k['prompts']} | {k['skipped']} | {_percent(k['history_shown'])} | "
+                     f"{_percent(k['variables_shown'])} | {cut} |")
     return lines
 
 
