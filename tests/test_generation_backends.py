@@ -50,7 +50,7 @@ def test_the_budget_counts_with_the_model_tokenizer(tiny, rows):  # noqa: F811
     whole = render_prompt(row, "next_cell", "full", count_tokens=tiny.count_tokens, max_prompt_tokens=100_000)
     budget = whole.tokens // 2
     cut = render_prompt(row, "next_cell", "full", count_tokens=tiny.count_tokens, max_prompt_tokens=budget)
-    assert cut.skipped_reason is None and cut.trimmed["history_dropped"] > 0
+    assert cut.skipped_reason is None and cut.kept.history_shown < cut.kept.history_total
     (g,), = tiny.generate([cut], Sampling(max_new_tokens=2))
     assert g.tokens_in <= budget + 3
 

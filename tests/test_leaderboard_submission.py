@@ -118,6 +118,19 @@ def test_a_prediction_that_is_not_a_string_is_refused(run, release, bad):
         read_submission(run, release)
 
 
+@pytest.mark.parametrize("bad", ["all", [1, 2], {"history_shown": "lots"}, {"history_shown": -1},
+                                 {"history_shown": True}, {"history_shown": {"deep": 1}}, {"score": 1}])
+def test_what_a_prompt_kept_is_counts_or_nothing(run, release, bad):
+    lines = _lines(run)
+    lines[2] = json.dumps({**json.loads(lines[2]), "kept": {"history_shown": 3, "history_total": 10}})
+    _write_lines(run, lines)
+    assert read_submission(run, release).generations[2].kept == {"history_shown": 3, "history_total": 10}
+    lines[2] = json.dumps({**json.loads(lines[2]), "kept": bad})
+    _write_lines(run, lines)
+    with pytest.raises(InputError, match=r"generations.jsonl:3: example .*: `kept` must be an object of counts or null"):
+        read_submission(run, release)
+
+
 def test_a_truncated_file_is_named_by_line(run, release):
     lines = _lines(run)
     _write_lines(run, lines[:-1] + [lines[-1][: len(lines[-1]) // 2]], end="")

@@ -20,7 +20,7 @@ about log2(history cells) + 2·log2(variables + cuts), never one count per dropp
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
 from themisto.generation.variable_ranking import RANKING_RULE
@@ -64,6 +64,16 @@ class Kept:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @staticmethod
+    def valid(value: object) -> bool:
+        """Whether a generation line's `kept` (read back from a file someone wrote) is null or this record's shape:
+        its fields only, each a count or null."""
+        if value is None:
+            return True
+        names = {f.name for f in fields(Kept)}
+        return isinstance(value, dict) and set(value) <= names and all(
+            v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in value.values())
 
 
 @dataclass(frozen=True)
