@@ -252,7 +252,7 @@ def test_a_corrupt_line_is_named(good_run):
     (lambda r: {**r, "prediction": 7}, r":3: example .*: `prediction` must be a string, got int"),
     (lambda r: {**r, "status": "done"}, r":3: example .*: status 'done'"),
     (lambda r: {**r, "task": "output_prediction"}, r":3: example .*: task 'output_prediction'"),
-    (lambda r: {**r, "kept": {"variables_shown": "all"}}, r":3: example .*: `kept` must be an object of counts or null"),
+    (lambda r: {**r, "kept": {"variables_shown": "all"}}, r":3: example .*: `kept` must be an object of counts"),
 ])
 def test_bad_lines_are_named_by_line_or_id(good_run, change, message):
     lines = _lines(good_run)
