@@ -66,6 +66,7 @@ TRAJECTORIES = datasets.Features({
     "logged_ename": _STR,
     "logged_evalue": _STR,
     "logged_output_types": datasets.List(_STR),
+    "code_state": _STR,  # as_logged | repaired | damaged (themisto.vocabulary.CODE_STATES)
 })
 
 # One prior cell in a task row's history window.
@@ -77,6 +78,7 @@ HISTORY_CELL = {
     "output_truncated": _BOOL,
     "status": _STR,
     "restarted_before": _BOOL,
+    "code_state": _STR,  # "damaged": the log lost part of this cell's code; what is shown is not all it ran
 }
 
 # Fields every task row shares: the ids the metric needs to rebuild the exact state, the prompt's history,

@@ -56,7 +56,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from themisto.ingest.cleaning import clean_for_replay
-    from themisto.ingest.june import read_june_log
+    from themisto.ingest.june_log import read_june_log
     from themisto.replay.replay import ReplaySettings, kernel_limits, replay
     from themisto.runtime.kernel import KernelSession
 

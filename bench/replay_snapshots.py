@@ -26,7 +26,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    from themisto.ingest.june import read_june_log
+    from themisto.ingest.june_log import read_june_log
     from themisto.replay.replay import ReplaySettings, replay_trajectory
 
     traj = prefix(read_june_log(args.log), args.steps)

@@ -27,7 +27,7 @@ from _common import JUNE_DIR, arguments, load, report, workspace  # noqa: E402
 def real_trajectories(limit: int | None) -> tuple[list, dict[str, str]]:
     """Every trajectory the readers can read from the real logs, and {log: why it was refused} for the others."""
     from themisto.errors import InputError
-    from themisto.ingest.june import read_june_logs
+    from themisto.ingest.june_log import read_june_logs
 
     trajectories, refused = [], {}
     for log in sorted(JUNE_DIR.rglob("*.log")):

@@ -32,7 +32,7 @@ from _common import REPO, workspace  # noqa: E402
 
 
 def sample_trajectories(limit: int) -> list:
-    from themisto.ingest.june import read_june_logs
+    from themisto.ingest.june_log import read_june_logs
 
     trajectories = read_june_logs(sorted((REPO / "data" / "sample").glob("*.log")))
     if limit:

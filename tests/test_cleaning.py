@@ -6,7 +6,7 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from themisto.ingest.cleaning import Change, clean_for_replay, restore
-from themisto.ingest.june import read_june_log
+from themisto.ingest.june_log import read_june_log
 
 LOGS = ["bc147b33-fa74-4bff-9f48-c88809c5bdcd.log", "388ef554-e3e7-4410-89ac-d6ad4aeaec6c.log"]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from themisto.cli import main
-from themisto.ingest.june import read_june_log
+from themisto.ingest.june_log import read_june_log
 from themisto.ingest.june_format import encode_log_line
 from themisto.ingest.trajectory import read_jsonl
 
@@ -19,8 +19,11 @@ def test_ingest_real_logs_json(june_dir, tmp_path, capsys):
     out = tmp_path / "trajectories.jsonl"
     assert main(["ingest", *(str(june_dir / n) for n in LOGS), "-o", str(out), "--json"]) == 0
     printed = capsys.readouterr().out
-    summaries = json.loads(printed)  # exactly one JSON object, nothing else on stdout
-    assert set(summaries) == {n[:-4] for n in LOGS}
+    report = json.loads(printed)  # exactly one JSON object, nothing else on stdout
+    summaries = report["trajectories"]
+    assert set(summaries) == {n[:-4] for n in LOGS} and set(report["files"]) == set(LOGS)
+    assert [report["files"][n]["executions"] for n in LOGS] == [544, 220]
+    assert report["files"][LOGS[0]]["damaged"] == [] and report["files"][LOGS[0]]["writer"] == "cmd"
     task1, task2 = summaries[LOGS[0][:-4]], summaries[LOGS[1][:-4]]
     assert (task1["logged_execute_events"], task2["logged_execute_events"]) == (398, 180)
     assert (task1["restarts"], task1["interrupts"]) == (1, 5)
@@ -38,15 +41,22 @@ def test_ingest_directory_prints_a_human_summary(june_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "544 executions (398 logged execute events), 147 errors, 1 restarts, 5 interrupts" in printed
     assert "AttributeError 34" in printed
-    assert f"wrote 4 trajectories to {out}" in printed
-    assert sorted(t.source for t in read_jsonl(out)) == ["june-log", "june-log", "notebook", "notebook"]
+    # Every log of the folder, read recursively, one summary line each; the final notebooks beside the logs are
+    # their evidence, not trajectories of their own.
+    logs = sorted(june_dir.rglob("*.log"))
+    assert len(logs) == 22 and all(f"{p.relative_to(june_dir).as_posix()} [" in printed for p in logs)
+    written = read_jsonl(out)
+    assert {t.source for t in written} == {"june-log"}
+    assert sorted(s.file for t in written for s in t.sources) == sorted(p.relative_to(june_dir).as_posix()
+                                                                         for p in logs)
+    assert f"wrote {len(written)} trajectories to {out}" in printed
 
 
 def _bad_log(tmp_path):
     good = encode_log_line({"time": "2023-05-06T10:00:00.000Z", "kernel_id": "k1", "event": "execute",
                             "cell_index": "c1", "cell_source": "x = 1"})
     path = tmp_path / "k1.log"
-    path.write_text(good + "\n" + good[:40] + "\n", encoding="utf-8")
+    path.write_text(good + "\n" + "not an event" + "\n", encoding="utf-8")
     return path
 
 
@@ -56,7 +66,7 @@ def test_ingest_bad_file_fails_cleanly_and_writes_nothing(tmp_path, capsys):
     out.parent.mkdir()
     assert main(["ingest", str(bad), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"{bad}:2: expected the line to end with" in err
+    assert f"{bad}:2: expected the line to start with" in err
     assert list(out.parent.iterdir()) == []
     # An earlier output stays as it was.
     out.write_text("previous\n", encoding="utf-8")
@@ -69,7 +79,8 @@ def test_ingest_skip_bad_lines_reports_them(tmp_path, capsys):
     out = tmp_path / "t.jsonl"
     assert main(["ingest", str(_bad_log(tmp_path)), "-o", str(out), "--skip-bad-lines", "--json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["k1"]["ignored"] == {"bad_line": 1}
+    report = json.loads(captured.out)
+    assert report["trajectories"]["k1"]["ignored"] == {"bad_line": 1} and report["files"]["k1.log"]["skipped"] == [2]
     assert "k1: 1 bad line(s) skipped" in captured.err
 
 

@@ -2,12 +2,14 @@
 
 import csv
 import json
+from dataclasses import replace
 import random
 from collections import Counter
 
 import pytest
 
-from themisto.ingest.june import JuneFormatError, read_june_log, read_june_logs
+from themisto.ingest.june import JuneFormatError
+from themisto.ingest.june_log import read_june_log, read_june_logs, read_log_file
 from themisto.ingest.june_table import read_june_table
 from themisto.ingest.june_format import decode_log_line, encode_log_line
 from themisto.ingest.trajectory import anonymize
@@ -236,15 +238,19 @@ def test_file_of_only_bad_lines_is_an_error_even_when_skipping(tmp_path):
         read_june_log(path, skip_bad_lines=True)
 
 
-def test_truncated_last_line(tmp_path, june_dir):
+def test_truncated_last_line_is_read_as_far_as_it_goes(tmp_path, june_dir):
+    """A log copied while it was written ends in half a line: it is named as cut, and what survived is read."""
     lines = (june_dir / TASK2).read_text(encoding="utf-8").splitlines()
     path = tmp_path / "cut.log"
     path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2], encoding="utf-8")
-    with pytest.raises(JuneFormatError, match=rf"cut\.log:{len(lines)}: .*truncated line"):
-        read_june_log(path)
-    traj = read_june_log(path, skip_bad_lines=True)
-    assert traj.ignored["bad_line"] == 1
-    assert sum(traj.logged_events.values()) == len(lines) - 1
+    log = read_log_file(path)
+    (damaged,) = log.damaged
+    assert (damaged.line, damaged.kinds, damaged.repaired_from) == (len(lines), ("cut_line",), None)
+    last = decode_log_line(lines[-1])
+    assert damaged.event == last["event"] and len(log.events) == len(lines)
+    assert log.events[-1].time == last["time"] and log.events[-1].damage[0].line == f"cut.log:{len(lines)}"
+    whole = read_june_log(june_dir / TASK2)
+    assert read_june_log(path).logged_events == whole.logged_events
 
 
 def test_unknown_event_is_kept_counted_and_not_fatal(tmp_path):
@@ -299,7 +305,12 @@ def test_table_yields_the_same_trajectories_as_the_logs(tmp_path, june_dir):
         from_table = trajs[from_log.id]
         assert from_table.source == "june-table"
         assert from_table.participant == anonymize("student_7") != "student_7"
-        assert from_table.executions == from_log.executions
+        # The same executions; each names the lines it came from in its own file.
+        def unplaced(executions):
+            return [replace(ex, origin=None, damage=[replace(d, line="") for d in ex.damage]) for ex in executions]
+
+        assert unplaced(from_table.executions) == unplaced(from_log.executions)
+        assert from_table.executions[0].origin.startswith("dataset.csv:")
         assert from_table.events == from_log.events
         assert from_table.ignored == from_log.ignored
         assert from_table.logged_events == from_log.logged_events

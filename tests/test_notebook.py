@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from themisto.ingest.june import read_june_log
-from themisto.ingest.notebook import NotebookFormatError, output_size, read_notebook
+from themisto.ingest.june_log import read_june_log
+from themisto.ingest.notebook import NotebookFormatError, read_notebook
+from themisto.ingest.output_size import output_size
 
 TASK_LOGS = {"task1": "bc147b33-fa74-4bff-9f48-c88809c5bdcd.log", "task2": "388ef554-e3e7-4410-89ac-d6ad4aeaec6c.log"}
 
@@ -48,7 +49,7 @@ def test_output_size_counts_text_and_data_like_json_stringify():
 
 
 def _write_nb(path, cells):
-    path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells}),
+    path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 4, "metadata": {}, "cells": cells}),
                     encoding="utf-8")
     return path
 
@@ -64,7 +65,8 @@ def test_order_skipped_cells_and_errors(tmp_path):
         _code("b = 2", 7),
         {"cell_type": "markdown", "source": "# notes", "metadata": {}},
         _code("never run", None),
-        _code(["a = 1\n", "a"], 3, [{"output_type": "execute_result", "data": {"text/plain": "1"}}]),
+        _code(["a = 1\n", "a"], 3, [{"output_type": "execute_result", "data": {"text/plain": "1"}, "metadata": {},
+                                     "execution_count": 3}]),
         _code("d['x']", 9, [error]),
     ])
     traj = read_notebook(path)
@@ -90,5 +92,48 @@ def test_broken_notebooks_name_the_file(tmp_path):
     with pytest.raises(NotebookFormatError, match=r"broken\.ipynb: expected UTF-8"):
         read_notebook(path)
     path.write_text('{"worksheets": []}', encoding="utf-8")
-    with pytest.raises(NotebookFormatError, match=r"broken\.ipynb: expected a notebook"):
+    with pytest.raises(NotebookFormatError, match=r"broken\.ipynb: not a valid notebook"):
         read_notebook(path)
+
+
+def _chars(output: dict) -> int:
+    def text(value):
+        return "".join(value) if isinstance(value, list) else value
+
+    if output["output_type"] == "stream":
+        return len(json.dumps(text(output["text"]), ensure_ascii=False))
+    if output["output_type"] in ("execute_result", "display_data"):
+        data = {mime: text(value) for mime, value in output["data"].items()}
+        return len(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+    return 0
+
+
+def test_june_logged_utf8_bytes_not_characters(june_dir):
+    """Which size rule the extension used, read off the real data: outputs holding a non-ASCII character, saved in
+    a participant's final notebook, against the sizes the log recorded for the last run of that cell's code
+    (same output types). Each agrees in UTF-8 bytes; none in characters."""
+    from themisto.ingest.inputs import read_inputs
+
+    folders = [june_dir, *sorted(p for p in (june_dir / "participants").iterdir() if p.is_dir())]
+    in_bytes = in_chars = compared = 0
+    for folder in folders:
+        last = {}
+        for traj in read_inputs(sorted(folder.glob("*.log"))).trajectories:
+            for ex in traj.executions:
+                if ex.status in ("ok", "error"):
+                    last[ex.code] = ex.outputs
+        for path in sorted(folder.glob("*final-task*.ipynb")):
+            for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+                logged = last.get("".join(cell["source"])) if cell["cell_type"] == "code" else None
+                if logged is None or [o.output_type for o in logged] != [o["output_type"] for o in cell["outputs"]]:
+                    continue
+                for output, summary in zip(cell["outputs"], logged):
+                    if json.dumps(output, ensure_ascii=False).isascii():
+                        continue
+                    utf8 = _chars(output) + sum(len(ch.encode("utf-8")) - 1 for ch in json.dumps(
+                        output.get("text") or output.get("data"), ensure_ascii=False) if not ch.isascii())
+                    compared += 1
+                    in_bytes += summary.size == utf8
+                    in_chars += summary.size == _chars(output)
+                    assert output_size(output) == utf8
+    assert compared >= 20 and in_bytes >= 10 and in_chars == 0

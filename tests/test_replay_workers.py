@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from themisto.cli import main
-from themisto.ingest.june import read_june_logs
+from themisto.ingest.june_log import read_june_logs
 from themisto.ingest.workspace import write_workspace
 from themisto.replay.replay import ReplaySettings
 from themisto.replay.steps_file import replay_to_file

@@ -367,7 +367,7 @@ def task1_release(june_dir, tmp_path_factory) -> Path:
     and history code are those of the replayed release (outputs are a placeholder), and building takes seconds."""
     from conftest import TASK1_LOG
 
-    from themisto.ingest.june import read_june_log
+    from themisto.ingest.june_log import read_june_log
     from themisto.release.tasks import trajectory_rows
     from themisto.replay.replay import LoggedOutcome, Step
 

@@ -161,7 +161,7 @@ def test_both_tasks_are_covered():
 
 
 def test_reader_agrees_with_the_pairing_rule():
-    from themisto.ingest import june
+    from themisto.ingest import june_log as june
 
     for path in LOGS:
         runs = [r for r in _runs(_events(path)) if "restart" not in r]

@@ -43,6 +43,16 @@ LOGGED_STATUSES: tuple[str, ...] = get_args(LoggedStatus)
 # The logged outcomes a replay can be compared with (an interrupt or an unknown end says nothing of the result).
 COMPARABLE_LOGGED: tuple[str, ...] = ("ok", "error")
 
+# What is known of a logged execution's code: `as_logged` (the log's own text, no damage seen), `repaired` (the
+# log's text was damaged and is restored from evidence that agrees with every character the log kept), `damaged`
+# (known damaged and nothing restores it: never a target, marked wherever it is shown as history).
+CodeState = Literal["as_logged", "repaired", "damaged"]
+CODE_STATES: tuple[str, ...] = get_args(CodeState)
+# What a log line or an execution lost (themisto.ingest.june_log names each by file and line): a line cut short, a
+# line that parsed but lost text, a line that lost its last fields, an `execute` with no `finished_execute`.
+DamageKind = Literal["cut_line", "lost_text", "lost_fields", "no_finish"]
+DAMAGE_KINDS: tuple[str, ...] = get_args(DamageKind)
+
 # A scored prediction's outcome: how its cell ended, or `refused` (it was not run).
 Outcome = Literal[CellStatus, "refused"]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)

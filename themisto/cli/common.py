@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Sequence
 
-INGEST_SUFFIXES: tuple[str, ...] = (".log", ".csv", ".ipynb")
 TASK_CHOICES: tuple[str, ...] = ("task1", "task2", "all")
 SIZE_CHOICES: tuple[str, ...] = ("small", "medium", "full")
 
@@ -15,58 +13,31 @@ class CommandError(Exception):
     """A command-line mistake the user can fix; `main` prints it on stderr and exits with 2."""
 
 
-def ingest_inputs(paths: Sequence[str]) -> list[Path]:
-    """Expand directories into their .log/.csv/.ipynb files (sorted); reject other files."""
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            inside = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in INGEST_SUFFIXES)
-            if not inside:
-                raise CommandError(f"{path}: no {', '.join(INGEST_SUFFIXES)} file in this directory")
-            found.extend(inside)
-        elif not path.exists():
-            raise CommandError(f"{path}: no such file")
-        elif path.suffix.lower() not in INGEST_SUFFIXES:
-            raise CommandError(f"{path}: expected a {', '.join(INGEST_SUFFIXES)} file or a directory of them")
-        else:
-            found.append(path)
-    return found
-
-
 def format_counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{key} {value}" for key, value in counts.items()) or "none"
 
 
-def read_trajectories(paths: Sequence[str], *, skip_bad_lines: bool = False) -> list:
-    """Read every input (.log, JuNE table .csv, .ipynb, or directories of them) into trajectories, ids unique."""
-    from themisto.ingest.june import read_june_logs
-    from themisto.ingest.june_table import read_june_table
-    from themisto.ingest.notebook import read_notebook
+def read_inputs(args: argparse.Namespace):
+    """Every input the command names (`themisto.ingest.inputs.read_inputs`), with its --participants mapping."""
+    from themisto.ingest.inputs import read_inputs as read, read_participants
 
-    inputs = ingest_inputs(paths)
-    trajectories = []
-    logs = [p for p in inputs if p.suffix.lower() == ".log"]
-    if logs:
-        trajectories += [(", ".join(map(str, logs)), t) for t in read_june_logs(logs, skip_bad_lines=skip_bad_lines)]
-    for path in inputs:
-        if path.suffix.lower() == ".csv":
-            trajectories += [(str(path), t) for t in read_june_table(path, skip_bad_lines=skip_bad_lines)]
-        elif path.suffix.lower() == ".ipynb":
-            trajectories.append((str(path), read_notebook(path)))
-    seen: dict[str, str] = {}
-    for origin, traj in trajectories:
-        if traj.id in seen:
-            raise CommandError(f"trajectory {traj.id} is read twice, from {seen[traj.id]} and from {origin}")
-        seen[traj.id] = origin
-    return [t for _, t in trajectories]
+    mapping = read_participants(args.participants) if getattr(args, "participants", None) else None
+    return read(args.paths, skip_bad_lines=getattr(args, "skip_bad_lines", False), participants=mapping)
 
 
 def add_trajectory_inputs(parser: argparse.ArgumentParser, *, output_help: str) -> None:
-    """The arguments of every command that reads trajectories (see `read_trajectories`) and writes one file."""
-    parser.add_argument("paths", nargs="+", metavar="PATH", help=".log, .csv (JuNE table) or .ipynb, or a directory")
+    """The arguments of every command that reads trajectories (see `read_inputs`) and writes one file."""
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help=".log, .csv (JuNE table) or .ipynb, or a directory (read recursively)")
     parser.add_argument("-o", "--output", required=True, type=Path, help=output_help)
+    add_participants_option(parser)
     parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+
+
+def add_participants_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--participants", type=Path, metavar="MAP.json",
+                        help="whose kernels the logs are: a JSON object {kernel_id: participant} (logs under "
+                             "participants/<name>/ are <name>'s without it)")
 
 
 def add_ray_option(parser: argparse.ArgumentParser, what: str, unit: str = "one trajectory per task") -> None:

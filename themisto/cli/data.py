@@ -11,12 +11,12 @@ from themisto.cli.common import (
     SIZE_CHOICES,
     TASK_CHOICES,
     CommandError,
+    add_participants_option,
     add_ray_option,
     add_trajectory_inputs,
     format_counts,
-    ingest_inputs,
     ray_target,
-    read_trajectories,
+    read_inputs,
 )
 
 
@@ -33,15 +33,33 @@ def _print_summary(traj_id: str, summary: dict) -> None:
     if summary.get("executions_without_code"):
         print(f"  executions whose code was not logged: {summary['executions_without_code']}")
     print(f"  not executions: {format_counts(summary['ignored'])}")
+    states = summary["code_states"]
+    if states["repaired"] or states["damaged"]:
+        print(f"  code: {format_counts(states)} (damaged code is never a target)")
+    if len(summary["kernels"]) > 1:
+        print(f"  kernels: {len(summary['kernels'])}, joined with a restart where each took over")
+
+
+def _print_file(name: str, report: dict) -> None:
+    damaged = report["damaged"]
+    lines = ", ".join(str(d["line"]) for d in damaged[:40]) + (", …" if len(damaged) > 40 else "")
+    print(f"{name} [{report['writer']}]: {report['lines']} lines, {report['events']} events, "
+          f"{report['executions']} executions; {len(damaged)} damaged lines"
+          + (f" ({lines})" if damaged else "")
+          + f", code repaired {report['repaired']}, unrepaired {report['unrepaired']}; "
+          f"{len(report['no_finish'])} execute lines without a finished_execute")
 
 
 def ingest_command(args: argparse.Namespace) -> int:
     """Read JuNE logs, JuNE tables and notebooks into trajectories, print their figures, write JSONL."""
     from themisto.ingest.trajectory import write_jsonl
 
-    trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
+    ingested = read_inputs(args)
+    trajectories = ingested.trajectories
     # Everything is read and checked before the output file is written, so a bad input leaves no file behind.
     write_jsonl(trajectories, args.output)
+    for note in ingested.notes:
+        print(f"warning: {note}", file=sys.stderr)
     summaries = {t.id: t.summary() for t in trajectories}
     for traj_id, summary in summaries.items():
         unknown = {k: v for k, v in summary["ignored"].items() if k.startswith("unknown:")}
@@ -51,8 +69,11 @@ def ingest_command(args: argparse.Namespace) -> int:
         if summary["ignored"].get("bad_line"):
             print(f"warning: {traj_id}: {summary['ignored']['bad_line']} bad line(s) skipped", file=sys.stderr)
     if args.json:
-        print(json.dumps(summaries, ensure_ascii=False, sort_keys=True))
+        print(json.dumps({"files": ingested.files, "trajectories": summaries, "notes": ingested.notes},
+                         ensure_ascii=False, sort_keys=True))
     else:
+        for name, report in ingested.files.items():
+            _print_file(name, report)
         for traj_id, summary in summaries.items():
             _print_summary(traj_id, summary)
         print(f"wrote {len(trajectories)} trajectories to {args.output}")
@@ -62,7 +83,8 @@ def ingest_command(args: argparse.Namespace) -> int:
 def add_ingest(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ingest", help="read JuNE logs/tables/notebooks into trajectories (JSONL)")
     add_trajectory_inputs(parser, output_help="trajectories JSONL to write")
-    parser.add_argument("--json", action="store_true", help="print one JSON object {trajectory_id: summary}")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: {files: {name: figures}, trajectories: {id: summary}, notes}")
     parser.set_defaults(run=ingest_command)
 
 
@@ -147,7 +169,7 @@ def replay_command(args: argparse.Namespace) -> int:
     from themisto.replay.workspace_recipe import look_alike
 
     runner = _replay_runner(args)
-    trajectories = read_trajectories(args.paths, skip_bad_lines=args.skip_bad_lines)
+    trajectories = read_inputs(args).trajectories
     settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.cell_timeout)
     with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
         workspace, recipe = args.workspace, None  # a given folder is recorded by its name and hash
@@ -199,13 +221,8 @@ def build_command(args: argparse.Namespace) -> int:
     from themisto.release.parquet import BuildInputs, build_release, release_rows
     from themisto.release.tasks import TaskSettings
 
-    paths = ingest_inputs(args.paths) if args.paths else []
-    tables = [p for p in paths if p.suffix.lower() == ".csv"]
-    if len(tables) > 1:
-        raise CommandError(f"one JuNE table per build, got {len(tables)}: {', '.join(map(str, tables))}")
     inputs = BuildInputs(
-        logs=tuple(p for p in paths if p.suffix.lower() == ".log"), table=tables[0] if tables else None,
-        notebooks=tuple(p for p in paths if p.suffix.lower() == ".ipynb"), steps=args.steps,
+        paths=tuple(Path(p) for p in args.paths), participants=args.participants, steps=args.steps,
         paper=args.paper, workspace=args.workspace, workspace_seed=args.workspace_seed, steps_out=args.steps_out,
         cell_timeout_s=args.cell_timeout)
     if args.workspace is not None and not args.workspace.is_dir():
@@ -235,7 +252,9 @@ def build_command(args: argparse.Namespace) -> int:
 def add_build(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("build", help="write the dataset release (Parquet per config and split + card)")
     parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help=".log, .csv (JuNE table) or .ipynb, or a directory (default: the shipped data/sample)")
+                        help=".log, .csv (JuNE table) or .ipynb, or a directory, read recursively "
+                             "(default: the shipped data/sample)")
+    add_participants_option(parser)
     parser.add_argument("--steps", type=Path, help="an existing replay (steps JSONL): build from it, replay nothing")
     parser.add_argument("--paper", type=Path, help="the paper's published rows (.parquet/.jsonl/.json/.csv)")
     parser.add_argument("--workspace", type=Path, help="replay input files (default: look-alike inputs)")

@@ -1,7 +1,7 @@
-"""Read JuNE event data (the extension's local `.log` files and the JuNE table CSV) into trajectories.
-
-Both readers turn lines into `JuneEvent`s and hand them, grouped by kernel and in time order, to one function,
-`trajectory_from_events`, which pairs events into executions with these rules:
+"""JuNE events into trajectories: one event record (a log line or a table row) validated and masked, and the
+pairing of one kernel's events into its executions. The readers are `june_log` (the extension's `.log` files) and
+`june_table` (the JuNE table CSV); both hand their events, grouped by kernel and in time order, to
+`trajectory_from_events`, which pairs them with these rules:
 
 1. `execute` opens a pending execution of its cell (`cell_index`), code = its `cell_source`, placed at that point.
 2. `finished_execute` of a cell with a pending execution closes it: outputs from `cell_output`; status "error"
@@ -21,10 +21,15 @@ Both readers turn lines into `JuneEvent`s and hand them, grouped by kernel and i
    (replay, tasks) must treat code "" as unknown code, not as an empty cell.
 6. A pending execution that never finishes (a later `execute` of the same cell, or the end of the log, comes
    first) stays an execution: status "interrupted" if a kernel interrupt or restart came while it was pending,
-   else "unknown".
+   else "unknown"; it carries a "no_finish" damage naming its `execute` line.
 7. `kernel_restarting` / `kernel_interrupting` become `KernelEvent("restart"/"interrupt", before=<executions so
    far>)`. Other known events (create, delete, rendered, to_code, to_markdown, save_notebook, notebook_renamed)
    are counted in `Trajectory.ignored` by name, unknown ones as "unknown:<event>", never silently dropped.
+8. Damage a reader found on a line (`themisto.ingest.june_log`) travels onto the execution it belongs to. An
+   execution whose code is damaged and was not repaired keeps its place (`code_state` "damaged") but its outcome
+   is unknown: status "unknown", no ename or evalue (the damage note says what the log recorded). A finished
+   event whose outputs were lost gives status "unknown" too; an `error` event cut inside its message keeps its
+   ename and no evalue.
 
 Hence executions = `execute` events + errored runs logged without one (rules 3-5); `Trajectory.logged_events`
 keeps the raw counts. Errors by ename equal the counter of enames over the `error` events, plus "<unknown>" for
@@ -36,13 +41,17 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from themisto.errors import InputError
-from themisto.ingest.june_format import LogLineError, decode_log_line
-from themisto.ingest.trajectory import Execution, KernelEvent, OutputSummary, Trajectory, anonymize, task_of
+from themisto.bounded import Bounds
+from themisto.ingest.limits import LOG, parse_json
+from themisto.ingest.june_format import partial_object
+from themisto.ingest.personal import mask_personal
+from themisto.ingest.trajectory import (
+    Damage, Execution, KernelEvent, OutputSummary, SourceFile, Trajectory, anonymize, task_of,
+)
 
 KERNEL_EVENTS: dict[str, str] = {"kernel_restarting": "restart", "kernel_interrupting": "interrupt"}
 # Events the extension logs that never are executions; counted under their own name.
@@ -58,7 +67,7 @@ class JuneFormatError(InputError):
 
 @dataclass
 class JuneEvent:
-    """One logged event, normalised; `origin` is `file:line` for messages."""
+    """One logged event, normalised and masked; `origin` is `file:line` for messages."""
 
     time: str
     kernel_id: str
@@ -68,24 +77,30 @@ class JuneEvent:
     cell_num: int | None = None
     cell_type: str = ""
     cell_source: str = ""
-    outputs: list[OutputSummary] | None = None  # parsed `cell_output` of finished_execute events
+    outputs: list[OutputSummary] | None = None  # parsed `cell_output` of finished_execute events; None: lost
     error: tuple[str | None, str | None] | None = None  # (ename, evalue) of `error` events
     session_id: str | None = None
     user_id: str | None = None
     origin: str = ""
+    damage: list[Damage] = field(default_factory=list)  # what its line lost (themisto.ingest.june_log)
+    repaired_from: str | None = None  # where its damaged `cell_source` was restored from
+    source_damaged: bool = False  # its `cell_source` lost text and was not restored
 
 
 def _text(value: object) -> str:
-    return "" if value is None else str(value)
+    return "" if value is None else mask_personal(str(value))
 
 
-def event_from_record(record: dict) -> JuneEvent:
-    """Validate one raw record (log line or table row); raise ValueError saying what was expected."""
+def event_from_record(record: dict, *, path: str = "", line: int | None = None, bounds: Bounds = LOG,
+                      cut_field: str | None = None) -> JuneEvent:
+    """Validate one raw record (log line or table row) and mask its personal data; raise ValueError saying what
+    was expected (a JSON field past `bounds`: BoundError naming `path` and `line`). `cut_field` names the member a
+    cut line lost its end in (its text is a prefix)."""
     for key in ("time", "kernel_id", "event"):
-        if not _text(record.get(key)):
+        if not _text(record.get(key)) or key == cut_field:
             raise ValueError(f"expected a non-empty {key!r} field")
     kind = _text(record["event"])
-    num = record.get("cell_num")
+    num = None if cut_field == "cell_num" else record.get("cell_num")
     cell_num: int | None
     if num is None or (isinstance(num, str) and num.strip().lower() in ("", "nan", "none", "null")):
         cell_num = None  # pandas writes a missing number as "" or "nan"
@@ -95,11 +110,12 @@ def event_from_record(record: dict) -> JuneEvent:
         except (TypeError, ValueError):
             raise ValueError(f"expected an integer cell_num, got {num!r}") from None
     outputs = None
-    if kind == "finished_execute":
-        outputs = _parse_outputs(record.get("cell_output"))
+    if kind == "finished_execute" and "cell_output" in record and cut_field != "cell_output":
+        outputs = _parse_outputs(record.get("cell_output"), path, line, bounds)
     error = None
     if kind == "error":
-        error = _parse_error(_text(record.get("cell_source")))
+        error = _parse_error(str(record.get("cell_source") or ""), path, line, bounds,
+                             cut=cut_field in ("cell_source", ""))
     return JuneEvent(
         time=_text(record["time"]),
         kernel_id=_text(record["kernel_id"]),
@@ -116,38 +132,35 @@ def event_from_record(record: dict) -> JuneEvent:
     )
 
 
-def _parse_outputs(raw: object) -> list[OutputSummary]:
+def _parse_outputs(raw: object, path: str, line: int | None, bounds: Bounds) -> list[OutputSummary]:
     if raw is None or raw == "":
         return []
     try:
-        items = json.loads(raw) if isinstance(raw, str) else raw
+        items = parse_json(raw, bounds, path=path, line=line) if isinstance(raw, str) else raw
     except json.JSONDecodeError as exc:
         raise ValueError(f"expected cell_output to be a JSON list of {{output_type, size}} ({exc.msg})") from None
     if not isinstance(items, list) or not all(isinstance(o, dict) and "output_type" in o for o in items):
         raise ValueError("expected cell_output to be a JSON list of {output_type, size}")
     try:
-        return [OutputSummary(str(o["output_type"]), int(o.get("size") or 0)) for o in items]
+        return [OutputSummary(_text(o["output_type"]), int(o.get("size") or 0)) for o in items]
     except (TypeError, ValueError):
         raise ValueError("expected integer sizes in cell_output") from None
 
 
-def _parse_error(source: str) -> tuple[str | None, str | None]:
+def _parse_error(source: str, path: str, line: int | None, bounds: Bounds, *,
+                 cut: bool = False) -> tuple[str | None, str | None]:
+    if cut:  # a line cut inside the error: its ename survives when the cut came after it
+        fields, cut_field = partial_object(source)
+        ename = fields.get("ename") if cut_field != "ename" else None
+        return (None if ename is None else _text(ename)), None
     try:
-        payload = json.loads(source)
+        payload = parse_json(source, bounds, path=path, line=line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"expected the error event's cell_source to be JSON {{ename, evalue}} ({exc.msg})") from None
     if not isinstance(payload, dict) or "ename" not in payload:
         raise ValueError("expected the error event's cell_source to be a JSON object with 'ename'")
     evalue = payload.get("evalue")
-    return str(payload["ename"]), None if evalue is None else str(evalue)
-
-
-def _decode_line(raw: bytes) -> str:
-    """Decode as UTF-8, raising ValueError that says where the bad bytes are."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"expected UTF-8 text, got byte 0x{raw[exc.start]:02x} at column {exc.start + 1}") from None
+    return _text(payload["ename"]), None if evalue is None else _text(evalue)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -160,8 +173,11 @@ class _Pending:
     kernel_event_seen: bool = False
 
 
-def _close_unfinished(execution: Execution, pending: _Pending) -> None:
-    execution.status = "interrupted" if pending.kernel_event_seen else "unknown"
+def _opened(ev: JuneEvent, **fields) -> Execution:
+    """The execution an event opens, its code as the event logged it (rules 1, 3-5) and the event's damage."""
+    state = "damaged" if ev.source_damaged else "repaired" if ev.repaired_from else "as_logged"
+    return Execution(cell_id=ev.cell_index, code=ev.cell_source, cell_num=ev.cell_num, origin=ev.origin or None,
+                     code_state=state, repaired_from=ev.repaired_from, damage=list(ev.damage), **fields)
 
 
 class _Pairing:
@@ -171,38 +187,47 @@ class _Pairing:
         self.traj, self.ignored = traj, ignored
         self.executions = traj.executions
         self.pending: dict[str, _Pending] = {}
-        self.last_finished: dict[str, tuple[str, list[OutputSummary]]] = {}
+        self.last_finished: dict[str, tuple[str, list[OutputSummary] | None]] = {}
+
+    def _close_unfinished(self, pending: _Pending, why: str) -> None:  # rule 6
+        execution = self.executions[pending.index]
+        execution.status = "interrupted" if pending.kernel_event_seen else "unknown"
+        execution.damage.append(Damage("no_finish", execution.origin or "", None, why))
 
     def execute(self, ev: JuneEvent) -> None:  # rule 1
         if ev.cell_index in self.pending:
-            old = self.pending.pop(ev.cell_index)
-            _close_unfinished(self.executions[old.index], old)
+            self._close_unfinished(self.pending.pop(ev.cell_index), "a later execute of the cell came first")
         self.pending[ev.cell_index] = _Pending(len(self.executions))
-        self.executions.append(Execution(cell_id=ev.cell_index, code=ev.cell_source, status="unknown",
-                                         started_at=ev.time, cell_num=ev.cell_num))
+        self.executions.append(_opened(ev, status="unknown", started_at=ev.time))
 
     def finished(self, ev: JuneEvent, nxt: JuneEvent | None) -> bool:
         """Rules 2-4; True when the next event (this run's `error` event) was consumed too."""
-        outputs = ev.outputs or []
-        errored = any(o.output_type == "error" for o in outputs)
-        error = nxt.error if nxt is not None and nxt.event == "error" and nxt.cell_index == ev.cell_index else None
+        outputs = ev.outputs
+        errored = any(o.output_type == "error" for o in outputs or [])
+        error_event = nxt if nxt is not None and nxt.event == "error" and nxt.cell_index == ev.cell_index else None
+        error = error_event.error if error_event is not None else None
         previous = self.last_finished.get(ev.cell_index)
         self.last_finished[ev.cell_index] = (ev.cell_source, outputs)
         ename, evalue = error if error else (None, None)
+        execution = None
         if ev.cell_index in self.pending:
             execution = self.executions[self.pending.pop(ev.cell_index).index]
-            execution.status = "error" if (errored or error) else "ok"
+            lost = outputs is None and error is None  # the line lost its outputs: how the run ended is unknown
+            execution.status = "unknown" if lost else "error" if (errored or error) else "ok"
             execution.ename, execution.evalue = ename, evalue
-            execution.outputs = outputs
+            execution.outputs = outputs or []
             execution.finished_at = ev.time
+            execution.damage += ev.damage
         elif error is None and previous == (ev.cell_source, outputs):
             self.ignored["duplicate_finished_execute"] += 1
         elif error is not None or errored:
-            self.executions.append(Execution(cell_id=ev.cell_index, code=ev.cell_source, status="error",
-                                             ename=ename, evalue=evalue, outputs=outputs, finished_at=ev.time,
-                                             cell_num=ev.cell_num))
+            execution = _opened(ev, status="error", ename=ename, evalue=evalue, outputs=outputs or [],
+                                finished_at=ev.time)
+            self.executions.append(execution)
         else:
             self.ignored["finished_without_execute"] += 1
+        if error_event is not None and execution is not None:
+            execution.damage += error_event.damage
         return error is not None
 
     def error(self, ev: JuneEvent) -> None:
@@ -212,9 +237,11 @@ class _Pairing:
             execution = self.executions[self.pending.pop(ev.cell_index).index]
             execution.status, execution.ename, execution.evalue = "error", ename, evalue
             execution.finished_at = ev.time
+            execution.damage += ev.damage
         else:
             self.executions.append(Execution(cell_id=ev.cell_index, code="", status="error", ename=ename,
-                                             evalue=evalue, finished_at=ev.time, cell_num=ev.cell_num))
+                                             evalue=evalue, finished_at=ev.time, cell_num=ev.cell_num,
+                                             origin=ev.origin or None, damage=list(ev.damage)))
 
     def kernel_event(self, ev: JuneEvent) -> None:  # rule 7
         self.traj.events.append(KernelEvent(kind=KERNEL_EVENTS[ev.event], before=len(self.executions),
@@ -222,13 +249,21 @@ class _Pairing:
         for item in self.pending.values():
             item.kernel_event_seen = True
 
-    def close(self) -> None:  # rule 6
+    def close(self) -> None:  # rules 6 and 8
         for item in self.pending.values():
-            _close_unfinished(self.executions[item.index], item)
+            self._close_unfinished(item, "the log ends first")
+        for execution in self.executions:
+            if execution.code_state == "damaged" and execution.status != "unknown":
+                # Its outcome is unknown: the log's word was about code we do not have. Keep that word in the note.
+                said = execution.status + (f" ({execution.ename})" if execution.ename else "")
+                at = next(i for i, d in enumerate(execution.damage) if d.field == "cell_source")
+                hurt = execution.damage[at]
+                execution.damage[at] = replace(hurt, note=f"{hurt.note}; the log recorded {said}".lstrip("; "))
+                execution.status, execution.ename, execution.evalue = "unknown", None, None
 
 
 def trajectory_from_events(
-    events: list[JuneEvent], *, source: str, bad_lines: int = 0
+    events: list[JuneEvent], *, source: str, bad_lines: int = 0, sources: Iterable[SourceFile] = ()
 ) -> Trajectory:
     """Pair one kernel's events (in time order) into a trajectory, following the rules in the module docstring."""
     if not events:
@@ -243,6 +278,7 @@ def trajectory_from_events(
         source=source,
         participant=anonymize(user_ids[0]) if user_ids else None,
         task=task_of(first.notebook_name),
+        sources=list(sources),
     )
     ignored: Counter[str] = Counter({BAD_LINE: bad_lines} if bad_lines else {})
     pairing = _Pairing(traj, ignored)
@@ -269,100 +305,16 @@ def trajectory_from_events(
 
 
 def group_by_kernel(
-    events: Iterable[JuneEvent], bad_lines: dict[str, int], *, source: str
+    events: Iterable[JuneEvent], bad_lines: dict[str, int], *, source: str,
+    sources: dict[str, list[SourceFile]] | None = None,
 ) -> list[Trajectory]:
+    """One trajectory per kernel id, in the order kernels first appear; `sources` lists each kernel's files."""
     groups: dict[str, list[JuneEvent]] = {}
     for ev in events:
         groups.setdefault(ev.kernel_id, []).append(ev)
+    sources = sources or {}
     return [
-        trajectory_from_events(evs, source=source, bad_lines=bad_lines.get(kernel, 0))
+        trajectory_from_events(evs, source=source, bad_lines=bad_lines.get(kernel, 0),
+                               sources=sources.get(kernel, ()))
         for kernel, evs in groups.items()
     ]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The extension's local `.log` files
-
-
-@dataclass
-class _FileEvents:
-    events: list[JuneEvent] = field(default_factory=list)
-    bad_lines: dict[str, int] = field(default_factory=dict)  # kernel id → skipped lines attributed to it
-
-
-def _read_log_events(path: Path, *, skip_bad_lines: bool) -> _FileEvents:
-    result = _FileEvents()
-    orphans = 0  # bad lines before the first good one: attributed to the kernel of that first good line
-    with path.open("rb") as fh:
-        data = fh.read()
-    if not data.strip():
-        raise JuneFormatError(f"{path}:1: empty file, expected one JuNE event per line")
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    for lineno, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            event = event_from_record(decode_log_line(_decode_line(raw)))
-        except (LogLineError, ValueError) as exc:
-            if not skip_bad_lines:
-                raise JuneFormatError(f"{path}:{lineno}: {exc}") from exc
-            last = result.events[-1].kernel_id if result.events else None
-            if last is None:
-                orphans += 1
-            else:
-                result.bad_lines[last] = result.bad_lines.get(last, 0) + 1
-            continue
-        event.origin = f"{path}:{lineno}"
-        if orphans:
-            result.bad_lines[event.kernel_id] = result.bad_lines.get(event.kernel_id, 0) + orphans
-            orphans = 0
-        result.events.append(event)
-    if not result.events:
-        raise JuneFormatError(f"{path}:1: no readable JuNE event in {len(lines)} line(s)")
-    return result
-
-
-def read_june_logs(paths: Iterable[str | Path], *, skip_bad_lines: bool = False) -> list[Trajectory]:
-    """Read several `.log` files; a file may hold several kernels, events are grouped by kernel id in time order.
-
-    A kernel found in two files is an error (the extension writes one file per kernel, so it is a copy, and
-    merging would run every event twice).
-    """
-    events: list[JuneEvent] = []
-    bad: Counter[str] = Counter()
-    first_seen: dict[str, str] = {}
-    for path in map(Path, paths):
-        read = _read_log_events(path, skip_bad_lines=skip_bad_lines)
-        for ev in read.events:
-            if ev.kernel_id not in first_seen:
-                first_seen[ev.kernel_id] = ev.origin
-            elif not first_seen[ev.kernel_id].startswith(f"{path}:"):
-                raise JuneFormatError(
-                    f"{ev.origin}: kernel {ev.kernel_id} was already read from {first_seen[ev.kernel_id]} "
-                    "(expected each kernel in one file)"
-                )
-        events.extend(read.events)
-        bad.update(read.bad_lines)
-    # A stable sort keeps the file order of events logged in the same millisecond (finished, then its error).
-    events.sort(key=lambda ev: ev.time)
-    return group_by_kernel(events, dict(bad), source="june-log")
-
-
-def read_june_log(path: str | Path, *, skip_bad_lines: bool = False) -> Trajectory:
-    """Read one extension `.log` file (one kernel) into its trajectory.
-
-    Raises JuneFormatError naming file and line for a bad line (unless `skip_bad_lines`, which counts skipped
-    lines in `ignored["bad_line"]`) and for a file that holds several kernels (use `read_june_logs`).
-    """
-    path = Path(path)
-    read = _read_log_events(path, skip_bad_lines=skip_bad_lines)
-    first = read.events[0]
-    for ev in read.events:
-        if ev.kernel_id != first.kernel_id:
-            raise JuneFormatError(
-                f"{ev.origin}: kernel {ev.kernel_id} in a log of kernel {first.kernel_id} "
-                "(expected one kernel per file; read_june_logs groups several)"
-            )
-    return trajectory_from_events(read.events, source="june-log", bad_lines=read.bad_lines.get(first.kernel_id, 0))

@@ -1,5 +1,6 @@
-"""Read the JuNE table (`dataset.csv`: one event per row, with `user_id`) into trajectories, through the same
-event pairing as the `.log` reader (`themisto.ingest.june.trajectory_from_events`).
+"""Read the JuNE table (`dataset.csv`: one event per row, with `user_id`) into trajectories, within bounds (file
+size, rows; the JSON in its fields: `themisto.ingest.limits.LOG`), through the same event pairing as the
+`.log` reader (`themisto.ingest.june.trajectory_from_events`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
+from themisto.bounded import BoundError, Bounds
+from themisto.ingest.limits import LOG
+from themisto.ingest.personal import mask_personal
 from themisto.ingest.june import JuneEvent, JuneFormatError, event_from_record, group_by_kernel
-from themisto.ingest.trajectory import Trajectory
+from themisto.ingest.trajectory import SourceFile, Trajectory
+
 
 
 TABLE_COLUMNS: tuple[str, ...] = (
@@ -20,15 +25,16 @@ TABLE_COLUMNS: tuple[str, ...] = (
 )
 
 
-def _iter_table_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
+def _iter_table_rows(path: Path, data: bytes, bounds: Bounds) -> Iterator[tuple[int, dict | Exception]]:
     """Yield (line, row dict) or (line, error) for each CSV record; the header is checked here."""
-    data = path.read_bytes()
+    if len(data) > bounds.file_bytes:
+        raise BoundError(path, None, f"{len(data):,} bytes, more than {bounds.file_bytes:,}", "file_bytes")
     if not data.strip():
         raise JuneFormatError(f"{path}:1: empty file, expected a CSV header with {', '.join(TABLE_COLUMNS)}")
     # surrogateescape keeps bad bytes visible per record, so one bad row does not condemn the whole file.
     text = data.decode("utf-8", errors="surrogateescape")
     # save_notebook rows hold whole notebooks: far beyond csv's default 128 KiB field limit.
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    csv.field_size_limit(min(sys.maxsize, bounds.line_bytes))
     reader = csv.reader(text.splitlines(keepends=True))
     try:
         header = next(reader)
@@ -38,6 +44,7 @@ def _iter_table_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
     if missing:
         raise JuneFormatError(f"{path}:1: expected the columns {', '.join(missing)} in the CSV header")
     start = reader.line_num + 1
+    rows = 0
     while True:
         try:
             row = next(reader)
@@ -48,6 +55,9 @@ def _iter_table_rows(path: Path) -> Iterator[tuple[int, dict | Exception]]:
             start = reader.line_num + 1
             continue
         line, start = start, reader.line_num + 1
+        rows += 1
+        if rows > bounds.lines:
+            raise BoundError(path, line, f"more than {bounds.lines:,} rows", "lines")
         if not row or all(not cell for cell in row):
             continue
         if len(row) != len(header):
@@ -69,22 +79,29 @@ def _action_number(value: str | None) -> float:
         raise ValueError(f"expected a numeric action_id, got {value!r}") from None
 
 
-def read_june_table(path: str | Path, *, skip_bad_lines: bool = False) -> list[Trajectory]:
+def read_june_table(path: str | Path, *, skip_bad_lines: bool = False, name: str | None = None,
+                    bounds: Bounds = LOG) -> list[Trajectory]:
     """Read the JuNE table CSV: one trajectory per kernel id, events ordered by time then action_id.
 
     Bad records raise JuneFormatError naming file and line, or with `skip_bad_lines` are counted in
     `ignored["bad_line"]` of the trajectory of the previous good record.
     """
+    import hashlib
+
     path = Path(path)
+    name = mask_personal(name or path.name)
+    data = path.read_bytes()
     keyed: list[tuple[str, float, JuneEvent]] = []
     bad: Counter[str] = Counter()
     orphans = 0
-    for line, row in _iter_table_rows(path):
+    for line, row in _iter_table_rows(path, data, bounds):
         try:
             if isinstance(row, Exception):
                 raise row
-            event = event_from_record(row)
+            event = event_from_record(row, path=str(path), line=line, bounds=bounds)
             action = _action_number(row.get("action_id"))
+        except BoundError:
+            raise
         except ValueError as exc:
             if not skip_bad_lines:
                 raise JuneFormatError(f"{path}:{line}: {exc}") from exc
@@ -93,7 +110,7 @@ def read_june_table(path: str | Path, *, skip_bad_lines: bool = False) -> list[T
             else:
                 orphans += 1
             continue
-        event.origin = f"{path}:{line}"
+        event.origin = f"{name}:{line}"
         if orphans:
             bad[event.kernel_id] += orphans
             orphans = 0
@@ -101,4 +118,7 @@ def read_june_table(path: str | Path, *, skip_bad_lines: bool = False) -> list[T
     if not keyed:
         raise JuneFormatError(f"{path}:2: no readable JuNE event in the table")
     keyed.sort(key=lambda item: (item[0], item[1]))
-    return group_by_kernel((ev for _, _, ev in keyed), dict(bad), source="june-table")
+    digest = hashlib.sha256(data).hexdigest()
+    kernels = {ev.kernel_id for _, _, ev in keyed}
+    sources = {k: [SourceFile(file=name, sha256=digest, kernel_id=k)] for k in kernels}
+    return group_by_kernel((ev for _, _, ev in keyed), dict(bad), source="june-table", sources=sources)

@@ -1,94 +1,101 @@
-"""Read a saved `.ipynb` into a one-pass trajectory: its code cells in the order of their execution counts.
+"""Read a saved `.ipynb` through nbformat (it validates the notebook and upgrades old versions to nbformat 4), within
+bounds: as a one-pass trajectory, its code cells in the order of their execution counts, or as its code cells'
+texts (the evidence `themisto.ingest.repair` restores a damaged log line from).
 
-A notebook only remembers the last run of each cell, so this is the order of the final runs, not the whole
-development history a JuNE log holds. Output sizes are computed as the JuNE extension computed them, so the
+A notebook only remembers the last run of each cell, so its trajectory is the order of the final runs, not the
+whole development history a JuNE log holds. Output sizes follow the JuNE extension's rule (`output_size`), so the
 two sources can be compared.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 from themisto.errors import InputError
-from themisto.ingest.trajectory import Execution, OutputSummary, Trajectory, task_of
+from themisto.bounded import BoundError, Bounds
+from themisto.ingest.limits import NOTEBOOK, parse_json
+from themisto.ingest.output_size import output_size
+from themisto.ingest.personal import mask_personal
+from themisto.ingest.trajectory import Execution, OutputSummary, SourceFile, Trajectory, task_of
+
 
 
 class NotebookFormatError(InputError):
     """A notebook that cannot be read as a trajectory; the message names the file (and cell)."""
 
 
-def _joined(value: object) -> object:
-    # nbformat stores multi-line strings as lists of lines; the browser (and the extension) saw one string.
-    return "".join(value) if isinstance(value, list) else value
+def load_notebook(path: str | Path, bounds: Bounds = NOTEBOOK):
+    """The notebook as an nbformat-4 `NotebookNode`, validated; bad JSON, a bound passed or an invalid notebook
+    raise `NotebookFormatError` naming the file."""
+    import nbformat  # validation pulls in jsonschema: loaded only when a notebook is read
 
-
-def _json_len(value: object) -> int:
-    # JSON.stringify in the browser: no spaces, non-ASCII kept as is, length counted in UTF-8 bytes.
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-
-
-def output_size(output: dict) -> int:
-    """Serialized size of one output as the JuNE extension logged it (text plus data, never the traceback).
-
-    >>> output_size({"output_type": "stream", "name": "stdout", "text": ["hi\\n"]})
-    6
-    """
-    size = 0
-    if output.get("text") is not None:
-        size += _json_len(_joined(output["text"]))
-    if output.get("data") is not None:
-        size += _json_len({mime: _joined(value) for mime, value in output["data"].items()})
-    return size
-
-
-def _cell_execution(path: Path, index: int, cell: dict) -> Execution:
-    outputs = cell.get("outputs") or []
-    if not isinstance(outputs, list):
-        raise NotebookFormatError(f"{path}: cell {index}: expected a list of outputs")
-    summaries = []
-    ename = evalue = None
-    for out in outputs:
-        if not isinstance(out, dict) or "output_type" not in out:
-            raise NotebookFormatError(f"{path}: cell {index}: expected outputs with an output_type")
-        summaries.append(OutputSummary(str(out["output_type"]), output_size(out)))
-        if out["output_type"] == "error" and ename is None:
-            ename, evalue = out.get("ename"), out.get("evalue")
-    return Execution(
-        cell_id=str(cell.get("id") or f"cell-{index}"),
-        code=str(_joined(cell.get("source", ""))),
-        status="error" if ename is not None or any(s.output_type == "error" for s in summaries) else "ok",
-        ename=None if ename is None else str(ename),
-        evalue=None if evalue is None else str(evalue),
-        outputs=summaries,
-        cell_num=index,
-        execution_count=int(cell["execution_count"]),
-    )
-
-
-def read_notebook(path: str | Path) -> Trajectory:
-    """Code cells with an execution count, ordered by it; cells without one are skipped and counted.
-
-    Raises NotebookFormatError naming the file when it is not a notebook or when no cell has an execution count.
-    """
     path = Path(path)
+    data = path.read_bytes()
+    if len(data) > bounds.file_bytes:
+        raise BoundError(path, None, f"{len(data):,} bytes, more than {bounds.file_bytes:,}", "file_bytes")
     try:
-        nb = json.loads(path.read_bytes().decode("utf-8"))
+        raw = parse_json(data.decode("utf-8"), bounds, path=str(path))
     except UnicodeDecodeError as exc:
         raise NotebookFormatError(f"{path}: expected UTF-8 text (bad byte at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise NotebookFormatError(f"{path}:{exc.lineno}: expected a JSON notebook ({exc.msg})") from None
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise NotebookFormatError(f"{path}: expected a notebook (nbformat 4) with a list of cells")
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells", []), list):
+        raise NotebookFormatError(f"{path}: expected a notebook (a JSON object with a list of cells)")
+    try:
+        major, minor = nbformat.reader.get_version(raw)
+        notebook = nbformat.convert(nbformat.versions[major].to_notebook_json(raw, minor=minor), 4)
+        with warnings.catch_warnings():
+            # A 4.5 notebook without cell ids is read all the same: a cell without an id is named by its index.
+            warnings.simplefilter("ignore", nbformat.warnings.MissingIDFieldWarning)
+            nbformat.validate(notebook)
+    except (KeyError, AttributeError, TypeError, ValueError, nbformat.ValidationError) as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise NotebookFormatError(f"{path}: not a valid notebook ({reason})") from None
+    return notebook
+
+
+def code_cells(notebook) -> list[tuple[int, str]]:
+    """(index, text) of each code cell, unmasked: evidence for repair, never written anywhere."""
+    return [(index, cell.source) for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+
+
+def _cell_execution(index: int, cell) -> Execution:
+    summaries = [OutputSummary(str(out.output_type), output_size(out)) for out in cell.outputs]
+    error = next((out for out in cell.outputs if out.output_type == "error"), None)
+    ename = None if error is None else error.get("ename")
+    evalue = None if error is None else error.get("evalue")
+    return Execution(
+        cell_id=str(cell.get("id") or f"cell-{index}"),
+        code=mask_personal(cell.source),
+        status="error" if error is not None else "ok",
+        ename=None if ename is None else mask_personal(str(ename)),
+        evalue=None if evalue is None else mask_personal(str(evalue)),
+        outputs=summaries,
+        cell_num=index,
+        execution_count=int(cell.execution_count),
+    )
+
+
+def read_notebook(path: str | Path, *, name: str | None = None) -> Trajectory:
+    """Code cells with an execution count, ordered by it; cells without one are skipped and counted.
+
+    Raises NotebookFormatError naming the file when it is not a notebook or when no cell has an execution count.
+    """
+    import hashlib
+
+    path = Path(path)
+    notebook = load_notebook(path)
     executions: list[Execution] = []
     skipped = 0
-    for index, cell in enumerate(nb["cells"]):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
             continue
         if not isinstance(cell.get("execution_count"), int):
             skipped += 1
             continue
-        executions.append(_cell_execution(path, index, cell))
+        executions.append(_cell_execution(index, cell))
     if not executions:
         raise NotebookFormatError(
             f"{path}: no code cell has an execution count ({skipped} code cell(s)); "
@@ -97,7 +104,10 @@ def read_notebook(path: str | Path) -> Trajectory:
     # sorted() is stable: equal counts (a copied cell) keep their notebook order.
     executions.sort(key=lambda ex: ex.execution_count)
     ignored = {"cell_without_execution_count": skipped} if skipped else {}
+    name = mask_personal(name or path.name)
+    source = SourceFile(file=name, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+    # Its id is its name without the suffix: notebooks of one name in two folders stay two trajectories.
     return Trajectory(
-        id=path.stem, notebook=path.name, source="notebook", executions=executions, task=task_of(path.name),
-        ignored=ignored,
+        id=name[: -len(path.suffix)] if path.suffix and name.endswith(path.suffix) else name, notebook=path.name, source="notebook", executions=executions, task=task_of(path.name),
+        ignored=ignored, sources=[source],
     )

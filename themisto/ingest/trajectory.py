@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, Literal
 
 from themisto.errors import InputError
 from themisto.jsonrecords import from_dict
-from themisto.vocabulary import LOGGED_STATUSES, LoggedStatus
+from themisto.vocabulary import CODE_STATES, DAMAGE_KINDS, LOGGED_STATUSES, CodeState, DamageKind, LoggedStatus
 
 # Kernel events that change the state between executions, kept in the order they happened.
 KernelEventKind = Literal["restart", "interrupt"]
@@ -36,9 +36,20 @@ class OutputSummary:
     size: int
 
 
+@dataclass(frozen=True)
+class Damage:
+    """What one log line lost, named by `line` (`file:line`); `field` is the event's field it fell in."""
+
+    kind: DamageKind
+    line: str
+    field: str | None = None
+    note: str = ""
+
+
 @dataclass
 class Execution:
-    """One cell execution, with the code exactly as the developer ran it."""
+    """One cell execution, with the code exactly as the developer ran it (or as far as the log kept it: see
+    `code_state`)."""
 
     cell_id: str
     code: str
@@ -50,6 +61,10 @@ class Execution:
     finished_at: str | None = None
     cell_num: int | None = None  # position of the selected cell in the notebook, as logged
     execution_count: int | None = None  # from notebooks
+    origin: str | None = None  # `file:line` of the event that opened it
+    code_state: CodeState = "as_logged"
+    repaired_from: str | None = None  # where a repaired code's text came from (`file:line`, or a notebook's cell)
+    damage: list[Damage] = field(default_factory=list)
 
     @property
     def output_types(self) -> list[str]:
@@ -63,6 +78,17 @@ class KernelEvent:
     kind: KernelEventKind
     before: int
     time: str | None = None
+    kernel_id: str | None = None  # set on the restart where another kernel of the same notebook took over
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A file a trajectory was read from: its name (relative to the folder given), sha256 and the kernel in it."""
+
+    file: str
+    sha256: str
+    kernel_id: str | None = None
+    writer: str | None = None  # the shell that wrote a JuNE log (`themisto.ingest.june_format.WRITERS`)
 
 
 @dataclass
@@ -81,6 +107,7 @@ class Trajectory:
     ignored: dict[str, int] = field(default_factory=dict)
     # Every raw event the reader saw, counted by kind (e.g. {"execute": 398, ...}); empty for notebooks.
     logged_events: dict[str, int] = field(default_factory=dict)
+    sources: list[SourceFile] = field(default_factory=list)
 
     def errors_by_ename(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -117,7 +144,16 @@ class Trajectory:
             "restarts": self.count_events("restart"),
             "interrupts": self.count_events("interrupt"),
             "ignored": dict(sorted(self.ignored.items())),
+            "code_states": self.count_code_states(),
+            "kernels": [s.kernel_id for s in self.sources if s.kernel_id],
         }
+
+    def count_code_states(self) -> dict[str, int]:
+        """Executions per code state, every state listed (zero where none)."""
+        counts = dict.fromkeys(CODE_STATES, 0)
+        for ex in self.executions:
+            counts[ex.code_state] += 1
+        return counts
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,14 +164,20 @@ class Trajectory:
         for raw in data.get("executions", []):
             if raw.get("status", "unknown") not in LOGGED_STATUSES:
                 raise ValueError(f"unknown status {raw['status']!r} (expected one of {LOGGED_STATUSES})")
+            if raw.get("code_state", "as_logged") not in CODE_STATES:
+                raise ValueError(f"unknown code state {raw['code_state']!r} (expected one of {CODE_STATES})")
+            if any(d.get("kind") not in DAMAGE_KINDS for d in raw.get("damage", [])):
+                raise ValueError(f"unknown damage kind (expected one of {DAMAGE_KINDS})")
             outputs = [from_dict(OutputSummary, o) for o in raw.get("outputs", [])]
-            executions.append(from_dict(Execution, raw, outputs=outputs))
+            damage = [from_dict(Damage, d) for d in raw.get("damage", [])]
+            executions.append(from_dict(Execution, raw, outputs=outputs, damage=damage))
         events = []
         for raw in data.get("events", []):
             if raw.get("kind") not in KERNEL_EVENT_KINDS:
                 raise ValueError(f"unknown kernel event {raw.get('kind')!r} (expected one of {KERNEL_EVENT_KINDS})")
             events.append(from_dict(KernelEvent, raw))
-        return from_dict(cls, data, executions=executions, events=events)
+        sources = [from_dict(SourceFile, raw) for raw in data.get("sources", [])]
+        return from_dict(cls, data, executions=executions, events=events, sources=sources)
 
 
 def anonymize(participant: str | None) -> str | None:
@@ -174,15 +216,16 @@ def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
 
 
 def iter_jsonl(path: str | Path) -> Iterator[Trajectory]:
+    """Each trajectory of a JSONL file, read within bounds (`themisto.ingest.limits.TRAJECTORIES`)."""
+    from themisto.bounded import iter_json_lines
+    from themisto.ingest.limits import TRAJECTORIES
+
     path = Path(path)
-    with path.open("r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield Trajectory.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError, ValueError, KeyError) as exc:
-                raise TrajectoryFormatError(f"{path}:{lineno}: not a trajectory record ({exc})") from exc
+    for line in iter_json_lines(path, TRAJECTORIES, skip_blank=True):
+        try:
+            yield Trajectory.from_dict(line.value)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise TrajectoryFormatError(f"{path}:{line.number}: not a trajectory record ({exc})") from exc
 
 
 def read_jsonl(path: str | Path) -> list[Trajectory]:

@@ -183,6 +183,7 @@ def _row(record: Mapping, where: str) -> tuple[str, float, dict]:
         "logged_ename": None,
         "logged_evalue": None,
         "logged_output_types": [],
+        "code_state": "as_logged",  # the published code, as the paper's release holds it
     }
     return row["kernel_id"], order, row
 

@@ -146,11 +146,10 @@ def _library_versions() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class BuildInputs:
-    """Where a build's trajectory rows come from. With none of logs/table/notebooks/steps/paper: the sample."""
+    """Where a build's trajectory rows come from. With no paths, steps or paper: the shipped sample."""
 
-    logs: tuple[Path, ...] = ()
-    table: Path | None = None
-    notebooks: tuple[Path, ...] = ()
+    paths: tuple[Path, ...] = ()  # .log / .csv / .ipynb files or folders (`themisto.ingest.inputs.read_inputs`)
+    participants: Path | None = None  # a kernel -> participant mapping (JSON) for the logs
     steps: Path | None = None  # an existing replay (steps JSONL): no replay runs
     paper: Path | None = None  # a local copy of the paper's published rows
     workspace: Path | None = None  # input files for replay; default: look-alike inputs from workspace_seed
@@ -164,32 +163,28 @@ def _described(paths: Iterable[Path]) -> list[dict]:
     return [{"name": p.name, "sha256": sha256_file(p)} for p in sorted(paths, key=lambda p: p.name)]
 
 
-def _read_trajectories(inputs: BuildInputs) -> tuple[list[Path], list]:
-    """The logs read (the shipped sample's when no input is named) and the trajectories of every input; ids unique."""
-    trajectories = []
-    logs = list(inputs.logs)
-    if not (logs or inputs.table or inputs.notebooks or inputs.steps):
-        logs = sorted(SAMPLE_DIR.glob("*.log"))
-        if not logs:
+def _read_trajectories(inputs: BuildInputs) -> tuple[str, list[dict], list]:
+    """The kind of inputs, the files read ({name, sha256}) and their trajectories (the shipped sample's when no
+    input is named), through ingest's one door."""
+    from themisto.ingest.inputs import expand_inputs, read_inputs, read_participants
+
+    paths = list(inputs.paths)
+    if not (paths or inputs.steps):
+        if not sorted(SAMPLE_DIR.glob("*.log")):
             raise ReleaseError(f"{SAMPLE_DIR}: no .log file (generate the sample with `python data/make_sample.py`)")
-    if logs:
-        from themisto.ingest.june import read_june_logs
-
-        trajectories += read_june_logs(logs)
-    if inputs.table is not None:
-        from themisto.ingest.june_table import read_june_table
-
-        trajectories += read_june_table(inputs.table)
-    if inputs.notebooks:
-        from themisto.ingest.notebook import read_notebook
-
-        trajectories += [read_notebook(p) for p in inputs.notebooks]
-    seen: set[str] = set()
-    for traj in trajectories:
-        if traj.id in seen:
-            raise ReleaseError(f"trajectory {traj.id} is read twice from the inputs")
-        seen.add(traj.id)
-    return logs, trajectories
+        paths = [SAMPLE_DIR]
+    if not paths:
+        return "replayed-steps", [], []
+    mapping = read_participants(inputs.participants) if inputs.participants else None
+    ingested = read_inputs(paths, participants=mapping)
+    files = [item.path for item in expand_inputs(paths)]
+    # Logs named explicitly are still the shipped sample when they all lie in data/sample (authored, MIT).
+    sample = all(p.suffix.lower() == ".log" and p.resolve().parent == SAMPLE_DIR.resolve() for p in files)
+    kinds = {t.source for t in ingested.trajectories}
+    kind = ("shipped-sample" if sample else "june-logs" if "june-log" in kinds else "june-table" if "june-table"
+            in kinds else "notebooks")
+    read = sorted(({"name": f.file, "sha256": f.sha256} for f in ingested.read), key=lambda d: d["name"])
+    return kind, read, ingested.trajectories
 
 
 def release_rows(inputs: BuildInputs, steps_default: Path,
@@ -202,16 +197,9 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
         from themisto.release.paper_rows import read_paper_release
 
         return read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])}, {}
-    logs, trajectories = _read_trajectories(inputs)
+    kind, read, trajectories = _read_trajectories(inputs)
     seen = {t.id for t in trajectories}
-    sample = not (inputs.logs or inputs.table or inputs.notebooks or inputs.steps)
-    read = [*logs, *([inputs.table] if inputs.table else []), *inputs.notebooks]
-    # Logs named explicitly are still the shipped sample when they all lie in data/sample (authored, MIT).
-    sample = sample or (bool(logs) and not inputs.table and not inputs.notebooks
-                        and all(p.resolve().parent == SAMPLE_DIR.resolve() for p in logs))
-    kind = "shipped-sample" if sample else ("june-logs" if logs else "june-table" if inputs.table
-                                             else "notebooks" if inputs.notebooks else "replayed-steps")
-    source: dict[str, Any] = {"kind": kind, "inputs": _described(read)}
+    source: dict[str, Any] = {"kind": kind, "inputs": read}
     settings: dict[str, Any] = {}
     from themisto.replay.replay import ReplaySettings
     from themisto.replay.steps_file import read_steps, read_steps_header, replay_to_file

@@ -33,6 +33,7 @@ TEST_FRACTION = 0.5
 # The rules, in the order they are applied, with the sentence the card and error messages use.
 RULES: dict[str, str] = {
     "min_prior_actions": f"the target has fewer than {MIN_PRIOR_ACTIONS} prior actions in its trajectory",
+    "damaged_code": "the log damaged the target cell's code and nothing restores it (`code_state` damaged)",
     "empty_target": "the target is empty (or its code was not logged)",
     "unfinished_replay": "replay did not finish the cell (timeout or kernel died), so its output is not a target",
     "length_quantile": f"the target is longer than the {LENGTH_QUANTILE} quantile of target length",
@@ -143,6 +144,7 @@ def trajectory_row(step, participant: str | None = None) -> dict:
         "logged_ename": step.logged.ename,
         "logged_evalue": step.logged.evalue,
         "logged_output_types": list(step.logged.output_types),
+        "code_state": step.logged.code_state,
     }
 
 
@@ -222,8 +224,13 @@ def _history(steps: Sequence[dict], index: int, settings: TaskSettings) -> list[
         output, truncated = _truncate(row["output"] or "", settings.history_output_chars)
         cells.append({"step": row["step"], "cell_id": row["cell_id"], "code": row["code"], "output": output,
                       "output_truncated": truncated, "status": row["status"],
-                      "restarted_before": row["restarted_before"]})
+                      "restarted_before": row["restarted_before"], "code_state": _code_state(row)})
     return cells
+
+
+def _code_state(row: Mapping) -> str:
+    """A row's code state; rows written before the field existed (and the paper's) hold the code as logged."""
+    return row.get("code_state") or "as_logged"
 
 
 def _common(steps: Sequence[dict], index: int, settings: TaskSettings) -> dict:
@@ -282,6 +289,8 @@ def _eligible(kernels: Mapping[str, list[dict]], task: str, settings: TaskSettin
     report = TaskReport(task=task, candidates=len(candidates))
     checks = {
         "min_prior_actions": lambda c: c.index >= settings.min_prior_actions,
+        # Damaged code is no developer's code: neither its text nor its replayed output is a target.
+        "damaged_code": lambda c: _code_state(kernels[c.kernel_id][c.index]) != "damaged",
         "empty_target": lambda c: c.target.strip() != "",
         "unfinished_replay": lambda c: task == "next_cell" or kernels[c.kernel_id][c.index]["status"] not in UNFINISHED_STATUSES,
     }

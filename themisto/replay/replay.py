@@ -41,6 +41,7 @@ class LoggedOutcome:
     ename: str | None = None
     evalue: str | None = None
     output_types: list[str] = field(default_factory=list)
+    code_state: str = "as_logged"  # whether the log kept the code whole (`themisto.vocabulary.CODE_STATES`)
 
 
 @dataclass
@@ -80,7 +81,8 @@ class Step:
 
 
 def _logged(execution: Execution) -> LoggedOutcome:
-    return LoggedOutcome(execution.status, execution.ename, execution.evalue, execution.output_types)
+    return LoggedOutcome(execution.status, execution.ename, execution.evalue, execution.output_types,
+                         execution.code_state)
 
 
 def _restart_points(trajectory: Trajectory) -> set[int]:

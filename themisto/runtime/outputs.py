@@ -1,11 +1,8 @@
 """Normalize a cell's nbformat outputs: the one `output` text per step that scores compare, the rich outputs kept
 typed, and the `[{output_type, size}]` summary the JuNE logs recorded.
 
-Sizes follow the JuNE logging extension, inferred from its real logs against the participant's final notebooks
-(../shared/data/june): a stream's size is the length of its text serialized as a JSON string (quotes included), a
-display_data / execute_result's size is the length of its whole mime bundle serialized as compact JSON, and an
-error's size is 0. JSON is built here with `ensure_ascii=False`, as JavaScript's `JSON.stringify` does; lengths
-count code points where JavaScript counts UTF-16 units, so they differ only for characters outside the BMP.
+Sizes follow the JuNE logging extension's one rule, `themisto.ingest.output_size` (UTF-8 bytes of the JSON it
+serialized, checked against the real logs).
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ import binascii
 import json
 import re
 
+from themisto.ingest.output_size import output_size
 from themisto.ingest.trajectory import OutputSummary
 
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
@@ -97,18 +95,6 @@ def output_text(outputs: list[dict], *, traceback: bool = True) -> str:
 def output_types(outputs: list[dict]) -> list[str]:
     """The `output_type` of each output, in order (as the JuNE log lists them)."""
     return [str(output.get("output_type")) for output in outputs]
-
-
-def output_size(output: dict) -> int:
-    """The size of one output as the JuNE logging extension measured it (see the module docstring)."""
-    kind = output.get("output_type")
-    if kind == "stream":
-        return len(json.dumps(_text(output.get("text", "")), ensure_ascii=False))
-    if kind in ("execute_result", "display_data"):
-        data = {mime: (_text(value) if isinstance(value, (str, list)) else value)
-                for mime, value in (output.get("data") or {}).items()}
-        return len(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
-    return 0
 
 
 def summarize(outputs: list[dict]) -> list[OutputSummary]:
