@@ -163,6 +163,17 @@ def test_timeout_interrupts_and_keeps_state(session):
     assert session.execute("kept").outputs[0]["data"]["text/plain"] == "'yes'"
 
 
+def test_a_cell_that_honours_its_interrupt_late_keeps_the_state(session):
+    # SIGINT is blocked in the cell's thread until 2.5 s after its timeout: the interrupt lands late, as it does on a
+    # loaded machine; the kernel must not be taken for hung and restarted (it was, with a 1.5 s grace)
+    late = ("import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+            "try:\n    time.sleep(3.5)\nfinally:\n    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})")
+    session.execute("kept = 'late'")
+    result = session.execute(late, timeout=1)
+    assert result.status == "timeout" and not result.kernel_restarted and "state kept" in result.evalue
+    assert session.execute("kept").outputs[0]["data"]["text/plain"] == "'late'"
+
+
 def test_output_over_the_cap_is_cut_with_a_marker():
     with KernelSession(limits=Limits(output_bytes=10_000)) as kernel:
         result = kernel.execute("for i in range(3000):\n    print('line', i, 'x' * 40)\n'done'")
