@@ -1,9 +1,10 @@
 """Generation speed of the transformers backend here: load time, tokens/s and examples/s on a handful of release
-prompts, for the tiny test model and SmolLM2-135M-Instruct (GGUF); and vLLM vs transformers on the same model and
-prompts as a ratio where vLLM and a GPU are present.
+prompts, for the tiny test model and SmolLM2-135M-Instruct (GGUF), in each number format of `--dtypes` (default
+float32 and bfloat16, in one run: the speed-up of each over float32, and how many of its greedy answers are the
+float32 ones); and vLLM vs transformers on the same model and prompts as a ratio where vLLM and a GPU are present.
 
     python bench/generation.py [--release out/sample] [--prompts 8] [--max-prompt-tokens 1024] [--max-new-tokens 32]
-                               [--batch-size 8] [--json]
+                               [--batch-size 8] [--dtypes float32 bfloat16] [--json]
 
 Without --release (and without out/sample) the prompts come from the shipped sample, replayed and built here first
 (about 2 minutes). vLLM runs the tiny model: a folder it loads offline (a GGUF would need the Hub for its tokenizer).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import tempfile
 import time
@@ -66,17 +68,17 @@ def _measure(backend, rows, sampling, max_prompt_tokens: int) -> dict:
     tokens_out = sum(g.tokens_out or 0 for s in out for g in s)
     return {"examples": len(prompts), "seconds": round(seconds, 2), "tokens_in": tokens_in, "tokens_out": tokens_out,
             "tokens_out_per_s": round(tokens_out / seconds, 1), "examples_per_s": round(len(prompts) / seconds, 3),
-            "prompt_tokens_per_s": round(tokens_in / seconds, 1)}
+            "prompt_tokens_per_s": round(tokens_in / seconds, 1), "answers": [s[0].raw for s in out]}
 
 
-def _transformers(model: str, rows, sampling, batch_size: int, max_prompt_tokens: int) -> dict:
+def _transformers(model: str, rows, sampling, batch_size: int, max_prompt_tokens: int, dtype: str) -> dict:
     from themisto.generation.backends import make_backend
 
     started = time.perf_counter()
-    backend = make_backend("transformers", model, batch_size=batch_size)
+    backend = make_backend("transformers", model, batch_size=batch_size, dtype=dtype)
     load_s = time.perf_counter() - started
-    return {"backend": "transformers", "device": backend.device, "load_s": round(load_s, 1),
-            **_measure(backend, rows, sampling, max_prompt_tokens)}
+    return {"backend": "transformers", "device": backend.device, "dtype": backend.describe()["dtype"],
+            "load_s": round(load_s, 1), **_measure(backend, rows, sampling, max_prompt_tokens)}
 
 
 def _vllm_missing() -> str | None:
@@ -95,6 +97,8 @@ def main() -> int:
                         help="prompt budget (the oldest history goes first); CPU prefill grows with it")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], metavar="DTYPE",
+                        help="the transformers backend's number formats to measure (the first is the reference)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
@@ -112,7 +116,19 @@ def main() -> int:
         if gguf is not None:
             models["SmolLM2-135M-Instruct (GGUF Q4_1)"] = str(gguf)
         for name, model in models.items():
-            results[name] = _transformers(model, rows, sampling, args.batch_size, args.max_prompt_tokens)
+            reference = None
+            for dtype in args.dtypes:
+                result = _transformers(model, rows, sampling, args.batch_size, args.max_prompt_tokens, dtype)
+                if reference is None:
+                    reference = result
+                else:
+                    result["speedup_vs_" + reference["dtype"]] = round(
+                        result["tokens_out_per_s"] / reference["tokens_out_per_s"], 2)
+                    result["answers_as_" + reference["dtype"]] = sum(
+                        a == b for a, b in zip(result["answers"], reference["answers"]))
+                results[f"{name} {dtype}"] = result
+        for result in results.values():
+            del result["answers"]
         missing = _vllm_missing()
         if missing is None:
             from themisto.generation.backends import make_backend
@@ -122,18 +138,31 @@ def main() -> int:
             backend = make_backend("vllm", model, gpu_memory_utilization=0.5)
             vllm = {"backend": "vllm", "load_s": round(time.perf_counter() - started, 1),
                     **_measure(backend, rows, sampling, args.max_prompt_tokens)}
-            ref = next(r for n, r in results.items() if models[n] == model)
+            ref = results[f"tiny (2-layer random Llama) {args.dtypes[0]}"]
             vllm["tokens_per_s_vs_transformers"] = round(vllm["tokens_out_per_s"] / ref["tokens_out_per_s"], 2)
             results["vLLM"] = vllm
     if args.json:
-        print(json.dumps({"results": results, "vllm": missing or "measured"}, sort_keys=True))
+        print(json.dumps({"results": results, "vllm": missing or "measured", "load": os.getloadavg()[0]},
+                         sort_keys=True))
         return 0
     print(f"{len(rows)} next_cell prompts (context: variables, at most {args.max_prompt_tokens} tokens), greedy, "
           f"{args.max_new_tokens} new tokens, batch {args.batch_size}")
     for name, r in results.items():
+        versus = [f"{r[key]}x the tokens/s of {key.removeprefix('speedup_vs_')}"
+                  for key in r if key.startswith("speedup_vs_")]
+        versus += [f"{r[key]}/{r['examples']} answers as in {key.removeprefix('answers_as_')}"
+                   for key in r if key.startswith("answers_as_")]
         print(f"{name} [{r['backend']}, {r.get('device', 'gpu')}]: load {r['load_s']} s; {r['tokens_out_per_s']} "
               f"new tokens/s, {r['prompt_tokens_per_s']} prompt tokens/s, {r['examples_per_s']} examples/s "
-              f"({r['tokens_in']} prompt / {r['tokens_out']} new tokens in {r['seconds']} s)")
+              f"({r['tokens_in']} prompt / {r['tokens_out']} new tokens in {r['seconds']} s)"
+              + (f"; {', '.join(versus)}" if versus else ""))
+    import torch
+
+    from themisto.generation.backends.hf import native_bfloat16
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"native bfloat16 on {device}: {'yes' if native_bfloat16(device, torch) else 'no (emulated)'}; "
+          f"load average {os.getloadavg()[0]:.2f}")
     if missing:
         print(f"vLLM: not available here ({missing})")
     else:

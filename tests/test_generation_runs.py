@@ -157,7 +157,7 @@ def test_prompts_over_budget_are_recorded_as_skipped(small_release, tmp_path):
 def test_a_transformers_run_extracts_answers_and_records_the_model(small_release, tiny_model_dir, tmp_path):
     settings = RunSettings(task="next_cell", contexts=("none", "full"), backend="transformers",
                            model=str(tiny_model_dir), limit=2, sampling=Sampling(max_new_tokens=6),
-                           backend_options={"device": "cpu"})
+                           backend_options={"device": "cpu", "dtype": "bfloat16"})
     report = generate_run(small_release, tmp_path / "run", settings, progress=False)
     lines = _lines(tmp_path / "run")
     assert len(lines) == 4 and all(r["status"] == "ok" and r["tokens_out"] for r in lines)
@@ -165,6 +165,8 @@ def test_a_transformers_run_extracts_answers_and_records_the_model(small_release
     run = report.run
     assert len(run["weights_sha256"]) == 64 and run["backend_version"] and run["tokens_in"] > 0
     assert run["generations_per_s"] > 0 and run["packages"]["transformers"]
+    # the number format asked for, and the one the model ran in
+    assert run["backend_options"]["dtype"] == "bfloat16" and run["backend_info"]["dtype"] == "bfloat16"
 
 
 def _generate(release: Path, model: Path, run: Path) -> subprocess.Popen:

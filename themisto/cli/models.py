@@ -58,7 +58,7 @@ def add_sft_export(subparsers: argparse._SubParsersAction) -> None:
 def _backend_options(args: argparse.Namespace) -> dict:
     """The options each backend takes from the command line (recorded in run.json; a resume must match them)."""
     if args.backend == "transformers":
-        return {"device": args.device}
+        return {"device": args.device, "dtype": args.dtype}
     if args.backend == "openai":
         return {"base_url": args.base_url, "concurrency": args.concurrency, "max_retries": args.max_retries,
                 "timeout_s": args.request_timeout}
@@ -111,6 +111,8 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def add_generate(subparsers: argparse._SubParsersAction) -> None:
+    from themisto.generation.backends.hf import DTYPES
+
     parser = subparsers.add_parser("generate", help="run a model (or a baseline) on a release's task, resumable")
     parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder (themisto build)")
     parser.add_argument("--task", required=True, choices=TASKS)
@@ -130,6 +132,9 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, help="only K test examples, evenly spread over the release")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per batch and per write (default 8)")
     parser.add_argument("--device", default="auto", help="transformers: cpu, cuda, auto (default)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="transformers: the weights' number format (default auto: the checkpoint's own; a GGUF "
+                             "is dequantized to float32); bfloat16 on a CPU or a GPU that has it, float16 on a GPU")
     parser.add_argument("--base-url", help="openai: the endpoint (default: OPENAI_BASE_URL); key from OPENAI_API_KEY")
     parser.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight (default 8)")
     parser.add_argument("--max-retries", type=int, default=4, help="openai: retries on 429/5xx/timeouts")
