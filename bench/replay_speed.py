@@ -1,8 +1,8 @@
 """Replay's wall time against the cells' own run times, sequential and with one worker per core, in one run.
 
-Reads every real JuNE log under the data folder (../shared/data/june, all its subfolders; THEMISTO_JUNE_DIR moves
-it) that the readers can read, and lists the ones they refuse with the reason. Replays them all into a steps file
-twice over the same look-alike workspace: one trajectory after the other (`--workers 1`), then one worker per core
+Reads every real JuNE log under the data folder (../shared/data/june and its subfolders; THEMISTO_JUNE_DIR moves
+it) through the one ingest door, and replays all its trajectories into a steps file twice over the same look-alike
+workspace: one trajectory after the other (`--workers 1`), then one worker per core
 (`themisto.replay.workers`), alternating which goes first over `--rounds`. For each run it prints the wall time,
 the sum of the cells' own run times (each step's `execution_time`), their ratio, and the load average before and
 after; then the speed-up of the parallel run, beside the most the trajectories' lengths allow (no trajectory can be
@@ -24,23 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import JUNE_DIR, arguments, load, report, workspace  # noqa: E402
 
 
-def real_trajectories(limit: int | None) -> tuple[list, dict[str, str]]:
-    """Every trajectory the readers can read from the real logs, and {log: why it was refused} for the others."""
-    from themisto.errors import InputError
-    from themisto.ingest.june_log import read_june_logs
+def real_trajectories(limit: int | None) -> tuple[list, int]:
+    """Every trajectory of the real logs, read through the one ingest door (a participant's kernels on one notebook
+    joined), and how many log files it read."""
+    from themisto.ingest.inputs import read_inputs
 
-    trajectories, refused = [], {}
-    for log in sorted(JUNE_DIR.rglob("*.log")):
-        try:
-            read = read_june_logs([log])
-        except InputError as error:
-            refused[str(log.relative_to(JUNE_DIR))] = str(error).splitlines()[0][-160:]
-            continue
-        trajectories += [t for t in read if t.executions]
+    ingested = read_inputs([JUNE_DIR])
+    trajectories = [t for t in ingested.trajectories if t.executions]
     if limit:
         trajectories = [replace(t, executions=t.executions[:limit], events=[e for e in t.events if e.before < limit])
                         for t in trajectories]
-    return trajectories, refused
+    return trajectories, len(ingested.files)
 
 
 def one_run(trajectories: list, ws: Path, out: Path, workers: int) -> dict:
@@ -74,13 +68,11 @@ def main() -> int:
     from themisto.settings import usable_cores
 
     workers = args.workers or usable_cores()
-    trajectories, refused = real_trajectories(args.limit)
-    for log, reason in refused.items():
-        print(f"not read (the readers refuse it): {log}: {reason}", file=sys.stderr)
+    trajectories, logs = real_trajectories(args.limit)
     if not trajectories:
-        raise SystemExit(f"bench: no readable JuNE log under {JUNE_DIR}")
-    print(f"{len(trajectories)} trajectories, {sum(len(t.executions) for t in trajectories)} executions from "
-          f"{JUNE_DIR} ({len(refused)} logs not read); {workers} workers on {os.cpu_count()} cores", file=sys.stderr)
+        raise SystemExit(f"bench: no JuNE log under {JUNE_DIR}")
+    print(f"{len(trajectories)} trajectories, {sum(len(t.executions) for t in trajectories)} executions from {logs} "
+          f"logs under {JUNE_DIR}; {workers} workers on {os.cpu_count()} cores", file=sys.stderr)
     keep, ws = workspace()
     runs = []
     with tempfile.TemporaryDirectory(prefix="themisto-bench-replay-") as tmp:
@@ -103,7 +95,7 @@ def main() -> int:
     # the parallel run cannot end before its longest trajectory has run, nor beat `workers` times
     bound = min(workers, cells / runs[0]["longest_cells_s"]) if runs[0]["longest_cells_s"] else None
     figures = {"trajectories": len(trajectories), "executions": sum(len(t.executions) for t in trajectories),
-               "logs_not_read": len(refused), "workers": workers, "sequential_wall_s": sequential,
+               "logs": logs, "workers": workers, "sequential_wall_s": sequential,
                "parallel_wall_s": parallel, "speedup": round(sequential / parallel, 3),
                "speedup_bound": None if bound is None else round(bound, 2),
                "sequential_wall_over_cells": next(r["wall_over_cells"] for r in runs if r["workers"] == 1),
