@@ -121,7 +121,7 @@ def test_the_card_no_longer_imports_the_parquet_writer():
 
 
 @pytest.mark.parametrize("module", ["generation/release_rows.py", "scoring/release_state.py",
-                                    "leaderboard/submission.py", "release/check.py", "scoring/run_files.py",
+                                    "leaderboard/submission.py", "release/check.py", "generation/run_folder.py",
                                     "training/export.py"])
 def test_release_readers_read_through_the_owner(module):
     source = (REPO / "themisto" / module).read_text(encoding="utf-8")
