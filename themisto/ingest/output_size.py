@@ -25,7 +25,7 @@ def output_size(output: dict) -> int:
     """The size the extension logged for one nbformat output.
 
     >>> output_size({"output_type": "stream", "name": "stdout", "text": ["hé\\n"]}), output_size({"output_type": "error"})
-    (8, 0)
+    (7, 0)
     """
     kind = output.get("output_type")
     if kind == "stream":
