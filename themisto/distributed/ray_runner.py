@@ -17,7 +17,7 @@ from themisto.distributed.cluster import RayTarget, check_reachable, node_folder
 from themisto.distributed.tasks import TaskFailed, run_tasks
 from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplaySettings, Step
-from themisto.replay.steps_file import ReplayFailure, Runner
+from themisto.replay.steps_file import ReplayFailure, Runner, longest_first
 
 
 # A workspace up to this size travels with the tasks (once, through Ray's object store) to nodes that do not see
@@ -85,9 +85,7 @@ def replay_runner(target: RayTarget) -> Runner:
             folder = None if workspace is None else str(workspace)
             packed = None if folder is None else ray.put(pack_workspace(folder))
             say(f"Ray: {len(pending)} trajectories over {int(ray.cluster_resources().get('CPU', 0))} CPUs")
-            # longest first, so that no long trajectory starts last and keeps one worker busy alone at the end
-            # (the final file's order does not depend on it)
-            ordered = sorted(pending, key=lambda t: len(t.executions), reverse=True)
+            ordered = longest_first(pending)
 
             def submit(trajectory: Trajectory):
                 # the task's name is its worker's process title while it runs (`ray::replay <id>`) and its name in

@@ -44,6 +44,12 @@ class ReplayIncomplete(RuntimeError):
                          f"{_partial_path(out)}, and a rerun replays only the failed ones")
 
 
+def longest_first(pending: list[Trajectory]) -> list[Trajectory]:
+    """The order a runner that replays several trajectories at once starts them in: longest first, so that no long
+    trajectory starts last and keeps one worker busy alone at the end (the final file's order does not depend on it)."""
+    return sorted(pending, key=lambda t: len(t.executions), reverse=True)
+
+
 def local_runner(pending: list[Trajectory], workspace: str | Path | None, settings: ReplaySettings,
                  say: Callable[[str], None]) -> Iterator[tuple[str, Iterable[Step]]]:
     """Replay the trajectories one after the other in this process, streaming each one's steps."""

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplaySettings, Step, kernel_limits, replay
-from themisto.replay.steps_file import Runner, local_runner, with_progress
+from themisto.replay.steps_file import Runner, local_runner, longest_first, with_progress
 from themisto.settings import usable_cores
 
 
@@ -62,9 +62,7 @@ def _in_threads(pending: list[Trajectory], workspace: str | Path | None, setting
             finally:
                 sessions.pop(trajectory.id, None)
 
-    # Longest first, so that no long trajectory starts last and keeps one core busy alone at the end (the final
-    # file's order does not depend on it).
-    ordered = sorted(pending, key=lambda t: len(t.executions), reverse=True)
+    ordered = longest_first(pending)
     rank = {trajectory.id: i for i, trajectory in enumerate(ordered)}
     total = len(ordered)
     pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="themisto-replay")
