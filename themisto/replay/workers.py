@@ -1,6 +1,6 @@
 """Replay on this machine's cores: `workers` trajectories at once, each in its own sandboxed kernel.
 
-A `replay_to_file` runner (see `themisto.replay.replay.Runner`): the driver writes each trajectory's steps as it
+A `replay_to_file` runner (see `themisto.replay.steps_file.Runner`): the driver writes each trajectory's steps as it
 finishes and the final file in input order, so the steps file is the one a sequential run writes, and a stopped run
 resumes the same way. Threads suffice: each trajectory's cells run in its own kernel process; the host only waits
 on its sockets and turns the replies into steps.
