@@ -15,6 +15,18 @@ TASK1_LOG = JUNE_DIR / "bc147b33-fa74-4bff-9f48-c88809c5bdcd.log"
 TASK2_LOG = JUNE_DIR / "388ef554-e3e7-4410-89ac-d6ad4aeaec6c.log"
 
 
+@pytest.fixture
+def allow_execution(monkeypatch):
+    """Execution of model-written code switched on (HF_ALLOW_CODE_EVAL=1) for one test, the settings read anew."""
+    from themisto.settings import settings
+
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    settings.cache_clear()
+    yield
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
+    settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def june_dir() -> Path:
     if not TASK1_LOG.exists():

@@ -61,15 +61,6 @@ def release(tmp_path_factory, workspace):
     return sc.load_release(out, "next_cell")
 
 
-@pytest.fixture
-def allow_execution(monkeypatch):
-    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
-    env_settings.cache_clear()
-    yield
-    monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
-    env_settings.cache_clear()
-
-
 def _targets(release, example_ids):
     return [release.task_rows[i]["target"] for i in example_ids]
 

@@ -12,7 +12,6 @@ import pytest
 from themisto.cli import main
 from themisto.replay.steps_file import STEPS_HEADER, read_steps, read_steps_header
 from themisto.replay.workspace_recipe import RecipeError, given, workspace_from_recipe
-from themisto.settings import settings as env_settings
 
 pytestmark = pytest.mark.slow
 
@@ -23,15 +22,6 @@ LINES = 60  # the log's first executions: reading the look-alike pickles, then w
 def _generate(release: Path, run: Path) -> None:
     assert main(["generate", "--release", str(release), "--task", "next_cell", "--context", "none", "--backend",
                  "baseline", "--model", "previous-cell", "--limit", "4", "-o", str(run)]) == 0
-
-
-@pytest.fixture
-def allow_execution(monkeypatch):
-    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
-    env_settings.cache_clear()
-    yield
-    monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
-    env_settings.cache_clear()
 
 
 def test_replay_build_generate_and_score_need_no_workspace(tmp_path, allow_execution, capsys):

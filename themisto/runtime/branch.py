@@ -69,8 +69,8 @@ class BranchResult:
     @property
     def changed_state(self) -> bool | None:
         """Whether the code changed its branch's state (a variable added, changed or deleted, or a work-folder file
-        touched; the kernel's own state is never changed); None when it left no state to compare (it died, or ran
-        past its time)."""
+        touched; the kernel's own state is never changed); None when it left no state to compare (it died, or was
+        killed past its time)."""
         if self.added or self.changed or self.deleted or self.workdir_changes:
             return True
         return None if self.state_hash_after is None else False
@@ -220,7 +220,7 @@ def _replay_prefix(session: Any, prefix: list[str]) -> None:
     try:
         rebuild_state(session, [RerunCell(number, code) for number, code in enumerate(prefix)], strict=True)
     except StateLost as error:
-        raise BranchError(f"replay fallback: prefix cell {error}; the pre-cell state cannot be rebuilt") from error
+        raise BranchError(f"replay fallback: prefix {error}; the pre-cell state cannot be rebuilt") from error
 
 
 def _replay_continuation(session: Any, cells: list[str], timeout_s: float,

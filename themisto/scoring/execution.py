@@ -122,17 +122,22 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Scored
                   "branch_wall_s": round(time.perf_counter() - began, 6),
                   "reference_durations_s": [round(float(r.duration_s), 6) for r in results[:REFERENCE_RUNS]],
                   "reference_continuation_s": [continuation_time(r) for r in results[:REFERENCE_RUNS]]}
-    judged = iter(_judged(ready, results, cells, settings))  # in the order of `ready`
-    return [_example_verdict(replace(example, **step_facts),
-                             [next(judged) if r.outcome != "refused" else r for r in own], row, results, cells,
-                             settings) for example, own in examples]
+    problem = reference_problem(results[0], results[1], row, settings)
+    continuation = _continuation_problem(results, cells, settings)
+    judged = iter(_judged(ready, results, cells, continuation == "", settings))  # in the order of `ready`
+    verdicts = []
+    for example, own in examples:
+        records = [next(judged) if r.outcome != "refused" else r for r in own]
+        verdicts.append(_example_verdict(replace(example, **step_facts), records, problem, continuation,
+                                         len(cells.after), settings))
+    return verdicts
 
 
-def _judged(ready: list[PredictionRecord], results: list, cells: _StepCells,
+def _judged(ready: list[PredictionRecord], results: list, cells: _StepCells, continuation: bool,
             settings: ScoreSettings) -> list[PredictionRecord]:
-    """Each ready prediction's record, judged against the first reference run."""
+    """Each ready prediction's record, judged against the first reference run (and its continuation, when the
+    reference's defines one)."""
     first = results[0]
-    continuation = _continuation_problem(results, cells, settings) == ""
     judged = []
     for record, result in zip(ready, results[REFERENCE_RUNS:]):
         verdict = replace(judge(record, first, result, settings),
@@ -150,17 +155,18 @@ def _continuation_problem(results: list, cells: _StepCells, settings: ScoreSetti
     return reference_continuation_problem(results[0], results[1], cells.names, len(cells.after), settings) or ""
 
 
-def _example_verdict(example: ExampleRecord, records: list[PredictionRecord], row: dict, results: list,
-                     cells: _StepCells, settings: ScoreSettings) -> tuple[ExampleRecord, list[PredictionRecord]]:
-    """The example's record and its predictions' once the reference runs have said whether it defines an answer."""
-    problem = reference_problem(results[0], results[1], row, settings)
-    unjudged_continuation = _continuation_problem(results, cells, settings)
-    if unjudged_continuation is not None:
-        example = replace(example, continuation_cells=len(cells.after), continuation_problem=unjudged_continuation)
+def _example_verdict(example: ExampleRecord, records: list[PredictionRecord], problem: tuple[str, str] | None,
+                     continuation: str | None, continuation_cells: int,
+                     settings: ScoreSettings) -> tuple[ExampleRecord, list[PredictionRecord]]:
+    """The example's record and its predictions' once the reference runs have said whether it defines an answer
+    (`problem`: its status and reason when not) and a continuation answer (`continuation`, as _continuation_problem
+    says)."""
+    if continuation is not None:
+        example = replace(example, continuation_cells=continuation_cells, continuation_problem=continuation)
     if problem is not None:
         return replace(example, status=problem[0], reason=problem[1]), [unjudged(r) for r in records]
     example, records = finish_example(example, records, settings)
-    if unjudged_continuation == "":
+    if continuation == "":
         records = [replace(r, continuation_match=False) if r.outcome == "refused" else r for r in records]
     return example, records
 
