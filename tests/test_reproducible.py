@@ -47,17 +47,48 @@ def _contents(folder: Path) -> dict:
     return found
 
 
-def test_addresses_are_masked_alike_in_targets_and_predictions():
-    from themisto.runtime.outputs import mask_addresses
+def test_addresses_and_counters_are_masked_alike_in_targets_and_predictions():
+    from themisto.runtime.outputs import mask_volatile
     from themisto.scoring.scorer import ScoreSettings, score
 
-    target = mask_addresses("<matplotlib.colorbar.Colorbar at 0x7f6b6822c490>\n<Figure size 640x480 with 2 Axes>")
+    target = mask_volatile("<matplotlib.colorbar.Colorbar at 0x7f6b6822c490>\n<Figure size 640x480 with 2 Axes>")
     assert target == "<matplotlib.colorbar.Colorbar at 0x…>\n<Figure size 640x480 with 2 Axes>"
     predicted = "<matplotlib.colorbar.Colorbar at 0x7f00deadbeef>\n<Figure size 640x480 with 2 Axes>"
-    result = score([predicted, "<Colorbar at 0x7f00deadbeef>"], [target, target],
-                   settings=ScoreSettings(task="output_prediction"))
-    assert [(p.exact_match, p.output_equivalent) for p in result.predictions] == [(1.0, True), (0.0, False)]
+    error = mask_volatile(f"ZeroDivisionError: division by zero\n{'-' * 75}\nCell In[28], line 1\n----> 1 1/0")
+    assert "Cell In[…], line 1" in error
+    result = score([predicted, "<Colorbar at 0x7f00deadbeef>", error.replace("In[…]", "In[3]")],
+                   [target, target, error], settings=ScoreSettings(task="output_prediction"))
+    assert [(p.exact_match, p.output_equivalent) for p in result.predictions] == [(1.0, True), (0.0, False),
+                                                                                  (1.0, True)]
     assert result.predictions[0].prediction == predicted  # the record keeps what was submitted
+
+
+# Step 2 kills its kernel only where the workspace holds a file named `lose`: replay then rebuilds the state from
+# steps 0-1, so the kernel has run one cell fewer when step 3 raises, and its traceback says `Cell In[3]`, not 4.
+COUNTER_CELLS = ["x = 1", "y = x + 1", "import os\nif os.path.exists('lose'):\n    os._exit(1)", "y / 0", "x"]
+
+
+@pytest.mark.slow
+def test_a_rebuild_in_one_replay_changes_no_target_of_the_steps_after_it(tmp_path):
+    trajectory = Trajectory(id="counter", notebook="nb.ipynb", source="test", task="task1",
+                            executions=[Execution(cell_id=f"c{i}", code=c, status="ok")
+                                        for i, c in enumerate(COUNTER_CELLS)])
+    tasks = TaskSettings(test_fraction=1.0, length_quantile=1.0, min_prior_actions=1, output_sample_size=None)
+    outputs, targets = [], []
+    for name, files in (("quiet", []), ("lost", ["lose"])):
+        workspace = tmp_path / f"ws-{name}"
+        workspace.mkdir()
+        for file in files:
+            (workspace / file).write_text("")
+        steps = list(replay_trajectory(trajectory, workspace, ReplaySettings(cell_timeout_s=30)))
+        outputs.append(steps[3].output)
+        out = tmp_path / name
+        build_release(trajectory_rows(steps), out, tasks, source={"kind": "test", "workspace": {"given": name}})
+        rows = pq.read_table(out / "output_prediction" / "test-00000-of-00001.parquet").to_pylist()
+        targets.append({r["id"]: (r["target"], [h["output"] for h in r["history"]]) for r in rows})
+    assert "Cell In[4]" in outputs[0] and "Cell In[3]" in outputs[1]  # the replays themselves differ
+    assert targets[0]["counter/3"][0].startswith("ZeroDivisionError") and "Cell In[…]" in targets[0]["counter/3"][0]
+    assert targets[0]["counter/3"] == targets[1]["counter/3"] and targets[0]["counter/4"] == targets[1]["counter/4"]
 
 
 @pytest.mark.slow

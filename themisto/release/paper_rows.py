@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from themisto.errors import InputError
 from themisto.release.tasks import variable_row
-from themisto.runtime.outputs import mask_addresses
+from themisto.runtime.outputs import mask_volatile
 
 # Our field -> the names it may have in the published data (compared after lower-casing and turning spaces
 # and hyphens into underscores).
@@ -156,7 +156,7 @@ def _row(record: Mapping, where: str) -> tuple[str, float, dict]:
         raise PaperReleaseError(f"{where}: {exc}") from exc
     ename = _optional(_lookup(record, "ename"))
     status = _optional(_lookup(record, "status")) or ("error" if ename else "ok")
-    output = mask_addresses(output_text(_lookup(record, "output")))  # as in our own rows
+    output = mask_volatile(output_text(_lookup(record, "output")))  # as in our own rows
     row = {
         "kernel_id": str(kernel_id),
         "step": 0,  # renumbered per trajectory below

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from themisto.runtime.outputs import mask_addresses
+from themisto.runtime.outputs import mask_volatile
 
 from themisto.errors import InputError
 from themisto.vocabulary import SPLITS, TASKS, UNFINISHED_STATUSES
@@ -104,7 +104,7 @@ def variable_row(info: Mapping) -> dict:
         "name": str(info["name"]),
         "type": None if info.get("type") is None else str(info["type"]),
         "size": None if size is None else int(size),
-        "repr": None if info.get("repr") is None else mask_addresses(str(info["repr"])),
+        "repr": None if info.get("repr") is None else mask_volatile(str(info["repr"])),
         "hash": None if info.get("hash") is None else str(info["hash"]),
         "shape": None if shape is None else [int(x) for x in shape],
         "dtype": None if info.get("dtype") is None else str(info["dtype"]),
@@ -115,9 +115,10 @@ def variable_row(info: Mapping) -> dict:
 
 
 def trajectory_row(step, participant: str | None = None) -> dict:
-    """The `trajectories` row of one replayed `themisto.replay.replay.Step`; object addresses in its output, error
-    message and variable reprs are masked (`themisto.runtime.outputs.mask_addresses`), so targets and history built
-    from it are the same in every build."""
+    """The `trajectories` row of one replayed `themisto.replay.replay.Step`; what drifts between two replays (object
+    addresses, the kernel's execution counter in a traceback) is masked in its output, error message and variable
+    reprs (`themisto.runtime.outputs.mask_volatile`), so targets and history built from it are the same in every
+    build."""
     return {
         "kernel_id": step.kernel_id,
         "step": int(step.step),
@@ -130,8 +131,8 @@ def trajectory_row(step, participant: str | None = None) -> dict:
         "restarted_before": bool(step.restarted_before),
         "status": step.status,
         "ename": step.ename,
-        "evalue": None if step.evalue is None else mask_addresses(step.evalue),
-        "output": mask_addresses(step.output),
+        "evalue": None if step.evalue is None else mask_volatile(step.evalue),
+        "output": mask_volatile(step.output),
         "output_types": list(step.output_types),
         "execution_time": float(step.execution_time),
         "memory_bytes": step.memory_bytes,

@@ -16,19 +16,34 @@ from themisto.ingest.output_size import output_size
 from themisto.ingest.trajectory import OutputSummary
 
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
-# `<Colorbar at 0x7f18c81afad0>`: an object's address is its identity, not its content; two runs of the same cell
-# (two builds, two forked branches) allocate at different addresses, so no target or prediction may keep one.
+# What two runs of the same cell print differently while the cell's content stays the same. An object's address is
+# its identity (`<Colorbar at 0x7f18c81afad0>`): two runs (two builds, two forked branches) allocate at different
+# addresses. The kernel's execution counter in a traceback (`Cell In[28]`, IPython 8.0-8.4's `Input In [28]`,
+# IPython 7's `<ipython-input-28-…>`) counts the cells this kernel ran before: a state rebuilt after a lost kernel, a
+# retried worker or a replay under another load runs more or fewer of them (a local and a Ray build of the sample
+# differed so). A kernel's temporary folder (`/tmp/ipykernel_2/…`, where a warning names the cell) holds its pid.
+# No target, history output or prediction keeps any of them.
 ADDRESS_RE = re.compile(r"\b(at |id=)0x[0-9a-fA-F]{4,}\b")
 ADDRESS_MASK = "0x…"
+COUNTER_RE = re.compile(r"(\bCell In ?\[|\bInput In \[|<ipython-input-)\d+(?=\]|-)")
+PID_FOLDER_RE = re.compile(r"(\bipykernel_)\d+(?=[\\/])")
+COUNTER_MASK = "…"
 
 
-def mask_addresses(text: str) -> str:
-    """Replace object addresses by one mask: the single normalisation of targets, history and predictions.
+def mask_volatile(text: str) -> str:
+    """Replace what differs between two runs of the same cell (object addresses, the kernel's execution counter, its
+    pid in a temporary folder) by one mask each: the single normalisation of targets, history and predictions.
 
-    >>> mask_addresses("<matplotlib.colorbar.Colorbar at 0x7f6b6822c490>")
+    >>> mask_volatile("<matplotlib.colorbar.Colorbar at 0x7f6b6822c490>")
     '<matplotlib.colorbar.Colorbar at 0x…>'
+    >>> mask_volatile("Cell In[28], line 1\\nInput In [3], in <cell line: 1>()\\n<ipython-input-7-6b9a0a0e3d0c>")
+    'Cell In[…], line 1\\nInput In […], in <cell line: 1>()\\n<ipython-input-…-6b9a0a0e3d0c>'
+    >>> mask_volatile("/tmp/ipykernel_2/2560177576.py:3: FutureWarning: in 2 steps [12]")
+    '/tmp/ipykernel_…/2560177576.py:3: FutureWarning: in 2 steps [12]'
     """
-    return ADDRESS_RE.sub(r"\g<1>" + ADDRESS_MASK, text)
+    text = ADDRESS_RE.sub(r"\g<1>" + ADDRESS_MASK, text)
+    text = COUNTER_RE.sub(r"\g<1>" + COUNTER_MASK, text)
+    return PID_FOLDER_RE.sub(r"\g<1>" + COUNTER_MASK, text)
 
 
 def strip_ansi(text: str) -> str:

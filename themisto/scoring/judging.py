@@ -19,10 +19,10 @@ def compared_output(outputs: list[dict]) -> str:
     ...                   "data": {"text/plain": "<Colorbar at 0x7f18c81afad0>", "image/png": "iVBORw0KGgo="}}])
     '<Colorbar at 0x…>\\n<image/png 8 bytes>'
     """
-    from themisto.runtime.outputs import mask_addresses, output_text, rich_outputs
+    from themisto.runtime.outputs import mask_volatile, output_text, rich_outputs
     from themisto.scoring.equivalence import image_placeholder
 
-    text = mask_addresses(output_text(outputs))
+    text = mask_volatile(output_text(outputs))
     images = [image_placeholder(r["mime"], r["bytes"]) for r in rich_outputs(outputs) if "bytes" in r]
     return "\n".join([text, *images]) if images else text
 

@@ -208,16 +208,17 @@ def make_examples(predictions: Sequence, references: Sequence, ids: Sequence[str
 
 def text_records(examples: Sequence[Example], settings: ScoreSettings) -> list[PredictionRecord]:
     """One record per prediction with its exact match, ROUGE-L, chrF (and output equivalence for output_prediction)."""
-    from themisto.runtime.outputs import mask_addresses
+    from themisto.runtime.outputs import mask_volatile
     from themisto.scoring.equivalence import outputs_equivalent
 
     records = []
     for example in examples:
-        # Outputs are compared with object addresses masked, as the release masks them in targets and history.
+        # Outputs are compared with what drifts between runs masked (addresses, the execution counter), as the release
+        # masks them in targets and history.
         outputs = settings.task == "output_prediction"
-        reference = mask_addresses(example.reference) if outputs else example.reference
+        reference = mask_volatile(example.reference) if outputs else example.reference
         for index, prediction in enumerate(example.predictions):
-            text = mask_addresses(prediction) if outputs else prediction
+            text = mask_volatile(prediction) if outputs else prediction
             record = PredictionRecord(
                 id=example.id, index=index, prediction=prediction, exact_match=exact_match(text, reference),
                 rouge_l=rouge_l(text, reference), chrf=chrf(text, reference))
