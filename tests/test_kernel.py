@@ -90,6 +90,15 @@ def test_kernel_can_import_themisto_and_fork(session):
     assert result.outputs[0]["text"] == "themisto child\n"
 
 
+def test_the_kernel_starts_without_the_debugger_and_a_cell_can_still_import_it(session):
+    # themisto.runtime.kernel_main: ipykernel would load debugpy (and pydevd) at start-up; no client here debugs
+    code = ("import sys\nloaded = 'debugpy' in sys.modules\nimport debugpy\n"
+            "print(loaded, debugpy.__name__, hasattr(get_ipython().kernel, 'debugger'))")
+    result = session.execute(code)
+    assert result.status == "ok", result
+    assert result.outputs[0]["text"] == "False debugpy False\n"
+
+
 def test_limits_hold_inside_the_kernel():
     limits = Limits(memory_bytes=2 * 2**30, max_processes=100, file_size_bytes=2**20, cpu_seconds=600)
     with KernelSession(limits=limits) as kernel:

@@ -13,6 +13,7 @@ import warnings
 import psutil
 
 from themisto.runtime.kernel_setup import KERNEL_NAME, KernelSetup
+from themisto.runtime.launcher import KERNEL_MAIN
 from themisto.runtime.sandbox import KernelStartError, SandboxWarning, is_running, kill_all, processes_of_uid
 from themisto.settings import settings
 
@@ -99,7 +100,7 @@ class KernelProcess(KernelSetup):
         try:
             top = psutil.Process(process.pid)
             for proc in [top] + top.children(recursive=True):
-                if "ipykernel_launcher" in " ".join(proc.cmdline()):
+                if KERNEL_MAIN in proc.cmdline():
                     return proc.pid
         except psutil.Error:
             return None

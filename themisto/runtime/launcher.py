@@ -39,6 +39,8 @@ KERNEL_ENV: dict[str, str] = {
 }
 
 _PR_SET_PDEATHSIG = 1
+# The module the kernel process runs (ipykernel's launcher without the debugger); its name is on its command line.
+KERNEL_MAIN = "themisto.runtime.kernel_main"
 # How the launcher tells the kernel-side output cap (the IPython extension below) its limit.
 OUTPUT_CAP_ENV = "THEMISTO_KERNEL_OUTPUT_BYTES"
 # The kernel keeps writing a little past the cap so the host sees the overflow and marks the cell truncated.
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     # ipykernel polls for the parent named here and quits when getppid() is 1, which in a pid namespace it always is;
     # PR_SET_PDEATHSIG above does that job instead.
     os.environ.pop("JPY_PARENT_PID", None)
-    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file,
+    kernel = [sys.executable, "-m", KERNEL_MAIN, "-f", args.connection_file,
               "--HistoryManager.hist_file=:memory:"]
     if args.output_bytes is not None:
         os.environ[OUTPUT_CAP_ENV] = str(args.output_bytes)

@@ -1,0 +1,33 @@
+"""The kernel process's entry point (`python -m themisto.runtime.kernel_main`, exec'd by the launcher): ipykernel's
+own launcher, but started without the debugger.
+
+ipykernel imports debugpy, and with it all of pydevd (165 modules, about a third of a kernel's start-up CPU), at
+start-up, whether or not a client will ever debug; replay and the scorer never do, and they start a kernel per
+trajectory and again at every restart. The kernel starts as if debugpy were not installed (no debugger is offered),
+and the block is lifted before any cell runs, so a cell that imports debugpy gets it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+_NOT_AT_START = ("debugpy",)
+
+
+def main() -> None:
+    for name in _NOT_AT_START:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  (None: `import debugpy` raises ImportError)
+    try:
+        from ipykernel import kernelapp
+    finally:
+        for name in _NOT_AT_START:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    kernelapp.launch_new_instance()
+
+
+if __name__ == "__main__":
+    # As ipykernel_launcher does: the current folder leaves sys.path while ipykernel loads (IPython puts it back).
+    if sys.path[0] == "":
+        del sys.path[0]
+    main()
