@@ -218,6 +218,17 @@ def test_death_between_cells_is_reported_on_the_next_one():
         assert not kernel.execute("1").kernel_restarted
 
 
+def test_a_kernel_that_dies_while_starting_is_named_with_its_stderr(tmp_path):
+    # the start waits for the kernel's answer itself (kernel_process._until_ready); a dead kernel ends the wait
+    # with its last stderr lines rather than after the start timeout, and leaves nothing behind
+    from themisto.runtime.sandbox import KernelStartError
+
+    kernel = KernelSession(extra_env={"PYTHONHOME": str(tmp_path / "no-such-python")})
+    with pytest.raises(KernelStartError, match=r"(?s)died before replying.*PYTHONHOME"):
+        kernel.start()
+    assert not kernel.alive
+
+
 def test_not_started_is_a_clear_error():
     with pytest.raises(RuntimeError, match="not started"):
         KernelSession().execute("1")

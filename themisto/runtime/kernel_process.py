@@ -20,6 +20,38 @@ from themisto.settings import settings
 # Longest wait for jupyter_client to stop a kernel's channels, or to shut the kernel down, before we do it ourselves.
 _STOP_S = 10.0
 _STDERR_TAIL_BYTES = 8192
+# How long a kernel that answered on its shell channel gets to be heard on IOPub before it is asked again.
+_IOPUB_HEARD_S = 0.5
+
+
+async def _until_ready(kc, timeout: float) -> None:
+    """Return once the kernel has answered a kernel_info request on its shell channel and a message of one of those
+    requests has come through IOPub (so the subscription is live), as jupyter_client's `wait_for_ready` does; that
+    one then also waits for 0.2 s of IOPub silence, a fifth of a quiet start, and nothing here needs it: every read
+    keeps only the messages of its own request. RuntimeError when the kernel dies or stays silent past `timeout`."""
+    from queue import Empty
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    asked: set[str] = set()
+    while loop.time() < deadline:
+        asked.add(kc.kernel_info())
+        try:
+            reply = await kc.shell_channel.get_msg(timeout=max(0.0, min(1.0, deadline - loop.time())))
+        except Empty:
+            reply = None
+        if reply is not None and reply["msg_type"] == "kernel_info_reply":
+            heard_by = loop.time() + _IOPUB_HEARD_S
+            while (left := heard_by - loop.time()) > 0:
+                try:
+                    message = await kc.iopub_channel.get_msg(timeout=left)
+                except Empty:
+                    break
+                if message["parent_header"].get("msg_id") in asked:
+                    return
+        if not await kc.is_alive():
+            raise RuntimeError("Kernel died before replying to kernel_info")
+    raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
 
 
 class KernelProcess(KernelSetup):
@@ -53,7 +85,7 @@ class KernelProcess(KernelSetup):
         kc.start_channels()
         self._kc = kc
         try:
-            await kc.wait_for_ready(timeout=settings().kernel_start_timeout_s)
+            await _until_ready(kc, settings().kernel_start_timeout_s)
         except RuntimeError as exc:
             await asyncio.sleep(0.05)  # let the last lines of the kernel's stderr arrive
             tail = self._stderr.decode("utf-8", "replace")
