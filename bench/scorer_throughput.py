@@ -31,7 +31,7 @@ def release_folder(given: Path | None, tmp: str) -> Path:
 
     out = Path(tmp) / "release"
     print("building the sample release (replays the shipped sample, a few minutes)...", file=sys.stderr)
-    rows, source, extra = release_rows(BuildInputs(), Path(tmp) / "steps.jsonl")
+    rows, source, extra, _ = release_rows(BuildInputs(), Path(tmp) / "steps.jsonl")
     build_release(rows, out, source=source, extra_settings=extra)
     return out
 

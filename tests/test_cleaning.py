@@ -73,6 +73,28 @@ def test_restore_refuses_edited_code():
         restore(cleaned)
 
 
+@pytest.mark.parametrize("code, replayed", [
+    (r'df = pd.read_csv("C:\\Users\\<user>\\jupyter-notebook-hackathon\\jupyter-notebook-hackathon\\x.txt", sep=";")',
+     'df = pd.read_csv("x.txt", sep=";")'),
+    (r'path = "C:\\Users\\<user>\\jupyter-notebook-hackathon"', 'path = "."'),
+    (r'with ZipFile(r"data\task1\jetnet_logs.zip") as z:', 'with ZipFile(r"data/task1/jetnet_logs.zip") as z:'),
+    (r"z.extractall('data\\task1')", "z.extractall('data/task1')"),
+    (r'open("out\\res.csv", "w")', 'open("out/res.csv", "w")'),
+])
+def test_windows_paths_into_the_checkout_become_posix(code, replayed):
+    cleaned = clean_for_replay(f"import pandas as pd\n{code}")
+    assert cleaned.code == f"import pandas as pd\n{replayed}"
+    assert [(c.line, c.rule) for c in cleaned.changes] == [(2, "windows-path")] and restore(cleaned) == cleaned.original
+
+
+@pytest.mark.parametrize("code", [
+    r'print("1\\n")', r're.split(r"\s+\|", x)', r'open("data\task1\x.txt")',  # no path, or a tab Python reads
+    r'open("D:\\other\\x.txt")', r'open(f"data\\{name}.txt")',  # outside the checkout; an f-string
+])
+def test_other_backslashes_are_kept(code):
+    assert clean_for_replay(code).code == code
+
+
 def test_restore_is_exact_for_odd_line_endings():
     code = "!pip install x\r\nprint(1)\r\n\n"
     assert restore(clean_for_replay(code)) == code

@@ -86,6 +86,23 @@ def test_a_build_report_nested_too_deep_or_of_another_shape_is_refused(release):
         open_release(release)
 
 
+def test_a_results_table_goes_into_the_card_and_a_rerun_replaces_it(release, capsys):
+    from themisto.release.card import RESULTS_NONE, write_results
+
+    card = release / CARD_FILE
+    before = open_release(release).content_hash
+    assert RESULTS_NONE in card.read_text()
+    write_results(release, "| metric | score |\n| --- | --- |\n| exact_match | 0.25 |")
+    write_results(release, "| metric | score |\n| --- | --- |\n| exact_match | 0.5 |")
+    text = card.read_text()
+    assert "| exact_match | 0.5 |" in text and "0.25" not in text and RESULTS_NONE not in text
+    assert text.count("## Results") == 1 and open_release(release).content_hash == before
+    assert main(["check", str(release)]) == 0
+    card.write_text(text.replace("<!-- results: end -->", ""))
+    with pytest.raises(ReleaseError, match="the card has no results section"):
+        write_results(release, "| x |")
+
+
 def test_an_alias_bomb_in_the_card_is_refused_and_named(release, capsys):
     text = (release / CARD_FILE).read_text()
     (release / CARD_FILE).write_text("---\n" + BILLION_LAUGHS + text.split("---\n", 2)[1] + "---\n"

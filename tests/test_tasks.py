@@ -11,11 +11,11 @@ import pytest
 from themisto.replay.replay import LoggedOutcome, Step
 from themisto.release.folder import schema_module
 from themisto.runtime.snapshot import VariableInfo
+from themisto.release.splits import assign_splits
 from themisto.release.tasks import (
     HISTORY_OUTPUT_CHARS,
     TaskError,
     TaskSettings,
-    assign_splits,
     build_tasks,
     group_by_kernel,
     paper_sample,
@@ -181,55 +181,58 @@ def test_splits_keep_trajectories_and_participants_on_one_side():
 
 def test_one_trajectory_goes_to_test_and_says_train_is_empty():
     kernels = group_by_kernel(rows_of(make_steps("only", 12)))
-    split_of, notes = assign_splits(kernels, TaskSettings())
-    assert split_of == {"only": "test"} and "train` is empty" in notes[0]
+    plan = assign_splits(kernels, seed=0, test_fraction=0.5, min_test_groups=2)
+    assert plan.split_of == {"only": "test"} and "train` is empty" in plan.notes[-1]
+    assert "notebook task task1: `test` holds 1 group(s), fewer than 2" in plan.notes[0]
 
 
-def test_paper_sample_takes_ten_shortest_ten_longest_and_180_middle():
-    trajectories = [make_steps(f"k{i}", 120, output_scale=i + 1) for i in range(6)]
-    tasks = build_tasks(rows_of(*trajectories), TaskSettings(seed=11, test_fraction=1.0))
-    sample = tasks.rows["output_prediction"]["test"]
-    bands = {b: [len(r["target"]) for r in sample if r["sample_band"] == b] for b in ("shortest", "middle", "longest")}
-    assert len(sample) == 200 and {b: len(v) for b, v in bands.items()} == {"shortest": 10, "middle": 180, "longest": 10}
-    assert max(bands["shortest"]) <= min(bands["middle"]) and max(bands["middle"]) <= min(bands["longest"])
-    assert len({r["id"] for r in sample}) == 200
-    again = build_tasks(rows_of(*trajectories), TaskSettings(seed=11, test_fraction=1.0))
-    assert [r["id"] for r in again.rows["output_prediction"]["test"]] == [r["id"] for r in sample]
-    other = build_tasks(rows_of(*trajectories), TaskSettings(seed=12, test_fraction=1.0))
-    assert [r["id"] for r in other.rows["output_prediction"]["test"]] != [r["id"] for r in sample]
-    everything = build_tasks(rows_of(*trajectories), TaskSettings(test_fraction=1.0, output_sample_size=None))
-    assert len(everything.rows["output_prediction"]["test"]) == tasks.reports["output_prediction"].candidates - sum(
-        tasks.reports["output_prediction"].removed.values())
+def _participants_of(sizes: dict[str, dict[str, int]]) -> tuple[list[dict], dict[str, str]]:
+    """Rows of trajectories of the given sizes per participant and notebook task, and kernel -> participant."""
+    trajectories, owner = [], {}
+    for participant, tasks in sizes.items():
+        for task, n in tasks.items():
+            kernel = f"{participant}-{task}"
+            trajectories.append(make_steps(kernel, n, task=task))
+            owner[kernel] = participant
+    return rows_of(*trajectories, participants=owner), owner
 
 
-def test_fewer_than_200_eligible_takes_all_and_says_so():
-    tasks = build_tasks(rows_of(make_steps("k1", 40)), TaskSettings(test_fraction=1.0))
-    rows = tasks.rows["output_prediction"]["test"]
-    assert {r["sample_band"] for r in rows} == {"all"}
-    assert any("only" in n and "all of them" in n for n in tasks.reports["output_prediction"].notes)
+# Six participants as uneven as the real ones: one holds almost a third of the steps, two did only task 1.
+SIX = {"p-a": {"task1": 300, "task2": 40}, "p-b": {"task1": 90}, "p-c": {"task1": 140, "task2": 45},
+       "p-d": {"task1": 100, "task2": 40}, "p-e": {"task1": 170}, "p-f": {"task1": 210, "task2": 70}}
 
 
-def test_band_shortfall_is_filled_and_noted():
-    candidates = []
-    for i in range(210):
-        candidates.append(type("C", (), {"kernel_id": "k", "index": i, "target": "y" * (1 + i)})())
-    chosen, notes = paper_sample(candidates, TaskSettings(output_sample_size=200, output_sample_extremes=60))
-    assert len(chosen) == 200 and len({c.index for c, _ in chosen}) == 200
-    assert any("shortest band held 52" in n for n in notes)
+@pytest.mark.parametrize("seed", range(8))
+def test_each_notebook_tasks_test_split_holds_two_participants_and_none_is_on_both_sides(seed):
+    rows, owner = _participants_of(SIX)
+    tasks = build_tasks(rows, TaskSettings(seed=seed))
+    sides = {p: {tasks.split_of[k] for k, q in owner.items() if q == p} for p in SIX}
+    assert all(len(s) == 1 for s in sides.values())  # a participant is on one side only
+    for notebook_task in ("task1", "task2"):
+        test = {p for p, s in sides.items() if s == {"test"} and notebook_task in SIX[p]}
+        train = {p for p, s in sides.items() if s == {"train"} and notebook_task in SIX[p]}
+        assert len(test) >= 2 and train, (notebook_task, test, train)
+    for config in ("next_cell", "output_prediction"):
+        held = {owner[r["kernel_id"]] for r in tasks.rows[config]["test"]}
+        assert len(held) >= 2 and all(sides[p] == {"test"} for p in held)
+    # the card's figures: each participant's side, steps per notebook task and rows per config and split
+    by_group = {g.group: g for g in tasks.split.groups}
+    for participant, sizes in SIX.items():
+        group = by_group[f"participant:{participant}"]
+        assert group.tasks == sizes and group.steps == sum(sizes.values()) and {group.split} == sides[participant]
+        assert group.rows["trajectories"] == {group.split: group.steps}
+    assert sum(g.rows["next_cell"].get("test", 0) for g in tasks.split.groups) == len(tasks.rows["next_cell"]["test"])
+    assert tasks.split.to_dict()["test_groups"]["task2"] >= 2 and tasks.notes == []
 
 
-def test_an_empty_task_names_the_rule_that_emptied_it():
-    short = rows_of(make_steps("k1", 4), make_steps("k2", 5))
-    with pytest.raises(TaskError, match="min_prior_actions"):
-        build_tasks(short)
-    silent = make_steps("k1", 12)
-    for s in silent:
-        s.output = ""
-    with pytest.raises(TaskError, match="output_prediction: no target left after rule 'empty_target'"):
-        build_tasks(rows_of(silent))
-
-
-def test_a_gap_in_the_steps_is_an_error_naming_the_trajectory():
-    rows = [r for r in rows_of(make_steps("k1", 10)) if r["step"] != 4]
-    with pytest.raises(TaskError, match="trajectory k1: step 4 is missing"):
-        build_tasks(rows)
+def test_the_rule_moves_the_next_task2_participant_to_test_when_the_steps_leave_fewer_than_two():
+    # Two big task-1-only participants fill `test` by steps (seed 1's order: p-a, p-b, p-e, p-c, p-d); the rule then
+    # adds task-2 participants in the same order until `test` holds two, and keeps one in `train`.
+    sizes = {"p-a": {"task1": 500}, "p-b": {"task1": 400}, "p-c": {"task1": 100, "task2": 50},
+             "p-d": {"task1": 100, "task2": 50}, "p-e": {"task1": 100, "task2": 50}}
+    rows, owner = _participants_of(sizes)
+    sides = {}
+    for wanted in (1, 2):
+        split_of = build_tasks(rows, TaskSettings(seed=1, min_test_groups=wanted)).split_of
+        sides[wanted] = {p for k, p in owner.items() if split_of[k] == "test"}
+    assert sides[1] == {"p-a", "p-b", "p-e"} and sides[2] == {"p-a", "p-b", "p-e", "p-c"}

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -15,30 +16,26 @@ import pytest
 from themisto.ingest import workspace as ws_mod
 from themisto.ingest.lookalike_features import LABEL_COLUMNS
 from themisto.ingest.lookalike_spec import SIZE_SPECS
-from themisto.ingest.workspace import (JETNET_LOG, STAND_IN_MODULE, TEST_FEATURES, TRAIN_FEATURES,
-                                       VALIDATION_FEATURES, WorkspaceError, write_workspace)
+from themisto.ingest.workspace import (JETNET_BESIDE, JETNET_LOG, JETNET_ZIP, STAND_IN_MODULE, TEST_FEATURES,
+                                       TRAIN_FEATURES, VALIDATION_FEATURES, WorkspaceError, write_workspace)
 
-ALL_FILES = {STAND_IN_MODULE, JETNET_LOG, TRAIN_FEATURES, VALIDATION_FEATURES, TEST_FEATURES}
-
+TASK1_FILES = {JETNET_LOG, JETNET_ZIP, JETNET_BESIDE}
+ALL_FILES = {STAND_IN_MODULE, *TASK1_FILES, TRAIN_FEATURES, VALIDATION_FEATURES, TEST_FEATURES}
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     return write_workspace(tmp_path_factory.mktemp("small") / "ws", seed=0, size="small")
 
-
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
-
 # ------------------------------------------------------------------------------------------- determinism
-
 
 def test_same_seed_same_bytes_and_hashes_match_files(small, tmp_path):
     again = write_workspace(tmp_path / "again", seed=0, size="small")
     assert again.files == small.files
     for rel, digest in small.files.items():
         assert _sha(small.root / rel) == digest, rel
-
 
 def test_same_seed_same_bytes_in_another_process(small, tmp_path):
     # A fresh interpreter with another hash seed: pickles and the log must not depend on process state.
@@ -49,22 +46,18 @@ def test_same_seed_same_bytes_in_another_process(small, tmp_path):
                          capture_output=True, text=True).stdout
     assert json.loads(out) == small.files
 
-
 def test_other_seed_changes_every_data_file(small, tmp_path):
     other = write_workspace(tmp_path / "seed1", seed=1, size="small")
     for rel in ALL_FILES - {STAND_IN_MODULE}:
         assert other.files[rel] != small.files[rel], rel
     assert other.files[STAND_IN_MODULE] == small.files[STAND_IN_MODULE]
 
-
 def test_task1_bytes_do_not_depend_on_task2(small, tmp_path):
     only = write_workspace(tmp_path / "t1", ["task1"], seed=0)
-    assert set(only.files) == {STAND_IN_MODULE, JETNET_LOG}
+    assert set(only.files) == {STAND_IN_MODULE, *TASK1_FILES}
     assert only.files[JETNET_LOG] == small.files[JETNET_LOG]
 
-
 # ------------------------------------------------------------------------------------------- layout
-
 
 def test_layout_is_what_the_notebooks_open(small):
     assert set(small.files) == ALL_FILES
@@ -72,6 +65,13 @@ def test_layout_is_what_the_notebooks_open(small):
     assert found == ALL_FILES
     assert small.tasks == ("task1", "task2") and small.size == "small" and small.seed == 0
 
+def test_the_jetnet_log_lies_where_every_participant_read_it(small, tmp_path):
+    log = (small.root / JETNET_LOG).read_bytes()
+    assert (small.root / JETNET_BESIDE).read_bytes() == log  # unzipped by hand beside the notebook (student_5)
+    with zipfile.ZipFile(small.root / JETNET_ZIP) as archive:  # read in the zip (student_1, 3, 4)
+        assert archive.namelist() == ["jetnet_logs.txt"] and archive.open("jetnet_logs.txt").read() == log
+        archive.extractall(tmp_path / "data/task1")  # unzipped into data/task1 (student_0)
+    assert (tmp_path / "data/task1/jetnet_logs.txt").read_bytes() == log
 
 def test_stand_in_prints_the_logged_line_without_network(small):
     source = (small.root / STAND_IN_MODULE).read_text()
@@ -83,9 +83,7 @@ def test_stand_in_prints_the_logged_line_without_network(small):
     # The log measures a stream output as the length of its JSON-encoded text: 23 in the real session.
     assert len(json.dumps(out)) == 23 and out.count("\n") == 1
 
-
 # ------------------------------------------------------------------------------------------- task 2
-
 
 def test_test_features_columns_and_dtypes_equal_the_real_file(small, june_dir):
     real = pd.read_pickle(june_dir / "test_features.pkl")
@@ -99,7 +97,6 @@ def test_test_features_columns_and_dtypes_equal_the_real_file(small, june_dir):
         # Missing neighbours are the int 0, not NaN: `" ".join(x)` on them raised TypeError in the real log.
         assert {type(v) for v in fake[column]} == {type(v) for v in real[column]} == {list, int}, column
 
-
 def test_pickles_name_no_numpy_module(small):
     # The replay kernel may run numpy 1.x (the participants' era); numpy 2 pickles name `numpy._core`,
     # which it cannot import. The only global these pickles may name is pandas' DataFrame.
@@ -110,7 +107,6 @@ def test_pickles_name_no_numpy_module(small):
         assert not any(op[0].name in ("GLOBAL", "INST") for op in ops), rel
         named = {(ops[i - 2][1], ops[i - 1][1]) for i, op in enumerate(ops) if op[0].name == "STACK_GLOBAL"}
         assert named == {("pandas.core.frame", "DataFrame")}, rel
-
 
 def test_train_and_validation_have_labels_consistent_with_the_features(small):
     expected = list(pd.read_pickle(small.root / TEST_FEATURES).columns) + ["primary_label", *LABEL_COLUMNS]
@@ -131,15 +127,12 @@ def test_train_and_validation_have_labels_consistent_with_the_features(small):
         # The participant dropped columns=target: every label value must name a column.
         frame.drop(columns=frame.primary_label)
 
-
 def test_splits_have_the_real_sizes_at_full(tmp_path):
     spec = SIZE_SPECS["full"]
     assert (spec.train_rows, spec.validation_rows, spec.test_rows) == (5833, 1927, 1918)
     assert spec.train_rows + spec.validation_rows + spec.test_rows == 9678  # task2.md
 
-
 # ------------------------------------------------------------------------------------------- task 1
-
 
 def parse_like_the_participant(text: str) -> pd.DataFrame:
     """The parser of the participant's final task-1 notebook (cell 3), minus its Timestamp-per-row cost."""
@@ -162,7 +155,6 @@ def parse_like_the_participant(text: str) -> pd.DataFrame:
             rows.append((user_id, i, when, name.group(1) if name else np.nan))
     return pd.DataFrame(rows, columns=["user_id", "session_num", "action_time", "action_name"])
 
-
 def test_jetnet_log_parses_like_the_final_notebook(small):
     text = (small.root / JETNET_LOG).read_text()
     lines = text.splitlines()
@@ -183,7 +175,6 @@ def test_jetnet_log_parses_like_the_final_notebook(small):
     assert {5, 6} <= set(clean.action_time.dt.day_of_week)  # the weekend cell indexes days 5 and 6
     # Times inside a session are not always increasing, as in the real file.
     assert (clean.groupby("session_num").action_time.diff() < pd.Timedelta(0)).any()
-
 
 def test_jetnet_log_fails_the_drafts_that_failed_in_the_log(small):
     text = (small.root / JETNET_LOG).read_text()
@@ -213,7 +204,6 @@ def test_jetnet_log_fails_the_drafts_that_failed_in_the_log(small):
     with pytest.raises(TypeError, match="expected str instance, float found"):
         df.groupby("session_num")["action_name"].agg(lambda x: ", ".join(x))
 
-
 def test_medium_statistics_near_the_real_ones(tmp_path):
     # Real (final notebook): 143 users, 13,789.75 actions per user at full size (10x medium's sessions),
     # P(same action 3x in a row in a session) = 0.3256, 0.95 quantile of same-action gaps = 7h38m.
@@ -232,9 +222,7 @@ def test_medium_statistics_near_the_real_ones(tmp_path):
     shares = df.action_name.value_counts(normalize=True)
     assert shares.index[0] == "Action_7" and shares.index[-1] == "Action_2"
 
-
 # ------------------------------------------------------------------------------------------- writing
-
 
 def test_refuses_a_non_empty_dest_and_leaves_it_alone(tmp_path):
     dest = tmp_path / "busy"
@@ -245,22 +233,19 @@ def test_refuses_a_non_empty_dest_and_leaves_it_alone(tmp_path):
     assert [p.name for p in dest.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["busy"]  # no temp folder left behind
 
-
 def test_overwrite_replaces_the_whole_folder(tmp_path):
     dest = tmp_path / "ws"
     dest.mkdir()
     (dest / "stale.txt").write_text("old")
     result = write_workspace(dest, ["task1"], overwrite=True)
     found = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()}
-    assert found == set(result.files) == {STAND_IN_MODULE, JETNET_LOG}
+    assert found == set(result.files) == {STAND_IN_MODULE, *TASK1_FILES}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"]
-
 
 def test_an_empty_existing_folder_is_used(tmp_path):
     dest = tmp_path / "empty"
     dest.mkdir()
-    assert set(write_workspace(dest, ["task1"]).files) == {STAND_IN_MODULE, JETNET_LOG}
-
+    assert set(write_workspace(dest, ["task1"]).files) == {STAND_IN_MODULE, *TASK1_FILES}
 
 def test_an_error_midway_leaves_nothing_half_written(tmp_path, monkeypatch):
     def broken(spec, seed):
@@ -278,7 +263,6 @@ def test_an_error_midway_leaves_nothing_half_written(tmp_path, monkeypatch):
     assert [p.name for p in old.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
 
-
 @pytest.mark.parametrize("kwargs, message", [
     ({"tasks": ("task3",)}, "tasks"), ({"tasks": ()}, "tasks"), ({"size": "huge"}, "size"),
     ({"seed": -1}, "seed"), ({"seed": "0"}, "seed"),
@@ -288,16 +272,13 @@ def test_bad_arguments_are_refused_by_name(tmp_path, kwargs, message):
         write_workspace(tmp_path / "ws", **kwargs)
     assert not (tmp_path / "ws").exists()
 
-
 def test_dest_that_is_a_file_is_refused(tmp_path):
     target = tmp_path / "file"
     target.write_text("x")
     with pytest.raises(WorkspaceError, match=str(target)):
         write_workspace(target, overwrite=True)
 
-
 # ------------------------------------------------------------------------------------------- the final notebooks
-
 
 def _run_final_notebook(path: Path, root: Path):
     import nbformat
@@ -317,7 +298,6 @@ def _run_final_notebook(path: Path, root: Path):
     errors = [(o.ename, o.evalue) for c in code for o in c.outputs if o.output_type == "error"]
     return code, errors
 
-
 @pytest.mark.slow
 def test_final_task1_notebook_runs_without_error(june_dir, tmp_path):
     ws = write_workspace(tmp_path / "ws", ["task1"], size="small", seed=0)
@@ -328,7 +308,6 @@ def test_final_task1_notebook_runs_without_error(june_dir, tmp_path):
     assert code[7].source.startswith("df1 = df") and len(res) == 1
     rows = re.findall(r"^\d+ +\d+\.\d+$", res[0]["data"]["text/plain"], flags=re.M)
     assert len(rows) == SIZE_SPECS["small"].users
-
 
 @pytest.mark.slow
 def test_final_task2_notebook_runs_without_error(june_dir, tmp_path):

@@ -123,7 +123,7 @@ def add_workspace(subparsers: argparse._SubParsersAction) -> None:
 # replay
 
 
-def _print_fidelity(report: dict) -> None:
+def _print_fidelity(report: dict, mismatches: bool = True) -> None:
     def share(value: float | None) -> str:
         return "n/a" if value is None else f"{100 * value:.1f} %"
 
@@ -131,7 +131,11 @@ def _print_fidelity(report: dict) -> None:
           f"status match {share(report['status_match'])} of {report['comparable']}, "
           f"ename match {share(report['ename_match'])} of {report['logged_errors']} logged errors, "
           f"output types match {share(report['output_types_match'])}")
-    for m in report["mismatches"]:
+    final = report.get("final_notebook")
+    if final:
+        print(f"  against {final['notebook']}: {format_counts(final['compared'])}; "
+              f"not compared: {format_counts(final['not_compared'])}")
+    for m in report["mismatches"] if mismatches else ():
         print(f"  step {m['step']:>4} {m['kind']:<12} log: {m['logged']:<28} replay: {m['replayed']:<28} {m['reason']}")
 
 
@@ -233,16 +237,18 @@ def build_command(args: argparse.Namespace) -> int:
     from themisto.replay.steps_file import ReplayIncomplete
 
     try:
-        rows, source, extra = release_rows(inputs, steps_default, runner=_replay_runner(args))
+        rows, source, extra, fidelity = release_rows(inputs, steps_default, runner=_replay_runner(args))
     except ReplayIncomplete as exc:
         raise CommandError(str(exc)) from None
     report = build_release(rows, args.output, settings, source=source, extra_settings=extra,
-                           overwrite=args.overwrite, allow_missing_files=args.allow_missing_files)
+                           overwrite=args.overwrite, allow_missing_files=args.allow_missing_files, fidelity=fidelity)
     if args.json:
         print(json.dumps({"output": str(args.output), **report.to_dict()}, ensure_ascii=False, sort_keys=True))
     else:
         for config, splits in report.sizes.items():
             print(f"{config}: " + ", ".join(f"{split} {n}" for split, n in splits.items()))
+        for fidelity in report.fidelity.values():
+            _print_fidelity(fidelity, mismatches=False)
         for note in report.notes:
             print(f"note: {note}")
         print(f"wrote {args.output} (content sha256 {report.content_sha256})")

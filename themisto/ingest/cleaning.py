@@ -6,6 +6,7 @@ Rules, applied line by line (a line is a logical line: a trailing `\\` continues
 | --- | --- | --- | --- |
 | `package-install` | `!pip install …`, `!pip3 …`, `!python -m pip …`, `!{sys.executable} -m pip …`, `%pip …`, `!conda/mamba …`, `%conda …` with `install`, `uninstall` or `remove` | replaced by a marker | the replay sandbox has no network and its packages are installed; an install would hang on retries, an uninstall would change the kernel's environment for every later cell |
 | `shell-package-install` | the same commands without `!`/`%` inside a `%%bash`, `%%sh` or `%%script bash/sh` cell | replaced by a shell comment | same reasons |
+| `windows-path` | a Python string literal holding a Windows path: one into the participant's checkout of the hackathon template (`C:\\\\…\\\\jupyter-notebook-hackathon\\\\data\\\\x`), or a relative one (`r"data\\task1\\x"`, `"data\\\\task1\\\\x"`) | the literal becomes the POSIX path from the checkout (`"data/task1/x"`), its quotes and prefix kept | replay runs on Linux in a copy of the template's layout, where `\\` is part of a file name and the participant's drive does not exist; a single `\\` in a string that is not raw is left alone (Python reads `\\t` as a tab there, as it did for the developer) |
 | (none) | other `!` shell commands (`!ls`, `!unzip …`, `!wget …`) | kept | they act on the workspace copy the sandbox provides; a command that needs the network fails there visibly, as it should |
 | (none) | other `%` / `%%` magics (`%matplotlib inline`, `%%time`, `%cd`, `%reset`) | kept | they are part of what the developer ran and change the state or output faithfully |
 | (none) | imports, `from mining_extension import check_logging`, `check_logging(…)` | kept | the workspace provides a harmless `mining_extension`; a logged ModuleNotFoundError (raised before the developer installed the package) stays in the trajectory, it is not the cleaning's business to hide it |
@@ -35,7 +36,41 @@ _SHELL_CELL = re.compile(r"^\s*%%(?:bash|sh|script\s+(?:ba)?sh)\b")
 RULES: dict[str, str] = {
     "package-install": "pip/conda install, uninstall or remove via ! or %: skipped (no network, packages installed)",
     "shell-package-install": "pip/conda install, uninstall or remove in a %%bash/%%sh cell: skipped (same reason)",
+    "windows-path": "a Windows path into the template's checkout, or a relative one: the POSIX path from the "
+                    "checkout (replay runs on Linux in the template's layout)",
 }
+# The hackathon template's folder: a drive-absolute path into it is read from there on.
+TEMPLATE_FOLDER = "jupyter-notebook-hackathon"
+# A one-line string literal: its prefix, quote and body (no triple quotes: a path is never one).
+_STRING = re.compile(r"""(?P<prefix>(?<!\w)[rRuUbBfF]{1,2}|)(?P<quote>['"])(?P<body>(?:\\.|(?!(?P=quote)).)*)(?P=quote)""")
+_NAME = r"[\w.\- ()<>]+"
+
+
+def _posix_path(body: str, raw: bool) -> str | None:
+    """The POSIX path a Windows path literal's body names from the checkout, or None when it is no such path."""
+    separator = r"\\" if raw else r"\\\\"
+    parts = re.fullmatch(rf"(?:[A-Za-z]:{separator})?{_NAME}(?:{separator}{_NAME})+", body)
+    if parts is None:
+        return None
+    names = re.split(separator, body)
+    if re.match(r"[A-Za-z]:$", names[0]):  # drive-absolute: only a path into the template's checkout is known
+        if TEMPLATE_FOLDER not in names:
+            return None
+        names = names[len(names) - names[::-1].index(TEMPLATE_FOLDER):]
+    elif names[0] != "data" and not re.search(r"\.\w{1,5}$", names[-1]):
+        return None  # a relative path starts in the template's data folder or names a file: "1\\n" is no path
+    return "/".join(names) or "."  # the checkout itself is the workspace root
+
+
+def _windows_paths(line: str) -> str:
+    def replace(match: re.Match) -> str:
+        prefix = match.group("prefix")
+        if "f" in prefix.lower() or "b" in prefix.lower():
+            return match.group(0)
+        path = _posix_path(match.group("body"), raw="r" in prefix.lower())
+        return match.group(0) if path is None else f"{prefix}{match.group('quote')}{path}{match.group('quote')}"
+
+    return _STRING.sub(replace, line) if "\\" in line else line
 
 
 @dataclass(frozen=True)
@@ -74,6 +109,10 @@ def clean_for_replay(code: str) -> CleanedCode:
     'pass  # themisto-clean: package-install\\nimport pandas as pd'
     >>> restore(cleaned) == cleaned.original
     True
+    >>> clean_for_replay(r'pd.read_csv("C:\\\\Users\\\\<user>\\\\jupyter-notebook-hackathon\\\\data\\\\task1\\\\log.txt")').code
+    'pd.read_csv("data/task1/log.txt")'
+    >>> clean_for_replay(r'ZipFile(r"data\\task1\\jetnet_logs.zip"); open("data\\task1\\x.txt")').code
+    'ZipFile(r"data/task1/jetnet_logs.zip"); open("data\\\\task1\\\\x.txt")'
     """
     lines = code.split("\n")  # not splitlines(): keeps "\r" and a final empty line, so restore is exact
     shell = bool(lines) and bool(_SHELL_CELL.match(lines[0]))
@@ -85,7 +124,10 @@ def clean_for_replay(code: str) -> CleanedCode:
         line = lines[i]
         match = pattern.match(line) if not (shell and i == 0) else None
         if match is None:
-            out.append(line)
+            posix = line if shell else _windows_paths(line)
+            if posix != line:
+                changes.append(Change(line=i + 1, rule="windows-path", before=line, after=posix))
+            out.append(posix)
             i += 1
             continue
         indent = match.group("indent")

@@ -50,6 +50,9 @@ class Ingested:
     files: dict[str, dict] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     read: list[SourceFile] = field(default_factory=list)  # every file read (final notebooks too), by name
+    # A trajectory's participant's final notebook of its task, where one lies beside its log (evidence for repair
+    # here, and for the replay's fidelity to the outputs the developer saw: `themisto.replay.final_notebook`).
+    final_notebooks: dict[str, Path] = field(default_factory=dict)
 
 
 def _folder_participant(path: Path) -> str | None:
@@ -173,7 +176,10 @@ def read_inputs(paths: Sequence[str | Path], *, skip_bad_lines: bool = False,
              ] if unused else []
     joined = join_kernels(trajectories, first_event)
     read = [SourceFile(file=mask_personal(i.name), sha256=_sha256(i.path)) for i in inputs]
-    return Ingested(joined, {log.name: _file_report(log, joined) for log in logs}, notes, read)
+    by_place = {(i.path.parent.resolve(), task_of(i.path.name)): i.path for i in finals}
+    final_notebooks = {t.id: by_place[place] for t in joined if t.id in origin
+                       and (place := (Path(origin[t.id]).parent.resolve(), t.task)) in by_place}
+    return Ingested(joined, {log.name: _file_report(log, joined) for log in logs}, notes, read, final_notebooks)
 
 
 def _sha256(path: Path) -> str:

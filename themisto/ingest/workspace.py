@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import zipfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -29,9 +30,15 @@ from themisto.resume import folder_written_whole
 TASKS: tuple[str, ...] = ("task1", "task2")
 SIZES: tuple[str, ...] = ("small", "medium", "full")
 
-# Paths relative to the workspace root, which is the kernel's working directory. The logged code opens
-# "./data/task1/jetnet_logs/jetnet_logs.txt" and 'data/task2/' + name; nothing else.
+# Paths relative to the workspace root, which is the kernel's working directory, the participant's checkout of the
+# hackathon template. The template shipped the JetNet log as data/task1/jetnet_logs.zip, holding jetnet_logs.txt at
+# its root; the logged code reads it in the zip (student_1, 3, 4), unzips it into data/task1 (student_0) or into
+# data/task1/jetnet_logs/ (student_7, unzipped before the log began), or reads a copy unzipped by hand beside the
+# notebook (student_5). The look-alike log lies at each of those places. Task 2 opens 'data/task2/' + name.
 JETNET_LOG = "data/task1/jetnet_logs/jetnet_logs.txt"
+JETNET_ZIP = "data/task1/jetnet_logs.zip"
+JETNET_IN_ZIP = "jetnet_logs.txt"
+JETNET_BESIDE = "jetnet_logs.txt"
 TRAIN_FEATURES = "data/task2/train_features.pkl"
 VALIDATION_FEATURES = "data/task2/validation_features.pkl"
 TEST_FEATURES = "data/task2/test_features.pkl"
@@ -83,6 +90,9 @@ def write_workspace(dest, tasks=TASKS, *, seed: int = 0, size: str = "small",
         files[STAND_IN_MODULE] = _write_bytes(tmp / STAND_IN_MODULE, stand_in)
         if "task1" in tasks:
             files[JETNET_LOG] = _write_chunks(tmp / JETNET_LOG, jetnet_log_lines(spec, seed))
+            log = (tmp / JETNET_LOG).read_bytes()
+            files[JETNET_BESIDE] = _write_bytes(tmp / JETNET_BESIDE, log)
+            files[JETNET_ZIP] = _write_bytes(tmp / JETNET_ZIP, _zipped(JETNET_IN_ZIP, log))
         if "task2" in tasks:
             splits = cell_feature_splits(spec, seed)
             for rel, frame in zip((TRAIN_FEATURES, VALIDATION_FEATURES, TEST_FEATURES), splits):
@@ -110,6 +120,16 @@ class _FramePickler(pickle.Pickler):
         if isinstance(obj, pd.DataFrame):
             return pd.DataFrame, ({column: obj[column].tolist() for column in obj.columns},)
         return NotImplemented
+
+
+def _zipped(name: str, data: bytes) -> bytes:
+    """A zip holding one file, the same bytes for the same data (a fixed time stamp and compression level)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        info = zipfile.ZipInfo(name, date_time=(2023, 5, 1, 0, 0, 0))
+        info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+        archive.writestr(info, data, compresslevel=6)
+    return buffer.getvalue()
 
 
 def _write_bytes(path: Path, data: bytes) -> str:

@@ -8,12 +8,16 @@ import json
 import re
 from pathlib import Path
 
-from themisto.release.folder import BuildReport, ReleaseError, parquet_name, schema_module, shipped, split_card
+from themisto.release.folder import (CARD_FILE, BuildReport, ReleaseError, parquet_name, schema_module, shipped,
+                                     split_card)
 from themisto.release.tasks import RULES
 from themisto.vocabulary import TASKS
 
 CARD_TEMPLATE = shipped("dataset_card.md")
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+# The card's results section lies between these lines; a build leaves RESULTS_NONE there, `write_results` the table.
+RESULTS_BEGIN, RESULTS_END = "<!-- results: begin -->", "<!-- results: end -->"
+RESULTS_NONE = "No scores are recorded with this build."
 
 
 def card_yaml(data: dict) -> str:
@@ -36,6 +40,51 @@ def _rules_table(report: BuildReport) -> str:
         lines.append(f"| {sentence} | " + " | ".join(f"{c:,}" for c in counts) + " |")
     cands = [report.tasks.get(t, {}).get("candidates", 0) for t in TASKS]
     lines.append("| (candidate targets before the rules) | " + " | ".join(f"{c:,}" for c in cands) + " |")
+    return "\n".join(lines)
+
+
+def _share(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f} %"
+
+
+def _split_table(report: BuildReport) -> str:
+    """Each group of the split (participant or trajectory): its side, trajectories, steps per notebook task, rows."""
+    split = report.split
+    if not split.get("groups"):
+        return "- (this build recorded no split by group)"
+    tasks = sorted({t for g in split["groups"] for t in g["tasks"]})
+    configs = [c for c in report.sizes if c != "trajectories"]
+    lines = [f"Unit: **{split['unit']}**; `test` holds {split['test_groups']['all']} group(s) ("
+             + ", ".join(f"{t}: {split['test_groups'].get(t, 0)}" for t in tasks)
+             + f"), `train` {split['train_groups']}.", "",
+             "| group | split | trajectories | steps | " + " | ".join(f"{t} steps" for t in tasks) + " | "
+             + " | ".join(f"`{c}` rows" for c in configs) + " |",
+             "| --- | --- |" + " ---: |" * (2 + len(tasks) + len(configs))]
+    for g in sorted(split["groups"], key=lambda g: (g["split"], g["group"])):
+        rows = [sum(g["rows"].get(c, {}).values()) for c in configs]
+        lines.append(f"| `{g['group']}` | {g['split']} | {len(g['trajectories'])} | {g['steps']:,} | "
+                     + " | ".join(f"{g['tasks'].get(t, 0):,}" for t in tasks) + " | "
+                     + " | ".join(f"{n:,}" for n in rows) + " |")
+    return "\n".join(lines)
+
+
+def _fidelity_table(report: BuildReport) -> str:
+    """Per trajectory: participant, task, kernels, steps and the replay's fidelity to the log and the notebook."""
+    if not report.fidelity:
+        return "- (this build replayed nothing: no fidelity to report)"
+    from themisto.replay.final_notebook import CLASSES
+
+    lines = ["| trajectory | participant | task | kernels | steps | status | ename | output types | "
+             "final notebook: " + " / ".join(CLASSES) + " (not compared) |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for kernel_id, f in sorted(report.fidelity.items(), key=lambda kv: (str(kv[1].get("participant")), kv[0])):
+        final = f.get("final_notebook")
+        notebook = ("no final notebook" if not final else " / ".join(str(final["compared"].get(c, 0)) for c in CLASSES)
+                    + f" ({sum(final['not_compared'].values())})")
+        lines.append(f"| `{kernel_id}` | `{f.get('participant')}` | {f.get('task') or '-'} | {f.get('kernels') or '-'} | "
+                     f"{f['executions_replayed']:,} | {_share(f['status_match'])} of {f['comparable']} | "
+                     f"{_share(f['ename_match'])} of {f['logged_errors']} | {_share(f['output_types_match'])} | "
+                     f"{notebook} |")
     return "\n".join(lines)
 
 
@@ -99,6 +148,9 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
     values = {
         "sizes_table": _sizes_table(report),
         "rules_table": _rules_table(report),
+        "split_table": _split_table(report),
+        "fidelity_table": _fidelity_table(report),
+        "results": RESULTS_NONE,
         "build_settings": _settings_list(report),
         "source": _source_text(report.source),
         "content_sha256": report.content_sha256,
@@ -109,3 +161,18 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
         raise ReleaseError(f"{CARD_TEMPLATE}: unknown placeholder(s) {unknown} (known: {sorted(values)})")
     body = PLACEHOLDER.sub(lambda m: values[m.group(1)], body)
     return f"---\n{card_yaml(data)}---\n{body}"
+
+
+def write_results(folder: Path, markdown: str) -> None:
+    """Put a results table into a built release's card, between its results markers (a rerun replaces it). The
+    Parquet files and so the content hash do not change."""
+    from themisto.release.folder import read_card
+    from themisto.resume import write_text_atomic
+
+    read_card(folder)  # a card that is no card is refused here, naming it
+    path = Path(folder) / CARD_FILE
+    text = path.read_text(encoding="utf-8")
+    start, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+    if start < 0 or end < start:
+        raise ReleaseError(f"{path}: the card has no results section ({RESULTS_BEGIN} … {RESULTS_END})")
+    write_text_atomic(path, text[:start + len(RESULTS_BEGIN)] + "\n" + markdown.strip() + "\n" + text[end:])

@@ -93,7 +93,7 @@ def content_hash(files: dict[str, str]) -> str:
 @dataclass
 class BuildReport:
     """What a build wrote (themisto_build.json): rows per config and split, file hashes, settings, sources, task
-    rules and notes."""
+    rules, notes, the split by group and the replay's fidelity per trajectory."""
 
     sizes: dict[str, dict[str, int]]
     files: dict[str, str]  # release-relative path -> sha256
@@ -102,6 +102,8 @@ class BuildReport:
     source: dict[str, Any]
     tasks: dict[str, dict]
     notes: list[str] = field(default_factory=list)
+    split: dict[str, Any] = field(default_factory=dict)  # `themisto.release.splits.SplitPlan.to_dict`
+    fidelity: dict[str, Any] = field(default_factory=dict)  # per trajectory (`themisto.replay.fidelity`); {} unreplayed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -119,7 +121,7 @@ class BuildReport:
         except (TypeError, ValueError, AttributeError) as exc:
             raise ReleaseError(f"{path}: not a build report ({exc})") from None
         shapes = {"sizes": dict, "files": dict, "content_sha256": str, "settings": dict, "source": dict,
-                  "tasks": dict, "notes": list}
+                  "tasks": dict, "notes": list, "split": dict, "fidelity": dict}
         wrong = [name for name, kind in shapes.items() if not isinstance(getattr(report, name), kind)]
         if wrong or not all(isinstance(k, str) and isinstance(v, str) for k, v in report.files.items()):
             raise ReleaseError(f"{path}: not a build report (wrong type of {', '.join(wrong) or 'files'})")

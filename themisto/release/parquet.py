@@ -89,7 +89,7 @@ def _write_parquet(rows: list[dict], features, path: Path, what: str) -> int:
 
 def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings = TaskSettings(), *,
                   source: dict | None = None, extra_settings: dict | None = None, overwrite: bool = False,
-                  allow_missing_files: bool = False) -> BuildReport:
+                  allow_missing_files: bool = False, fidelity: dict | None = None) -> BuildReport:
     """Build tasks from `trajectories` rows and write the release folder `out` whole, or nothing on error."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
@@ -125,7 +125,8 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         all_settings = {**asdict(settings), **(extra_settings or {}), **_library_versions()}
         report = BuildReport(
             sizes=taskset.sizes(), files=files, content_sha256=content_hash(files), settings=all_settings,
-            source=source or {}, tasks={name: asdict(r) for name, r in taskset.reports.items()}, notes=notes)
+            source=source or {}, tasks={name: asdict(r) for name, r in taskset.reports.items()}, notes=notes,
+            split=taskset.split.to_dict(), fidelity=fidelity or {})
         card = render_card(CARD_TEMPLATE.read_text(encoding="utf-8"), report, num_bytes, tmp)
         (tmp / CARD_FILE).write_text(card, encoding="utf-8")
         report.write_to(tmp)
@@ -163,9 +164,9 @@ def _described(paths: Iterable[Path]) -> list[dict]:
     return [{"name": p.name, "sha256": sha256_file(p)} for p in sorted(paths, key=lambda p: p.name)]
 
 
-def _read_trajectories(inputs: BuildInputs) -> tuple[str, list[dict], list]:
-    """The kind of inputs, the files read ({name, sha256}) and their trajectories (the shipped sample's when no
-    input is named), through ingest's one door."""
+def _read_trajectories(inputs: BuildInputs) -> tuple[str, list[dict], list, dict[str, Path]]:
+    """The kind of inputs, the files read ({name, sha256}), their trajectories (the shipped sample's when no input
+    is named) and the final notebooks beside their logs, through ingest's one door."""
     from themisto.ingest.inputs import expand_inputs, read_inputs, read_participants
 
     paths = list(inputs.paths)
@@ -174,7 +175,7 @@ def _read_trajectories(inputs: BuildInputs) -> tuple[str, list[dict], list]:
             raise ReleaseError(f"{SAMPLE_DIR}: no .log file (generate the sample with `python data/make_sample.py`)")
         paths = [SAMPLE_DIR]
     if not paths:
-        return "replayed-steps", [], []
+        return "replayed-steps", [], [], {}
     mapping = read_participants(inputs.participants) if inputs.participants else None
     ingested = read_inputs(paths, participants=mapping)
     files = [item.path for item in expand_inputs(paths)]
@@ -184,20 +185,21 @@ def _read_trajectories(inputs: BuildInputs) -> tuple[str, list[dict], list]:
     kind = ("shipped-sample" if sample else "june-logs" if "june-log" in kinds else "june-table" if "june-table"
             in kinds else "notebooks")
     read = sorted(({"name": f.file, "sha256": f.sha256} for f in ingested.read), key=lambda d: d["name"])
-    return kind, read, ingested.trajectories
+    return kind, read, ingested.trajectories, ingested.final_notebooks
 
 
 def release_rows(inputs: BuildInputs, steps_default: Path,
-                 progress=None, runner=None) -> tuple[list[dict], dict, dict]:
+                 progress=None, runner=None) -> tuple[list[dict], dict, dict, dict]:
     """Read, and replay where needed (with `runner`, see `replay_to_file`), the inputs into `trajectories` rows;
-    returns (rows, source, settings)."""
+    returns (rows, source, settings, fidelity per trajectory)."""
     from themisto.release.tasks import trajectory_rows
 
     if inputs.paper is not None:
         from themisto.release.paper_rows import read_paper_release
 
-        return read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])}, {}
-    kind, read, trajectories = _read_trajectories(inputs)
+        return (read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])},
+                {}, {})
+    kind, read, trajectories, finals = _read_trajectories(inputs)
     seen = {t.id for t in trajectories}
     source: dict[str, Any] = {"kind": kind, "inputs": read}
     settings: dict[str, Any] = {}
@@ -233,6 +235,30 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
                            recipe=source["workspace"])
         steps = read_steps(out)
     participants = {t.id: t.participant for t in trajectories}
-    return trajectory_rows(steps, participants), source, settings
+    return trajectory_rows(steps, participants), source, settings, fidelity_of(steps, trajectories, finals)
+
+
+def fidelity_of(steps: Sequence, trajectories: Sequence, finals: dict[str, Path]) -> dict[str, dict]:
+    """Per trajectory: the replay's fidelity to the log (`themisto.replay.fidelity`), its participant, task and
+    number of kernels, and its fidelity to the outputs of the participant's final notebook where there is one
+    (`themisto.replay.final_notebook`)."""
+    from themisto.replay.fidelity import fidelity_report
+    from themisto.replay.final_notebook import compare_final_notebook
+
+    known = {t.id: t for t in trajectories}
+    by_kernel: dict[str, list] = {}
+    for step in steps:
+        by_kernel.setdefault(step.kernel_id, []).append(step)
+    out = {}
+    for report in fidelity_report(steps):
+        trajectory = known.get(report.kernel_id)
+        final = finals.get(report.kernel_id)
+        out[report.kernel_id] = {
+            **report.to_dict(), "participant": trajectory.participant if trajectory else None,
+            "task": trajectory.task if trajectory else None,
+            "kernels": len({s.kernel_id for s in trajectory.sources if s.kernel_id}) if trajectory else None,
+            "final_notebook": None if final is None or trajectory is None else
+            compare_final_notebook(trajectory, by_kernel[report.kernel_id], final).to_dict()}
+    return out
 
 

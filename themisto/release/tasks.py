@@ -9,15 +9,14 @@ from the longest, fixed seed). Every rule is counted, and a task left empty name
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from themisto.runtime.outputs import mask_volatile
-
 from themisto.errors import InputError
+from themisto.release.splits import SplitPlan, assign_splits
+from themisto.runtime.outputs import mask_volatile
 from themisto.vocabulary import SPLITS, TASKS, UNFINISHED_STATUSES
 
 # A prompt shows at most this many prior cells, each output cut to this many characters (then a marker).
@@ -29,6 +28,7 @@ LENGTH_QUANTILE = 0.99
 OUTPUT_SAMPLE_SIZE = 200
 OUTPUT_SAMPLE_EXTREMES = 10  # drawn from each of the shortest and the longest quartile; the rest from the middle
 TEST_FRACTION = 0.5
+MIN_TEST_GROUPS = 2  # participants (or trajectories) each notebook task's `test` holds where it has that many
 
 # The rules, in the order they are applied, with the sentence the card and error messages use.
 RULES: dict[str, str] = {
@@ -50,6 +50,7 @@ class TaskSettings:
 
     seed: int = 0
     test_fraction: float = TEST_FRACTION  # share of steps (by whole groups) that go to `test`
+    min_test_groups: int = MIN_TEST_GROUPS  # `themisto.release.splits`
     history_cells: int = HISTORY_CELLS
     history_output_chars: int = HISTORY_OUTPUT_CHARS
     min_prior_actions: int = MIN_PRIOR_ACTIONS
@@ -61,6 +62,8 @@ class TaskSettings:
     def __post_init__(self) -> None:
         if not 0.0 < self.test_fraction <= 1.0:
             raise ValueError(f"test_fraction must be in (0, 1], got {self.test_fraction}")
+        if self.min_test_groups < 1:
+            raise ValueError(f"min_test_groups must be at least 1, got {self.min_test_groups}")
         if self.output_sample_size is not None and self.output_sample_size < 2 * self.output_sample_extremes:
             raise ValueError("output_sample_size must hold the shortest and longest extremes")
 
@@ -79,12 +82,16 @@ class TaskReport:
 
 @dataclass
 class TaskSet:
-    """Rows of every config and split, the split of each trajectory, and the reports of the task rules."""
+    """Rows of every config and split, the split (of each trajectory and group), and the reports of the task rules."""
 
     rows: dict[str, dict[str, list[dict]]]
-    split_of: dict[str, str]  # kernel_id -> split
+    split: SplitPlan
     reports: dict[str, TaskReport]
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def split_of(self) -> dict[str, str]:  # kernel_id -> split
+        return self.split.split_of
 
     def sizes(self) -> dict[str, dict[str, int]]:
         return {config: {split: len(rows) for split, rows in splits.items()} for config, splits in self.rows.items()}
@@ -169,43 +176,6 @@ def group_by_kernel(rows: Iterable[dict]) -> dict[str, list[dict]]:
                 raise TaskError(f"trajectory {kernel_id}: step {expected} is {what} "
                                 f"(steps must run 0..{len(steps) - 1} without gaps; is the replay complete?)")
     return dict(sorted(kernels.items()))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# splits
-
-
-def _rank(seed: int, group: str) -> str:
-    return hashlib.sha256(f"{seed}/{group}".encode("utf-8")).hexdigest()
-
-
-def assign_splits(kernels: Mapping[str, list[dict]], settings: TaskSettings) -> tuple[dict[str, str], list[str]]:
-    """Send whole groups (a participant where known, else a trajectory) to `test` or `train`.
-
-    Groups are ordered by a hash of (seed, group) and go to `test` until it holds `test_fraction` of the steps;
-    at least one group stays in `train` when there are two or more. Returns (kernel_id -> split, notes).
-    """
-    groups: dict[str, list[str]] = {}
-    for kernel_id, steps in kernels.items():
-        participant = steps[0].get("participant") if steps else None
-        key = f"participant:{participant}" if participant else f"trajectory:{kernel_id}"
-        groups.setdefault(key, []).append(kernel_id)
-    total = sum(len(steps) for steps in kernels.values())
-    order = sorted(groups, key=lambda g: _rank(settings.seed, g))
-    split_of: dict[str, str] = {}
-    in_test = 0
-    for i, group in enumerate(order):
-        last = i == len(order) - 1
-        everything = settings.test_fraction >= 1.0
-        goes_to_test = i == 0 or everything or (in_test < settings.test_fraction * total and not last)
-        for kernel_id in groups[group]:
-            split_of[kernel_id] = "test" if goes_to_test else "train"
-            if goes_to_test:
-                in_test += len(kernels[kernel_id])
-    notes = []
-    if len(order) == 1:
-        notes.append("only one trajectory group: every trajectory is in `test`, `train` is empty")
-    return dict(sorted(split_of.items())), notes
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -353,11 +323,13 @@ def paper_sample(candidates: Sequence[_Candidate], settings: TaskSettings) -> tu
 
 
 def build_tasks(rows: Iterable[dict], settings: TaskSettings = TaskSettings()) -> TaskSet:
-    """Split trajectory rows by group and build both tasks; deterministic for the same rows and seed."""
+    """Split trajectory rows by group (`themisto.release.splits`) and build both tasks; deterministic for the same
+    rows and seed."""
     kernels = group_by_kernel(rows)
     if not kernels:
         raise TaskError("no trajectory rows: nothing to build tasks from")
-    split_of, notes = assign_splits(kernels, settings)
+    plan = assign_splits(kernels, settings.seed, settings.test_fraction, settings.min_test_groups)
+    split_of, notes = plan.split_of, list(plan.notes)
     out: dict[str, dict[str, list[dict]]] = {
         "trajectories": {s: [r for k, steps in kernels.items() if split_of[k] == s for r in steps]
                          for s in SPLITS},
@@ -384,5 +356,16 @@ def build_tasks(rows: Iterable[dict], settings: TaskSettings = TaskSettings()) -
             report.rows[split] = len(task_rows)
         out[task] = made
         reports[task] = report
-    return TaskSet(rows=out, split_of=split_of, reports=reports, notes=notes)
+    group_of = {k: g for g in plan.groups for k in g.trajectories}
+    for config, splits in out.items():
+        for split, config_rows in splits.items():
+            for row in config_rows:
+                counts = group_of[row["kernel_id"]].rows.setdefault(config, {})
+                counts[split] = counts.get(split, 0) + 1
+    for task in TASKS:
+        held = {group_of[r["kernel_id"]].group for r in out[task]["test"]}
+        if len(held) < settings.min_test_groups and len(plan.groups) > settings.min_test_groups:
+            notes.append(f"{task}: the `test` rows come from {len(held)} group(s), fewer than "
+                         f"{settings.min_test_groups}")
+    return TaskSet(rows=out, split=plan, reports=reports, notes=notes)
 

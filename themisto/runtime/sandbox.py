@@ -57,8 +57,8 @@ def sandbox_available() -> bool:
 # come from the installed metadata, so nothing heavy is imported.
 _PROBE = """
 import importlib.metadata as m, json, platform, sys
-names = ("numpy", "pandas", "scipy", "matplotlib", "seaborn", "scikit-learn", "lightgbm", "ipykernel", "ipython",
-         "dill", "psutil")
+names = ("numpy", "pandas", "scipy", "matplotlib", "seaborn", "scikit-learn", "lightgbm", "catboost", "xgboost",
+         "statsmodels", "ipykernel", "ipython", "dill", "psutil")
 def version(name):
     try:
         return m.version(name)
