@@ -109,8 +109,8 @@ def test_missing_values_and_masks_leave_examples_out():
 
 def test_the_plan_records_its_method_counts_and_warnings():
     many = plan_resamples(np.repeat(np.arange(40), 2), np.tile(np.arange(2), 40), IntervalSettings(resamples=50))
-    assert many.describe() == {"method": "cluster_bootstrap", "clusters": 40, "blocks": None, "block_length": None,
-                               "resamples": 50, "confidence": 0.95, "seed": 0, "warning": None}
+    assert many.describe() == {"method": "cluster_bootstrap", "unit": "trajectory", "clusters": 40, "blocks": None,
+                               "block_length": None, "resamples": 50, "confidence": 0.95, "seed": 0, "warning": None}
     assert many.weights.shape == (50, 80) and np.all(many.weights.sum(axis=1) % 2 == 0)  # whole trajectories
     twelve = plan_resamples(np.repeat(np.arange(12), 2), np.tile(np.arange(2), 12))
     assert twelve.method == "cluster_bootstrap" and "too narrow" in twelve.warning
@@ -119,6 +119,27 @@ def test_the_plan_records_its_method_counts_and_warnings():
     assert "not between developers" in few.warning and "only 3 blocks" in few.warning
     assert np.all(few.weights.sum(axis=1) == 6)  # a trajectory keeps its size in every resample
     assert block_length_for([530]) == 8 and block_length_for([]) == 1
+
+
+def test_participants_are_drawn_whole_however_few_and_the_warning_says_it_runs_narrow():
+    # Six participants, two trajectories each: by trajectory, 12 clusters; by participant, 6, never split apart.
+    participant = np.repeat(np.arange(6), 20)
+    trajectory = np.repeat(np.arange(12), 10)
+    by_trajectory = plan_resamples(trajectory, np.tile(np.arange(10), 12))
+    assert by_trajectory.method == "cluster_bootstrap" and by_trajectory.clusters == 12
+    plan = plan_resamples(participant, np.tile(np.arange(20), 6), IntervalSettings(cluster="participant"))
+    assert (plan.method, plan.unit, plan.clusters) == ("cluster_bootstrap", "participant", 6)
+    assert "6 participants (< 10)" in plan.warning and "lower bound" in plan.warning
+    for p in range(6):  # all of a participant's examples are drawn the same number of times in every resample
+        drawn = plan.weights[:, participant == p]
+        assert np.all(drawn == drawn[:, :1])
+    assert (plan.weights[:, 0] >= 3).any()  # and a resample may draw one developer several times
+    # Participants' trajectories are not independent: the participant interval of a participant effect is wider.
+    values = np.repeat(np.linspace(0, 1, 6), 20)
+    wide, narrow = mean_interval(values, plan), mean_interval(values, by_trajectory)
+    assert narrow.high - narrow.low < wide.high - wide.low
+    with pytest.raises(ValueError, match="cluster must be one of trajectory, participant"):
+        IntervalSettings(cluster="step")
 
 
 def test_block_resamples_draw_consecutive_steps_in_the_given_order():

@@ -406,3 +406,43 @@ def test_task1_baseline_intervals_are_not_degenerate(task1_release, tmp_path, ca
     rouge = _pick(results["baselines"], baseline="previous-cell", metric="rouge_l", subset="all")
     assert exact["mean"] == pytest.approx(0.047, abs=0.01) and rouge["mean"] == pytest.approx(0.72, abs=0.02)
     assert exact["high"] - exact["low"] > 0.02
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a run over every split, its intervals by participant
+
+
+def test_a_run_over_every_split_is_scored_per_split_with_participants_drawn_whole(tmp_path, capsys):
+    # Six participants with a task-1 and a task-2 trajectory each: the split keeps each participant on one side.
+    trajectories = [make_steps(f"p{p}-t{t}", 18 + 2 * p + t, task=f"task{t}") for p in range(6) for t in (1, 2)]
+    owner = {steps[0].kernel_id: f"student_{p}" for p, steps in zip([p for p in range(6) for _ in (1, 2)],
+                                                                   trajectories)}
+    release = tmp_path / "release"
+    build_release(rows_of(*trajectories, participants=owner), release, TaskSettings(seed=3),
+                  source={"kind": "test-rows"})
+    info = open_release(release)
+    test_ids, train_ids = set(info.ids("next_cell", "test")), set(info.ids("next_cell", "train"))
+    assert test_ids and train_ids
+    run = tmp_path / "run"
+    assert main(["generate", "--release", str(release), "--task", "next_cell", "--context", "none", "--backend",
+                 "baseline", "--model", "previous-cell", "--split", "all", "-o", str(run), "--json"]) == 0
+    made = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
+    assert {g["id"] for g in made} == test_ids | train_ids
+    assert json.loads((run / "run.json").read_text())["split"] == "all"
+    capsys.readouterr()
+    assert main(["score", str(run), "--cluster", "participant", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    interval = results["interval"]
+    assert (interval["unit"], interval["clusters"], interval["method"]) == ("participant", 6, "cluster_bootstrap")
+    assert "6 participants (< 10)" in interval["warning"]
+    by_split = {(e["split"], e.get("context") or e["baseline"], e["metric"]): e
+                for e in results["breakdown"]["split"]}
+    assert by_split["test", "none", "exact_match"]["n"] == len(test_ids)
+    assert by_split["train", "none", "exact_match"]["n"] == len(train_ids)
+    assert "By split" in (run / "results.md").read_text()
+    # by trajectory (the default) the same run has twelve clusters
+    assert main(["score", str(run), "--json", "-o", str(tmp_path / "by-trajectory.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["interval"]["clusters"] == 12
+    with pytest.raises(SystemExit):
+        main(["generate", "--release", str(release), "--task", "next_cell", "--backend", "baseline", "--model",
+              "previous-cell", "--split", "validation", "-o", str(tmp_path / "bad")])

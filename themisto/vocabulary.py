@@ -26,6 +26,16 @@ DEFAULT_CONTEXT_MODES: tuple[str, ...] = CONTEXT_MODES
 Split = Literal["test", "train"]
 SPLITS: tuple[str, ...] = get_args(Split)
 BENCHMARK_SPLIT: Split = "test"
+# The examples a run generates for: a split, or `all` of them (test, then train). Only a `test` run is a submission;
+# a model not trained on `train` may be scored on it (more examples, more participants: the results table says so).
+RunSplit = Literal["test", "train", "all"]
+RUN_SPLITS: tuple[str, ...] = get_args(RunSplit)
+ALL_SPLITS: RunSplit = "all"
+
+# What a score's bootstrap resamples as one independent unit: whole trajectories, or whole participants (a
+# participant's trajectories are one developer's habits, not independent draws; `themisto.scoring.intervals`).
+ClusterUnit = Literal["trajectory", "participant"]
+CLUSTER_UNITS: tuple[str, ...] = get_args(ClusterUnit)
 
 # One generation line's status: `skipped` (the prompt did not fit) and `failed` (the backend gave up) score 0.
 GenerationStatus = Literal["ok", "skipped", "failed"]

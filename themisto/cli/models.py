@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from themisto.cli.common import add_ray_option, format_counts, ray_target
-from themisto.vocabulary import CONTEXT_MODES, DEFAULT_CONTEXT_MODES, TASKS
+from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, DEFAULT_CONTEXT_MODES, RUN_SPLITS, TASKS
 
 
 def sft_export_command(args: argparse.Namespace) -> int:
@@ -82,7 +82,8 @@ def _generation_backend(args: argparse.Namespace, settings):
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    """Generate predictions for every test example × context mode × sample into a resumable run folder."""
+    """Generate predictions for every example of a split (test unless told) × context mode × sample into a
+    resumable run folder."""
     from themisto.generation.backends import Sampling
     from themisto.generation.runs import RunSettings, generate_run
 
@@ -90,7 +91,7 @@ def generate_command(args: argparse.Namespace) -> int:
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
     settings = RunSettings(task=args.task, contexts=tuple(args.context), backend=args.backend, model=args.model,
                            sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
-                           batch_size=args.batch_size, backend_options=_backend_options(args))
+                           batch_size=args.batch_size, backend_options=_backend_options(args), split=args.split)
     try:
         with _generation_backend(args, settings) as backend:
             report = generate_run(args.release, args.output, settings, backend=backend, progress=not args.json)
@@ -129,7 +130,10 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--max-prompt-tokens", type=int,
                         help="prompt budget (default: the model's context length less --max-new-tokens)")
-    parser.add_argument("--limit", type=int, help="only K test examples, evenly spread over the release")
+    parser.add_argument("--limit", type=int, help="only K examples, evenly spread over the split")
+    parser.add_argument("--split", choices=RUN_SPLITS, default=BENCHMARK_SPLIT,
+                        help="the examples: test (the default: a submission), train, or all (test, then train); a "
+                             "model not trained on train may be scored on it")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per batch and per write (default 8)")
     parser.add_argument("--device", default="auto", help="transformers: cpu, cuda, auto (default)")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from themisto.cli.common import CommandError, add_ray_option, scoring_runner
-from themisto.vocabulary import TASKS
+from themisto.vocabulary import CLUSTER_UNITS, TASKS
 
 
 def _score_run_folder(args: argparse.Namespace) -> int:
@@ -17,8 +17,11 @@ def _score_run_folder(args: argparse.Namespace) -> int:
 
     if args.predictions is not None:
         raise CommandError("give either a run folder or --predictions, not both")
+    from themisto.scoring.intervals import IntervalSettings
+
     results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output,
-                        runner=scoring_runner(args), workspace=args.workspace)
+                        runner=scoring_runner(args), workspace=args.workspace,
+                        settings=IntervalSettings(cluster=args.cluster))
     if args.json:
         print(json.dumps(results, ensure_ascii=False, sort_keys=True))
     else:
@@ -73,6 +76,9 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--continuation-cells", type=int, default=3, metavar="K",
                         help="logged cells run after each prediction for continuation_match (default 3; 0: off)")
     parser.add_argument("--workspace", type=Path, help="the release's replay inputs, if it was built with a given one")
+    parser.add_argument("--cluster", choices=CLUSTER_UNITS, default=CLUSTER_UNITS[0],
+                        help="a run folder's intervals resample whole trajectories (default) or whole participants "
+                             "(a developer's trajectories are not independent)")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("-o", "--output", type=Path, help="results JSON to write (a run folder: RUN/results.json)")
     parser.add_argument("--json", action="store_true", help="print {output, scores, notes, ...} as one JSON object")

@@ -6,14 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from themisto.release.folder import TRAJECTORIES, ReleaseError, ReleaseInfo, open_release
-from themisto.vocabulary import BASELINE_CONTEXT, BENCHMARK_SPLIT
+from themisto.vocabulary import ALL_SPLITS, BASELINE_CONTEXT, BENCHMARK_SPLIT, SPLITS
 
 
 def release_info(release: str | Path, task: str, split: str = BENCHMARK_SPLIT) -> ReleaseInfo:
-    """The release (`themisto.release.folder.open_release`), which must have the task's split (test unless told)."""
+    """The release (`themisto.release.folder.open_release`), which must have the task's split (test unless told;
+    for `all`, test)."""
     info = open_release(release)
-    info.require(task, split)
+    info.require(task, BENCHMARK_SPLIT if split == ALL_SPLITS else split)
     return info
+
+
+def splits_of(info: ReleaseInfo, task: str, split: str) -> list[str]:
+    """The release splits a run's `split` reads, in order: that one, or for `all` each the task has (test first)."""
+    return [s for s in SPLITS if info.has(task, s)] if split == ALL_SPLITS else [split]
 
 
 def spread(rows: list[dict], limit: int | None) -> list[dict]:
@@ -69,8 +75,9 @@ def _joined(info: ReleaseInfo, rows: list[dict], split: str, times: bool) -> lis
 
 def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, limit: int | None = None,
                    split: str = BENCHMARK_SPLIT) -> list[dict]:
-    """The task's rows of `split` (`limit` of them, spread), checked for ids and for the snapshots the modes need."""
-    rows = spread(info.rows(task, split), limit)
+    """The task's rows of `split` (`all`: test, then train; `limit` of them, spread), checked for ids and for the
+    snapshots the modes need."""
+    rows = spread([row for s in splits_of(info, task, split) for row in info.rows(task, s)], limit)
     seen: set[str] = set()
     for row in rows:
         if row["id"] in seen:
@@ -80,4 +87,10 @@ def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, l
     if runtime and rows and not any(row.get("variables_before") for row in rows):
         raise ReleaseError(f"{info.path}: context mode {runtime[0]} needs runtime snapshots, and no {task} row "
                            f"has any (variables_before is empty everywhere); use --context none")
-    return _joined(info, rows, split, times="full" in contexts) if runtime else rows
+    if not runtime:
+        return rows
+    joined = []
+    for part in splits_of(info, task, split):  # test rows come first, so the order stays the spread one
+        ids = set(info.ids(task, part))
+        joined += _joined(info, [r for r in rows if r["id"] in ids], part, times="full" in contexts)
+    return joined

@@ -35,7 +35,7 @@ from themisto.generation.run_folder import (
 )
 from themisto.release.folder import ReleaseInfo
 from themisto.resume import write_json_atomic
-from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, TASKS
+from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, RUN_SPLITS, TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES: tuple[str, ...] = ("themisto", "transformers", "torch", "tokenizers", "accelerate", "gguf", "openai",
@@ -59,6 +59,7 @@ class RunSettings:
     max_prompt_tokens: int | None = None
     batch_size: int = 8
     backend_options: dict = field(default_factory=dict)
+    split: str = BENCHMARK_SPLIT  # `themisto.vocabulary.RUN_SPLITS`; only a `test` run is a submission
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -74,6 +75,8 @@ class RunSettings:
                                f"(use one of {', '.join(baselines_for(self.task))})")
         if self.limit is not None and self.limit < 1:
             raise RunSettingsError(f"--limit must be at least 1, got {self.limit}")
+        if self.split not in RUN_SPLITS:
+            raise RunSettingsError(f"unknown split {self.split!r} (expected one of {', '.join(RUN_SPLITS)})")
 
 
 @dataclass
@@ -126,7 +129,7 @@ def run_header(settings: RunSettings, info: ReleaseInfo, described: dict) -> dic
         "sampling": settings.sampling.to_dict(),
         "templates": {c: {"text": PROMPT_TEMPLATES[(settings.task, c)], "sha256": template_sha256(settings.task, c)}
                       for c in settings.contexts},
-        "release": {"path": str(info.path), "content_hash": info.content_hash}, "split": BENCHMARK_SPLIT,
+        "release": {"path": str(info.path), "content_hash": info.content_hash}, "split": settings.split,
         "limit": settings.limit, "max_prompt_tokens": settings.max_prompt_tokens,
         "backend_options": settings.backend_options, "packages": package_versions(), "git_commit": git_commit(),
         "started": _now(), "finished": None, "tokens_in": 0, "tokens_out": 0, "generations_per_s": None,
@@ -189,8 +192,8 @@ def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *,
     """Generate every missing (example, context, sample) of `settings` into the run folder `out`."""
     started = time.perf_counter()
     out = Path(out)
-    info = release_info(release, settings.task)
-    rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit)
+    info = release_info(release, settings.task, settings.split)
+    rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit, split=settings.split)
     _check_folder(out, run_header(settings, info, {}))  # refuse a mismatched folder before loading a model
     if backend is None:
         backend = make_backend(settings.backend, settings.model, **backend_options(settings))

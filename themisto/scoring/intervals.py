@@ -12,12 +12,21 @@ from the same resamples, and a paired difference (context − none on the same e
   1995 give for variance estimation); each trajectory keeps its size. It covers the variation between steps of
   these trajectories, not between developers, and the plan's warning says so.
 
+The cluster is a trajectory unless the settings name the participant (`cluster="participant"`): a developer's
+trajectories (task 1 and task 2, the same habits) are not independent draws, so the honest unit of a score that
+speaks of developers is the developer. Whole participants are then always drawn with replacement, however few
+(a block bootstrap within one would not resample developers at all), and below `min_clusters` the warning says that
+the interval runs narrow and is a lower bound on the uncertainty.
+
 A resample is stored as how often it draws each example, so a score over any subset is a weighted mean
 (a ratio estimator) and percentile intervals cost one matrix-vector product.
 
 >>> plan = plan_resamples(["a"] * 6 + ["b"] * 6, list(range(6)) * 2, IntervalSettings(resamples=200))
 >>> plan.method, plan.clusters, plan.block_length, plan.blocks
 ('block_bootstrap', 2, 2, 6)
+>>> by_person = plan_resamples(["p1"] * 6 + ["p2"] * 6, list(range(12)), IntervalSettings(cluster="participant"))
+>>> by_person.method, by_person.unit, by_person.clusters
+('cluster_bootstrap', 'participant', 2)
 >>> mean_interval([0.5] * 12, plan)
 Interval(mean=0.5, low=0.5, high=0.5, n=12)
 """
@@ -29,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 import numpy as np
+
+from themisto.vocabulary import CLUSTER_UNITS
 
 METHODS: tuple[str, ...] = ("cluster_bootstrap", "block_bootstrap")
 
@@ -43,8 +54,11 @@ class IntervalSettings:
     min_clusters: int = 10  # a cluster bootstrap from this many trajectories up; a block bootstrap below
     few_clusters: int = 30  # a cluster bootstrap from fewer than this many is known to run narrow: warn
     min_blocks: int = 10  # fewer blocks than this in all: warn
+    cluster: str = "trajectory"  # the unit resampled: `themisto.vocabulary.CLUSTER_UNITS`
 
     def __post_init__(self) -> None:
+        if self.cluster not in CLUSTER_UNITS:
+            raise ValueError(f"cluster must be one of {', '.join(CLUSTER_UNITS)}, got {self.cluster!r}")
         if self.resamples < 1:
             raise ValueError(f"resamples must be at least 1, got {self.resamples}")
         if not 0 < self.confidence < 1:
@@ -58,6 +72,7 @@ class ResamplePlan:
     """The resamples of one set of examples: `weights[b, i]` is how often resample b draws example i."""
 
     method: str
+    unit: str  # what a cluster is: a trajectory or a participant
     clusters: int
     blocks: int | None
     block_length: int | None
@@ -73,7 +88,7 @@ class ResamplePlan:
 
     def describe(self) -> dict:
         """The plan as results.json records it (`interval`)."""
-        return {"method": self.method, "clusters": self.clusters, "blocks": self.blocks,
+        return {"method": self.method, "unit": self.unit, "clusters": self.clusters, "blocks": self.blocks,
                 "block_length": self.block_length, "resamples": self.resamples, "confidence": self.confidence,
                 "seed": self.seed, "warning": self.warning}
 
@@ -123,9 +138,14 @@ def _block_weights(members: list[np.ndarray], n: int, length: int, resamples: in
     return weights, blocks
 
 
-def plan_resamples(clusters: Sequence[Hashable], order: Sequence[float],
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {'trajectories' if unit == 'trajectory' else unit + 's'}"
+
+
+def plan_resamples(clusters: Sequence[Hashable], order: Sequence,
                    settings: IntervalSettings = IntervalSettings()) -> ResamplePlan:
-    """Plan the resamples of examples that belong to `clusters` (trajectories), ordered within each by `order`."""
+    """Plan the resamples of examples that belong to `clusters` (trajectories, or participants where the settings say
+    so), ordered within each by `order` (any sortable keys, e.g. (trajectory, step))."""
     if len(clusters) != len(order):
         raise ValueError(f"got {len(clusters)} cluster labels for {len(order)} positions")
     n = len(clusters)
@@ -134,18 +154,23 @@ def plan_resamples(clusters: Sequence[Hashable], order: Sequence[float],
         groups.setdefault(label, []).append(i)
     members = [np.array(sorted(idx, key=lambda i: (order[i], i)), dtype=np.int64) for idx in groups.values()]
     rng = np.random.default_rng(settings.seed)
-    common = {"clusters": len(members), "resamples": settings.resamples, "confidence": settings.confidence,
-              "seed": settings.seed}
-    if len(members) >= settings.min_clusters:
+    common = {"unit": settings.cluster, "clusters": len(members), "resamples": settings.resamples,
+              "confidence": settings.confidence, "seed": settings.seed}
+    by_participant = settings.cluster == "participant"
+    if len(members) >= settings.min_clusters or (by_participant and len(members) >= 2):
         warning = None
-        if len(members) < settings.few_clusters:
-            warning = (f"{len(members)} trajectories (< {settings.few_clusters}): cluster bootstrap intervals from "
-                       "this few clusters tend to be too narrow")
+        units = _count(len(members), settings.cluster)
+        if len(members) < settings.min_clusters:
+            warning = (f"{units} (< {settings.min_clusters}): a cluster bootstrap over this few clusters has few "
+                       "distinct resamples and runs narrow; read the interval as a lower bound on the uncertainty")
+        elif len(members) < settings.few_clusters:
+            warning = (f"{units} (< {settings.few_clusters}): cluster bootstrap intervals from this few clusters "
+                       "tend to be too narrow")
         return ResamplePlan(method="cluster_bootstrap", blocks=None, block_length=None, warning=warning,
                             weights=_cluster_weights(members, n, settings.resamples, rng), **common)
     length = block_length_for([len(m) for m in members])
     weights, blocks = _block_weights(members, n, length, settings.resamples, rng)
-    count = f"{len(members)} trajector{'y' if len(members) == 1 else 'ies'}"
+    count = _count(len(members), settings.cluster)
     warning = (f"{count} (< {settings.min_clusters}): blocks of {length} consecutive steps are "
                "resampled within each trajectory, so the interval covers variation between steps of these "
                "trajectories, not between developers")

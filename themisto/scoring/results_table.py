@@ -27,11 +27,16 @@ def _index(entries: list[dict], *keys: str) -> dict[tuple, dict]:
     return {tuple(e[k] for k in keys): e for e in entries}
 
 
+def units(n: int, unit: str = "trajectory") -> str:
+    """`n` clusters of a unit, in words: `1 trajectory`, `12 trajectories`, `6 participants`."""
+    return f"{n} {unit}" if n == 1 else f"{n} {'trajectories' if unit == 'trajectory' else unit + 's'}"
+
+
 def _interval_line(interval: dict) -> str:
     method = interval["method"].replace("_", " ")
-    trajectories = f"{interval['clusters']} trajector{'y' if interval['clusters'] == 1 else 'ies'}"
-    shape = (f"{trajectories} resampled whole" if interval["method"] == "cluster_bootstrap"
-             else f"{trajectories}, {interval['blocks']} blocks of {interval['block_length']} consecutive steps")
+    clusters = units(interval["clusters"], interval.get("unit", "trajectory"))
+    shape = (f"{clusters} resampled whole" if interval["method"] == "cluster_bootstrap"
+             else f"{clusters}, {interval['blocks']} blocks of {interval['block_length']} consecutive steps")
     line = (f"Intervals: {round(interval['confidence'] * 100)} % percentile {method} ({shape}; "
             f"{interval['resamples']} resamples, seed {interval['seed']}).")
     return line + (f" **Warning:** {interval['warning']}." if interval.get("warning") else "")
@@ -122,6 +127,22 @@ def _kept_table(results: dict) -> list[str]:
     return lines
 
 
+def _split_table(entries: list[dict]) -> list[str]:
+    """Each split's scores beside each other (a run over every split), the model's contexts and the baselines."""
+    if not entries:
+        return []
+    splits = sorted({e["split"] for e in entries})
+    counts = {v: max(e["n"] for e in entries if e["split"] == v) for v in splits}
+    system = lambda e: f"model · {e['context']}" if "context" in e else f"baseline · {e['baseline']}"  # noqa: E731
+    index = {(system(e), e["metric"], e["split"]): e for e in entries}
+    lines = ["", "By split (the run covers every split; only `test` is the benchmark):", "",
+             "| metric | system | " + " | ".join(f"{v} (n={counts[v]})" for v in splits) + " |",
+             "| --- | --- |" + " --- |" * len(splits)]
+    for name, metric in dict.fromkeys((system(e), e["metric"]) for e in entries):
+        lines.append(f"| {metric} | {name} | " + " | ".join(cell(index.get((name, metric, v))) for v in splits) + " |")
+    return lines
+
+
 def _breakdown(entries: list[dict], key: str, values: list[str], title: str) -> list[str]:
     if not entries:
         return []
@@ -143,6 +164,7 @@ def render_markdown(results: dict) -> str:
                         "By the target's position in its trajectory (all examples):")
     kinds = sorted({e["output_type"] for e in breakdown["output_type"]})
     lines += _breakdown(breakdown["output_type"], "output_type", kinds, "By output type (all examples):")
+    lines += _split_table(breakdown.get("split") or [])
     if results.get("notes"):
         lines += [""] + [f"- note: {note}" for note in results["notes"]]
     return "\n".join(lines) + "\n"

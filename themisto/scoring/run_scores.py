@@ -143,9 +143,10 @@ def _paired(task: str, metric: str, subset: str, context: str, examples: str, ef
 
 
 def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], lengths: dict[str, int],
-            metrics: tuple[str, ...], settings: IntervalSettings) -> dict:
-    """The scores, paired effects, baselines and breakdowns with their intervals, all from one resampling plan."""
-    plan = plan_resamples([r["kernel_id"] for r in rows], [r["step"] for r in rows], settings)
+            metrics: tuple[str, ...], settings: IntervalSettings, clusters: list[str], splits: list[str]) -> dict:
+    """The scores, paired effects, baselines and breakdowns with their intervals, all from one resampling plan over
+    `clusters` (each row's trajectory or participant); `splits` gives each row's split."""
+    plan = plan_resamples(clusters, [(r["kernel_id"], r["step"]) for r in rows], settings)
     subsets = {"all": None, "hard": hard}
     task = run.task
     made = generated(run)
@@ -186,8 +187,17 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
                 mask = [k == kind for k in kinds]
                 by_type.append(_entry(mean_interval(values, plan, mask), task=task, context=context, metric=metric,
                                       output_type=kind))
+    by_split = []
+    if len(set(splits)) > 1:  # a run over every split: each split's figures beside the whole, from the same plan
+        for system, table in systems.items():
+            who = ({"baseline": system.split(":", 1)[1]} if system.startswith("baseline:") else {"context": system})
+            for metric in metrics:
+                for split in sorted(set(splits)):
+                    mask = [s == split for s in splits]
+                    by_split.append(_entry(mean_interval(table[metric], plan, mask), task=task, **who, metric=metric,
+                                           split=split))
     return {"interval": plan.describe(), "scores": scores, "paired": paired, "baselines": baseline_rows,
-            "breakdown": {"position": by_position, "output_type": by_type}}
+            "breakdown": {"position": by_position, "output_type": by_type, "split": by_split}}
 
 
 def _counts(run: RunFolder, examples: dict) -> dict:
@@ -264,14 +274,19 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
               for name in names}
     hard = [not any(solved[name][k] for name in names) for k in range(len(run.ids))]
     lengths = {k: max(r["step"] for r in steps) + 1 for k, steps in loaded.trajectories.items()}
+    if settings.cluster == "participant":  # a trajectory whose participant is unknown is its own cluster
+        clusters = [loaded.trajectories[r["kernel_id"]][0].get("participant") or r["kernel_id"] for r in rows]
+    else:
+        clusters = [r["kernel_id"] for r in rows]
+    split_of = {i: s for s in info.splits(run.task) for i in info.ids(run.task, s)}
     meta = run.meta
     results = {
         "format": RESULTS_FORMAT,
         "run": {"model": meta.get("model"), "backend": meta.get("backend"), "task": run.task,
                 "contexts": run.contexts, "sampling": meta.get("sampling"), "n": len(run.ids),
-                "limit": meta.get("limit")},
+                "limit": meta.get("limit"), "split": meta.get("split")},
         "release_hash": info.content_hash, "executed": executed, "metrics": list(metrics),
-        **_tables(run, systems, hard, rows, lengths, metrics, settings),
+        **_tables(run, systems, hard, rows, lengths, metrics, settings, clusters, [split_of[i] for i in run.ids]),
         "hard_subset": {"rule": HARD_RULES[run.task + ("+executed" if executed else "")], "examples": sum(hard),
                         "solved_by": {name: sum(v) for name, v in solved.items()}},
         "counts": _counts(run, examples), "kept": prompt_kept(run), "notes": notes + scorer_notes,
