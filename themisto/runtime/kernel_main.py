@@ -23,6 +23,12 @@ def main() -> None:
         for name in _NOT_AT_START:
             if name in sys.modules and sys.modules[name] is None:
                 del sys.modules[name]
+    # What a cell sees is ipykernel_launcher's: sys.argv[0] names it (argparse's usage line in a cell's output does)
+    import importlib.util
+
+    spec = importlib.util.find_spec("ipykernel_launcher")
+    if spec is not None and spec.origin:
+        sys.argv[0] = spec.origin
     kernelapp.launch_new_instance()
 
 
