@@ -84,6 +84,13 @@ def test_fidelity_shares_and_reasons():
     kinds = {(m.step, m.kind) for m in report.mismatches}
     assert kinds == {(2, "ename"), (3, "status")}
     assert "installed" in next(m.reason for m in report.mismatches if m.step == 3)
+    assert [(m.step, m.cause) for m in report.mismatches] == [(2, "other_exception"), (3, "package_installed")]
+    assert report.status_causes == {"package_installed": 1}
+    causes = fidelity_report([
+        _fake_step(0, "error", "NameError"), _fake_step(1, "error", "FileNotFoundError"), _fake_step(2, "timeout"),
+        _fake_step(3, "error", "KeyError"), _fake_step(4, "ok", logged=("error", "KeyboardInterrupt")),
+        _fake_step(5, "error", "NameError")])[0].status_causes
+    assert causes == {"interrupted": 1, "missing_input": 1, "timeout": 1, "name_lost": 2, "replay_raised": 1}
 
 
 @pytest.mark.slow

@@ -69,22 +69,27 @@ def _split_table(report: BuildReport) -> str:
 
 
 def _fidelity_table(report: BuildReport) -> str:
-    """Per trajectory: participant, task, kernels, steps and the replay's fidelity to the log and the notebook."""
+    """Per trajectory: participant, task, kernels, steps and the replay's fidelity to the log (with its status
+    mismatches by cause) and to the notebook; then what each cause means."""
     if not report.fidelity:
         return "- (this build replayed nothing: no fidelity to report)"
+    from themisto.replay.fidelity import CAUSES
     from themisto.replay.final_notebook import CLASSES
 
     lines = ["| trajectory | participant | task | kernels | steps | status | ename | output types | "
-             "final notebook: " + " / ".join(CLASSES) + " (not compared) |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "status mismatches by cause | final notebook: " + " / ".join(CLASSES) + " (not compared) |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for kernel_id, f in sorted(report.fidelity.items(), key=lambda kv: (str(kv[1].get("participant")), kv[0])):
         final = f.get("final_notebook")
         notebook = ("no final notebook" if not final else " / ".join(str(final["compared"].get(c, 0)) for c in CLASSES)
                     + f" ({sum(final['not_compared'].values())})")
-        lines.append(f"| `{kernel_id}` | `{f.get('participant')}` | {f.get('task') or '-'} | {f.get('kernels') or '-'} | "
-                     f"{f['executions_replayed']:,} | {_share(f['status_match'])} of {f['comparable']} | "
-                     f"{_share(f['ename_match'])} of {f['logged_errors']} | {_share(f['output_types_match'])} | "
-                     f"{notebook} |")
+        causes = ", ".join(f"{cause} {n}" for cause, n in (f.get("status_causes") or {}).items()) or "-"
+        lines.append(f"| `{kernel_id}` | `{f.get('participant')}` | {f.get('task') or '-'} | "
+                     f"{f.get('kernels') or '-'} | {f['executions_replayed']:,} | "
+                     f"{_share(f['status_match'])} of {f['comparable']} | {_share(f['ename_match'])} of "
+                     f"{f['logged_errors']} | {_share(f['output_types_match'])} | "
+                     f"{causes} | {notebook} |")
+    lines += ["", "Causes:"] + [f"- `{cause}`: {text}" for cause, text in CAUSES.items()]
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ Three shares, each over the steps where the log can answer the question:
 - output types: over steps with a logged `finished_execute`, the replayed output types equal the logged list.
 A developer's interrupt (logged `KeyboardInterrupt`) matches a replayed timeout: both are runs stopped from outside.
 Steps whose code the log lost (empty code) are not comparable. Every mismatch is listed with the step, both
-outcomes and a reason.
+outcomes, a reason and its cause (`CAUSES`), and the status mismatches are counted by cause.
 """
 
 from __future__ import annotations
@@ -18,6 +18,22 @@ from themisto.replay.replay import Step
 from themisto.vocabulary import COMPARABLE_LOGGED
 
 
+# Why a replayed step ended otherwise than the log says, as the card and the README explain each class.
+CAUSES: dict[str, str] = {
+    "interrupted": "the developer interrupted a long run; replay finished it (the look-alike inputs are smaller)",
+    "package_installed": "the package was missing in the developer's environment; the replay kernel has it",
+    "replay_succeeded": "replay succeeded where the developer's run raised (other inputs or package versions)",
+    "missing_input": "an input file the look-alike workspace lacks (FileNotFoundError)",
+    "timeout": "replay ran past its cell timeout where the developer's run finished",
+    "name_lost": "NameError: a name an earlier step should have made (it failed, ran past its timeout, or its state "
+                 "was lost in replay)",
+    "replay_raised": "replay raised another exception where the developer's run succeeded (other inputs or package "
+                     "versions)",
+    "other_exception": "both raised, another exception",
+    "output_types": "the same outcome, other output types (a result shown where the log has none, other streams)",
+}
+
+
 @dataclass
 class Mismatch:
     step: int
@@ -26,6 +42,7 @@ class Mismatch:
     replayed: str
     reason: str
     code: str  # the first line of the cell, for a reader to find it
+    cause: str = ""  # `CAUSES`
 
 
 @dataclass
@@ -39,6 +56,7 @@ class FidelityReport:
     ename_match: float | None
     output_types_match: float | None
     mismatches: list[Mismatch] = field(default_factory=list)
+    status_causes: dict[str, int] = field(default_factory=dict)  # status mismatches per `CAUSES` key
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,26 +78,39 @@ def _first_line(code: str) -> str:
     return ""
 
 
-def _reason(step: Step, replayed: tuple[str, str | None]) -> str:
+def _reason(step: Step, replayed: tuple[str, str | None]) -> tuple[str, str]:
+    """(cause, reason): the `CAUSES` key and a sentence about this step."""
     logged = step.logged
     status, ename = replayed
     evalue = (step.evalue or "").splitlines()[0][:160] if step.evalue else ""
     if logged.status == "error" and status == "ok":
         if logged.ename == "KeyboardInterrupt":
-            return (f"the developer interrupted a long run; replay finished it in {step.execution_time:.2f} s "
-                    "(the look-alike inputs are smaller than the real ones)")
+            return "interrupted", (f"the developer interrupted a long run; replay finished it in "
+                                   f"{step.execution_time:.2f} s (the look-alike inputs are smaller than the real "
+                                   "ones)")
         if logged.ename == "ModuleNotFoundError":
-            return "the package was missing in the developer's environment; the replay environment has it installed"
-        return f"replay succeeded where the developer's run raised {logged.ename}: {(logged.evalue or '')[:160]}"
+            return "package_installed", ("the package was missing in the developer's environment; the replay "
+                                         "environment has it installed")
+        return "replay_succeeded", (f"replay succeeded where the developer's run raised {logged.ename}: "
+                                    f"{(logged.evalue or '')[:160]}")
     if logged.status == "ok" and status == "error":
         if ename == "FileNotFoundError":
-            return f"an input the look-alike workspace lacks: {evalue}"
+            return "missing_input", f"an input the look-alike workspace lacks: {evalue}"
         if step.status == "timeout":
-            return f"replay ran past its timeout ({step.execution_time:.1f} s)"
-        return f"replay raised {ename}: {evalue} where the developer's run succeeded"
+            return "timeout", f"replay ran past its timeout ({step.execution_time:.1f} s)"
+        return ("name_lost" if ename == "NameError" else "replay_raised",
+                f"replay raised {ename}: {evalue} where the developer's run succeeded")
     if logged.ename != ename:
-        return f"replay raised {ename}: {evalue}; the log recorded {logged.ename}: {(logged.evalue or '')[:160]}"
-    return "output types differ (e.g. a result shown where the log has none, or a different number of streams)"
+        return "other_exception", (f"replay raised {ename}: {evalue}; the log recorded {logged.ename}: "
+                                   f"{(logged.evalue or '')[:160]}")
+    return "output_types", ("output types differ (e.g. a result shown where the log has none, or a different number "
+                            "of streams)")
+
+
+def _why(step: Step, replayed: tuple[str, str | None], code: str) -> tuple[str, str, str]:
+    """(reason, code, cause): a Mismatch's last three fields."""
+    cause, reason = _reason(step, replayed)
+    return reason, code, cause
 
 
 def fidelity_report(steps: Iterable[Step]) -> list[FidelityReport]:
@@ -102,19 +133,19 @@ def fidelity_report(steps: Iterable[Step]) -> list[FidelityReport]:
                 status_ok += 1
             else:
                 mismatches.append(Mismatch(step.step, "status", f"{logged.status} {logged.ename or ''}".strip(),
-                                           f"{replayed[0]} {replayed[1] or ''}".strip(), _reason(step, replayed), code))
+                                           f"{replayed[0]} {replayed[1] or ''}".strip(), *_why(step, replayed, code)))
             if logged.status == "error":
                 errors += 1
                 if replayed[1] == logged.ename:
                     ename_ok += 1
                 elif replayed[0] == "error":
                     mismatches.append(Mismatch(step.step, "ename", logged.ename or "", replayed[1] or "",
-                                               _reason(step, replayed), code))
+                                               *_why(step, replayed, code)))
             if step.output_types == logged.output_types:
                 types_ok += 1
             elif replayed[0] == logged.status and (replayed[0] == "ok" or replayed[1] == logged.ename):
                 mismatches.append(Mismatch(step.step, "output_types", ",".join(logged.output_types),
-                                           ",".join(step.output_types), _reason(step, replayed), code))
+                                           ",".join(step.output_types), *_why(step, replayed, code)))
         reports.append(FidelityReport(
             kernel_id=kernel_id,
             notebook=group[0].notebook,
@@ -125,5 +156,7 @@ def fidelity_report(steps: Iterable[Step]) -> list[FidelityReport]:
             ename_match=round(ename_ok / errors, 4) if errors else None,
             output_types_match=round(types_ok / comparable, 4) if comparable else None,
             mismatches=mismatches,
+            status_causes={cause: n for cause in CAUSES
+                           if (n := sum(m.kind == "status" and m.cause == cause for m in mismatches))},
         ))
     return reports
