@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pyarrow.parquet as pq
 
-    from themisto.scoring.gate import ExecutionRefused
+    from themisto.gate import ExecutionRefused
     from themisto.scoring.records import ScoreSettings
     from themisto.scoring.scorer import load_release, score
 

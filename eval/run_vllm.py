@@ -20,13 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
-    from themisto.vocabulary import CONTEXT_MODES, DEFAULT_CONTEXT_MODES, TASKS
+    from themisto.vocabulary import DEFAULT_CONTEXT_MODES, STATIC_CONTEXT_MODES, TASKS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--release", required=True, type=Path, help="a release folder written by `themisto build`")
     parser.add_argument("--model", required=True, help="a Hub id or local model folder vLLM can load")
     parser.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS))
-    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES))
+    # The probe mode runs probes in kernels beside the model: `themisto generate --context probe --backend vllm`.
+    parser.add_argument("--context", nargs="+", choices=STATIC_CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES))
     parser.add_argument("--n", type=int, default=1, help="samples per example and context")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)

@@ -43,7 +43,7 @@ def write_run(folder: Path, release: Path, *, task: str = "next_cell", model: st
                 text = predict(row, context, sample) if predict else previous(row, task)
                 lines.append(json.dumps({"id": row["id"], "task": task, "context": context, "sample": sample,
                                          "prediction": text, "raw": text, "status": "ok", "reason": None,
-                                         "tokens_in": None, "tokens_out": None, "kept": None}))
+                                         "tokens_in": None, "tokens_out": None, "kept": None, "probes": None}))
     (folder / "generations.jsonl").write_text("\n".join(lines) + "\n")
     return folder
 

@@ -46,3 +46,76 @@ def build_tiny_model(folder: str | Path, *, seed: int = 0) -> Path:
                                                pad_token_id=config.pad_token_id)
     model.save_pretrained(folder)
     return folder
+
+
+# ChatML with tools (the Hermes/Qwen layout): the tools listed in the system turn, a call as <tool_call>{json}
+# </tool_call> in the assistant's turn, a tool's answer in a `tool` turn.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}{{ '<|im_start|>system\n' }}{% if messages[0]['role'] == 'system' %}"
+    "{{ messages[0]['content'] + '\n\n' }}{% endif %}{{ '# Tools\n<tools>' }}{% for tool in tools %}"
+    "{{ tool | tojson }}{% endfor %}{{ '</tools>\nCall one as <tool_call>{\"name\": ..., \"arguments\": ...}"
+    "</tool_call><|im_end|>\n' }}{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and tools %}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{ '<|im_start|>assistant\n' + (message['content'] or '') }}{% for call in message['tool_calls'] %}"
+    "{{ '<tool_call>\n' }}{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "{{ '\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\n' }}"
+    "{%- else %}{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>\n' }}"
+    "{%- endif %}{%- endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# How transformers (`parse_response`, and `transformers serve`) reads the calls back out of a reply.
+TOOL_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>)", "content": "text"},
+    },
+}
+
+
+def build_scripted_model(folder: str | Path, reply: str, prompts, *, tools: list[dict] | None = None,
+                         steps: int = 150, lr: float = 3e-3, seed: int = 0) -> Path:
+    """The tiny model, its chat template able to carry tools, trained here (a few hundred steps on the CPU) to
+    answer `reply` to each of `prompts(folder)` (chat messages; offered `tools` when given; called once the folder
+    holds the tokenizer, so prompts can be counted with it) and to whatever looks like them: a real model whose
+    answer a test knows, where a random one would never write a probe or a tool call."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = build_tiny_model(folder, seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    tokenizer.response_template = TOOL_RESPONSE_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    # The tiny model's wide initialisation makes it wander (as a random model should); one that learns starts narrow.
+    config = model.config
+    config.initializer_range, config.hidden_size, config.intermediate_size = 0.02, 128, 256
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = config.pad_token_id
+    target = tokenizer(reply + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    examples = []
+    for messages in prompts(folder):
+        prefix = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        examples.append((torch.tensor([ids + target]), len(ids)))
+    torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small trains faster on one thread than on a busy machine's many
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        ids, start = examples[step % len(examples)]
+        labels = ids.clone()
+        labels[:, :start] = -100  # the loss is on the reply alone
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.set_num_threads(threads)
+    model.eval()
+    model.save_pretrained(folder)
+    return folder

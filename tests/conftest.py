@@ -54,3 +54,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from _tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
+
+
+@pytest.fixture(scope="session")
+def probe_release(tmp_path_factory) -> tuple[Path, Path]:
+    """A short trajectory replayed in a real kernel, built into a release (tests/_probe_release.py): the release
+    folder and the workspace it was replayed over."""
+    from _probe_release import build_probe_release
+
+    return build_probe_release(tmp_path_factory.mktemp("probe-release"))

@@ -5,62 +5,25 @@ local model, offline), and its retries against a small local HTTP server that an
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from _serve import serve
 from test_generation_prompts import rows  # noqa: F401  (the release rows fixture)
 
 from themisto.generation.backends import Sampling, make_backend
 from themisto.generation.prompts import render_prompt
 from themisto.generation.runs import RunSettings, generate_run
 
-SERVE_START_TIMEOUT_S = 90
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def served_tiny_model(tiny_model_dir, tmp_path_factory):
     """`transformers serve FOLDER` on a free loopback port, offline; yields its /v1 base URL."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    serve = Path(sys.executable).parent / "transformers"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
-    with log.open("w") as out:
-        proc = subprocess.Popen([str(serve), "serve", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
-                                 "--device", "cpu"], stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + SERVE_START_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"transformers serve did not come up: {log.read_text()[-2000:]}")
-            time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with serve(tiny_model_dir, tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
 
 
 def test_generates_against_a_real_transformers_serve_process(served_tiny_model, tiny_model_dir, rows):  # noqa: F811

@@ -350,7 +350,7 @@ def test_each_branch_has_a_tmp_of_its_own(session):
     plant = ("open('/tmp/planted.txt', 'w').write('from the last branch')\nimport os\n"
              "print('planted.txt' in os.listdir('/tmp'))")
     # A module the kernel never imported still imports (the kernel's import path may lie under /tmp too).
-    look = ("import os\nimport themisto.scoring.gate\n"
+    look = ("import os\nimport themisto.gate\n"
             "print(os.path.exists('/tmp/planted.txt'), os.path.exists(os.getcwd()))")
     planted, looked = run_branches(session, [plant, look], timeout_s=TIMEOUT_S)
     assert planted.outputs[0]["text"] == "True\n"

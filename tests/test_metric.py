@@ -10,7 +10,7 @@ import evaluate
 import pytest
 
 from themisto.scoring import scorer as sc
-from themisto.scoring.gate import ExecutionRefused
+from themisto.gate import ExecutionRefused
 from themisto.settings import settings as env_settings
 
 METRIC_DIR = Path(__file__).resolve().parents[1] / "metrics" / "themisto"

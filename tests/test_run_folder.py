@@ -29,7 +29,7 @@ def test_a_line_has_one_schema_written_and_read_back(run):
     assert all(tuple(line) == RECORD_KEYS for line in lines)  # generation writes exactly the record's fields
     # The line format the README documents: where the line belongs first, then what the backend gave.
     assert RECORD_KEYS == ("id", "task", "context", "sample", "prediction", "raw", "status", "reason", "tokens_in",
-                           "tokens_out", "kept")
+                           "tokens_out", "kept", "probes")
     for number, line in enumerate(lines, start=1):
         record = Generation.from_line(line, f"line {number}", meta)
         assert record.to_dict() == line

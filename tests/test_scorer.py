@@ -10,7 +10,7 @@ import pytest
 from themisto.errors import InputError
 from themisto.scoring import execution, judging, records, release_state
 from themisto.scoring import scorer as sc
-from themisto.scoring.gate import ExecutionRefused
+from themisto.gate import ExecutionRefused
 from themisto.release.parquet import build_release
 from themisto.replay.replay import ReplaySettings, replay_trajectory
 from themisto.settings import settings as env_settings
@@ -165,7 +165,7 @@ def test_execution_is_refused_for_output_prediction(allow_execution):
 
 
 def test_forged_permit_is_rejected(tmp_path):
-    from themisto.scoring.gate import ExecutionPermit
+    from themisto.gate import ExecutionPermit
 
     examples = records.make_examples(["x"], ["y"], [_id(6)])
     by_id = {e.id: records.text_records([e], sc.ScoreSettings()) for e in examples}

@@ -30,7 +30,7 @@ class Settings:
     # process's own interpreter ("host", which lacks the 2023 stack that replay fidelity needs).
     kernel_python: str
     kernel_python_source: Literal["env", "kernel_venv", "host"]
-    # HF_ALLOW_CODE_EVAL=1: the user's half of the opt-in to executing model-written code (see themisto.scoring.gate).
+    # HF_ALLOW_CODE_EVAL=1: the user's half of the opt-in to executing model-written code (see themisto.gate).
     allow_code_eval: bool = False
     # The OpenAI-compatible endpoint and key of `themisto generate --backend openai` (OPENAI_BASE_URL,
     # OPENAI_API_KEY), as the openai client itself names them; None: give them as options.

@@ -15,12 +15,27 @@ Task = Literal["next_cell", "output_prediction"]
 TASKS: tuple[str, ...] = get_args(Task)
 
 # Runtime-context modes of a prompt, in the order tables show them; `none` is the baseline paired effects compare
-# against. `none` shows no snapshot; every other mode needs the release's snapshots.
-ContextMode = Literal["none", "variables", "full"]
+# against. `none` shows no snapshot; every other mode needs the release's snapshots. `probe` is the `variables`
+# prompt plus the right to run probes (model-written code) in branches of the live pre-cell state.
+ContextMode = Literal["none", "variables", "full", "probe"]
 CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
 BASELINE_CONTEXT = "none"
-# What `themisto generate` and `themisto sft-export` run when no --context is given.
-DEFAULT_CONTEXT_MODES: tuple[str, ...] = CONTEXT_MODES
+PROBE_CONTEXT = "probe"
+PROBE_BASE_CONTEXT = "variables"  # the prompt a probe-mode conversation starts from; its second paired effect
+# Modes whose prompt is a picture of the state fixed before the model runs: no code runs to make it, so these are
+# what `themisto generate` runs when no --context is given (`probe` needs the execution opt-in) and what
+# `themisto sft-export` can write (a probe conversation exists only once a model has had it).
+STATIC_CONTEXT_MODES: tuple[str, ...] = tuple(c for c in CONTEXT_MODES if c != PROBE_CONTEXT)
+DEFAULT_CONTEXT_MODES: tuple[str, ...] = STATIC_CONTEXT_MODES
+
+# How a probe-mode model asks for a probe: a fenced block any model can write, or the backend's native tool calls.
+ProbeProtocol = Literal["text", "native"]
+PROBE_PROTOCOLS: tuple[str, ...] = get_args(ProbeProtocol)
+# Why a probe-mode conversation ended: the model answered without asking; it used every probe allowed (then it is
+# asked for its answer); the next probe's output would not have fitted the prompt budget (likewise); the backend
+# failed; or the pre-cell state could not be served (the trajectory's replay failed there).
+ProbeStop = Literal["answered", "max_probes", "budget", "backend_failed", "state_unavailable"]
+PROBE_STOPS: tuple[str, ...] = get_args(ProbeStop)
 
 # Splits of a release: `test` is the benchmark; `train` holds other trajectories (and participants) for fine-tuning.
 Split = Literal["test", "train"]

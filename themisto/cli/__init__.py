@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; errors in the input print `themisto <command>: error: …` on stderr and return 2."""
     args = build_parser().parse_args(argv)
     from themisto.errors import InputError
-    from themisto.scoring.gate import ExecutionRefused
+    from themisto.gate import ExecutionRefused
 
     try:
         return args.run(args)

@@ -71,7 +71,7 @@ def leaderboard_command(args: argparse.Namespace) -> int:
     from themisto.leaderboard.board import build_board
     from themisto.leaderboard.board_files import SPACE_DIR, write_board
     from themisto.release.folder import open_release
-    from themisto.scoring.gate import permit
+    from themisto.gate import permit
 
     if args.execute:
         permit(execute=True)  # refuse before reading any submission

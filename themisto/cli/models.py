@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from themisto.cli.common import add_ray_option, format_counts, ray_target
-from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, DEFAULT_CONTEXT_MODES, RUN_SPLITS, TASKS
+from themisto.vocabulary import (BENCHMARK_SPLIT, CONTEXT_MODES, DEFAULT_CONTEXT_MODES, PROBE_CONTEXT, PROBE_PROTOCOLS,
+                                 RUN_SPLITS, STATIC_CONTEXT_MODES, TASKS)
 
 
 def sft_export_command(args: argparse.Namespace) -> int:
@@ -37,7 +38,7 @@ def add_sft_export(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder")
     parser.add_argument("--split", default="train", help="split to export (default: train)")
     parser.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS), help="tasks (default: both)")
-    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES),
+    parser.add_argument("--context", nargs="+", choices=STATIC_CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES),
                         help=f"runtime-context modes (default: {' '.join(DEFAULT_CONTEXT_MODES)})")
     parser.add_argument("--mix", choices=("all", "one"), default="all",
                         help="all: each row once per context mode; one: each row once, in a seeded context mode")
@@ -85,16 +86,21 @@ def generate_command(args: argparse.Namespace) -> int:
     """Generate predictions for every example of a split (test unless told) × context mode × sample into a
     resumable run folder."""
     from themisto.generation.backends import Sampling
+    from themisto.generation.probe_protocol import ProbeSettings
     from themisto.generation.runs import RunSettings, generate_run
 
     sampling = Sampling(n=args.n, temperature=args.temperature, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
+    probe = ProbeSettings(max_probes=args.probes, output_chars=args.probe_chars, timeout_s=args.probe_timeout,
+                          protocol=args.probe_protocol)
     settings = RunSettings(task=args.task, contexts=tuple(args.context), backend=args.backend, model=args.model,
                            sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
-                           batch_size=args.batch_size, backend_options=_backend_options(args), split=args.split)
+                           batch_size=args.batch_size, backend_options=_backend_options(args), split=args.split,
+                           probe=probe)
     try:
         with _generation_backend(args, settings) as backend:
-            report = generate_run(args.release, args.output, settings, backend=backend, progress=not args.json)
+            report = generate_run(args.release, args.output, settings, backend=backend, progress=not args.json,
+                                  execute_probes=args.execute_probes, workspace=args.workspace)
     except KeyboardInterrupt:
         print(f"themisto generate: interrupted; rerun the same command to resume into {args.output}",
               file=sys.stderr)
@@ -122,7 +128,8 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
                                              f"(default: {' '.join(DEFAULT_CONTEXT_MODES)})")
     parser.add_argument("--backend", required=True, help="transformers, openai, vllm or baseline")
     parser.add_argument("--model", required=True, help="model folder, Hub id or .gguf file; endpoint model name; "
-                        "or a baseline: previous-cell, common-cell, previous-output, last-repr")
+                        "or a baseline: previous-cell, common-cell, previous-output, last-repr (or, probing, "
+                        "probe-previous-cell, probe-last-repr)")
     parser.add_argument("--n", type=int, default=1, help="samples per example and context (default 1)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -144,6 +151,19 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-retries", type=int, default=4, help="openai: retries on 429/5xx/timeouts")
     parser.add_argument("--request-timeout", type=float, default=120.0, help="openai: seconds per request")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per model")
+    parser.add_argument("--execute-probes", action="store_true",
+                        help=f"the `{PROBE_CONTEXT}` mode runs the model's probes (model-written code) in branches of "
+                             "the live pre-cell state: it needs this and HF_ALLOW_CODE_EVAL=1")
+    parser.add_argument("--probes", type=int, default=4, metavar="N", help="probe mode: probes per answer (default 4)")
+    parser.add_argument("--probe-chars", type=int, default=2000, metavar="C",
+                        help="probe mode: characters of each probe's output shown (default 2000)")
+    parser.add_argument("--probe-timeout", type=float, default=5.0, metavar="S",
+                        help="probe mode: seconds each probe may run (default 5)")
+    parser.add_argument("--probe-protocol", choices=PROBE_PROTOCOLS, default=PROBE_PROTOCOLS[0],
+                        help="probe mode: a fenced ```probe block (text, default) or the backend's tool calls")
+    parser.add_argument("--workspace", type=Path, metavar="DIR",
+                        help="probe mode: the input files the release was replayed over (default: made again from "
+                             "the build's record)")
     parser.add_argument("-o", "--output", required=True, type=Path, metavar="RUN", help="run folder")
     parser.add_argument("--json", action="store_true", help="no progress bar; print a summary JSON object")
     parser.add_argument("--ray-actors", type=int, help="with --ray: engines, one per actor (default: one per GPU "

@@ -38,7 +38,7 @@ def _workspace(release, workspace: str | None) -> Path:
 def score_one(release, kernel_id: str, group: list, records: dict, workspace: str | None, settings):
     """(On a worker) replay one trajectory once and score its examples' predictions in branches of it."""
     from themisto.scoring.execution import unsafe_execute_trajectory
-    from themisto.scoring.gate import permit
+    from themisto.gate import permit
 
     return unsafe_execute_trajectory(permit(execute=True), release, kernel_id, group, records,
                                      _workspace(release, workspace), settings)

@@ -2,8 +2,9 @@
 
 `none` shows the cells and their outputs (the paper's baseline), `variables` adds the snapshot before the target
 (names, types, shapes, bounded reprs, the most relevant variables first), `full` adds memory, execution times,
-errors and restarts. Every template lives in `PROMPT_TEMPLATES`, the budget's rule (`themisto.generation.budget`)
-written into its text; a run records each template's text and sha256.
+errors and restarts; `probe` is the `variables` prompt plus the rule that lets the model probe the live state
+(`themisto.generation.probe_protocol`). Every template lives in `PROMPT_TEMPLATES`, the budget's rule
+(`themisto.generation.budget`) written into its text; a run records each template's text and sha256.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Callable
 
 from themisto.errors import InputError
 from themisto.generation.budget import WHOLE_FIELDS, Cut, Fields, Kept, budget_rule, fit
+from themisto.generation.probe_protocol import ProbeSettings, probe_rule, protocol_text
 from themisto.generation.variable_ranking import rank_variables
-from themisto.vocabulary import CONTEXT_MODES, TASKS
+from themisto.vocabulary import CONTEXT_MODES, PROBE_BASE_CONTEXT, PROBE_CONTEXT, TASKS
 
 SYSTEM = "You are an expert Python data scientist working in a Jupyter notebook."
 
@@ -35,18 +37,26 @@ _INSTRUCTION = {
     "output_prediction": ("Predict the exact output this cell prints or displays when it runs now. "
                           "Reply with the output text only, in one ``` fenced block (empty if it shows nothing)."),
 }
+_RUNTIME_INTRO[PROBE_CONTEXT] = _RUNTIME_INTRO[PROBE_BASE_CONTEXT]
 _TARGET_CELL = "The cell to run next:\n```python\n{code}\n```"
 _USER = "{history_intro}\n\n{history}\n\n{runtime}{target}{instruction}"
 
 
+def _instruction(task: str, context: str, probe: str) -> str:
+    """The task's instruction; in the probe mode, the probe rule (`probe`) comes first."""
+    return f"{probe}\n\n{_INSTRUCTION[task]}" if context == PROBE_CONTEXT else _INSTRUCTION[task]
+
+
 def _template_text(task: str, context: str) -> str:
-    """The full template of one (task, context): system message, user layout and the fixed texts it fills in, and
-    the budget's rule (not sent: it says how an over-long prompt was cut)."""
+    """The full template of one (task, context): system message, user layout and the fixed texts it fills in (the
+    probe mode: its protocol's texts too), and the budget's rule (not sent: it says how an over-long prompt was
+    cut)."""
     runtime = f"{_RUNTIME_INTRO[context]}\n{{runtime}}\n\n" if context != "none" else ""
     target = _TARGET_CELL + "\n\n" if task == "output_prediction" else ""
     user = _USER.format(history_intro=_HISTORY_INTRO, history="{history}", runtime=runtime, target=target,
-                        instruction=_INSTRUCTION[task])
-    return f"[system]\n{SYSTEM}\n[user]\n{user}\n[budget]\n{budget_rule(context != 'none')}\n"
+                        instruction=_instruction(task, context, "{probe_rule}"))
+    protocol = f"[probe]\n{protocol_text()}\n" if context == PROBE_CONTEXT else ""
+    return f"[system]\n{SYSTEM}\n[user]\n{user}\n{protocol}[budget]\n{budget_rule(context != 'none')}\n"
 
 
 PROMPT_TEMPLATES: dict[tuple[str, str], str] = {
@@ -83,6 +93,15 @@ class Prompt:
     tokens: int | None = None
     task: str | None = None
     row: dict | None = field(default=None, repr=False, compare=False)  # what model-free baselines read
+    # A probe conversation's turn (`themisto.generation.probing`): the probes it may still run, the native tool
+    # schemas offered (None: none), and which sample and turn it is (so each draws its own seed).
+    probes_left: int | None = None
+    tools: list[dict] | None = None
+    turn: str | None = None
+
+    def seed_key(self) -> str:
+        """What a backend seeds this prompt's sampling from: its example and context, and its turn if any."""
+        return f"{self.id}/{self.context}" + (f"/{self.turn}" if self.turn else "")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -169,7 +188,7 @@ def _render_runtime(row: dict, context: str, variables: list[dict], cut: Cut) ->
     return "\n".join(lines)
 
 
-def _render_user(row: dict, task: str, context: str, variables: list[dict], cut: Cut) -> str:
+def _render_user(row: dict, task: str, context: str, variables: list[dict], cut: Cut, probe: ProbeSettings) -> str:
     full = context == "full"
     history = list(row.get("history") or [])
     first = len(history) - cut.history
@@ -179,7 +198,7 @@ def _render_user(row: dict, task: str, context: str, variables: list[dict], cut:
         runtime = f"{_RUNTIME_INTRO[context]}\n{_render_runtime(row, context, variables, cut)}\n\n"
     target = _TARGET_CELL.format(code=row.get("code") or "") + "\n\n" if task == "output_prediction" else ""
     return _USER.format(history_intro=_HISTORY_INTRO, history=cells, runtime=runtime, target=target,
-                        instruction=_INSTRUCTION[task])
+                        instruction=_instruction(task, context, probe_rule(probe)))
 
 
 def _messages(user: str) -> list[dict]:
@@ -211,9 +230,11 @@ def _kept(row: dict, context: str, variables: list[dict], cut: Cut) -> Kept:
 
 
 def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[[str], int] | None = None,
-                  max_prompt_tokens: int | None = None) -> Prompt:
+                  max_prompt_tokens: int | None = None, probe: ProbeSettings | None = None) -> Prompt:
     """Render one row as chat messages; over `max_prompt_tokens`, cut the history and the runtime section by the
-    budget's rule (`themisto.generation.budget`), counting with `count_tokens` (default: `approx_tokens`)."""
+    budget's rule (`themisto.generation.budget`), counting with `count_tokens` (default: `approx_tokens`). The probe
+    mode states the probe rule of `probe` (default: `ProbeSettings()`)."""
+    probe = probe or ProbeSettings()
     check_task_context(task, context)
     if task == "output_prediction" and "code" not in row:
         raise PromptError(f"row {row.get('id')}: an output_prediction row needs the cell's `code`")
@@ -221,7 +242,7 @@ def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[
     history = len(row.get("history") or [])
 
     def messages(cut: Cut) -> list[dict]:
-        return _messages(_render_user(row, task, context, variables, cut))
+        return _messages(_render_user(row, task, context, variables, cut, probe))
 
     def prompt(cut: Cut | None, tokens: int | None, reason: str | None = None) -> Prompt:
         shown = cut or Cut(0, 0)

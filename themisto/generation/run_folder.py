@@ -22,6 +22,7 @@ from typing import Any, Collection
 from themisto.bounded import Bounds, iter_json_lines, read_json
 from themisto.errors import InputError
 from themisto.generation.budget import Kept
+from themisto.generation.probe_protocol import Transcript
 from themisto.resume import LineWriter
 from themisto.vocabulary import CONTEXT_MODES, GENERATION_STATUSES, TASKS, GenerationStatus
 
@@ -38,6 +39,7 @@ SAME_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("task", ("task",)), ("contexts", ("contexts",)), ("backend", ("backend",)), ("model", ("model",)),
     ("sampling", ("sampling",)), ("limit", ("limit",)), ("max_prompt_tokens", ("max_prompt_tokens",)),
     ("split", ("split",)), ("templates", ("templates",)), ("backend_options", ("backend_options",)),
+    ("probe", ("probe",)),
 )
 
 
@@ -73,10 +75,15 @@ class Generation:
     # What the prompt showed of its row (`themisto.generation.budget.Kept` as a dict); None where it was skipped or
     # the run predates the field.
     kept: dict | None = None
+    # A probe-mode line's transcript (`themisto.generation.probe_protocol.Transcript` as a dict); null in the others.
+    probes: dict | None = None
+    # The native tool calls a backend parsed from the reply (each {"id", "name", "arguments"}): read by a probe
+    # conversation as it runs, never written (the transcript records the probes they asked for).
+    tool_calls: tuple[dict, ...] = field(default=(), repr=False, compare=False, metadata={"line": False})
 
     def to_dict(self) -> dict:
         """The line's JSON object: where it belongs first, then the rest in field order."""
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("line", True)}
         return {**{key: data.pop(key) for key in _PLACE}, **data}
 
     @property
@@ -106,11 +113,12 @@ class Generation:
             (value.get("status") in GENERATION_STATUSES,
              f"status {value.get('status')!r}, expected one of {', '.join(GENERATION_STATUSES)}"),
             *[(check(value.get(name)), f"`{name}` must be {what} or null") for name, check, what in _OPTIONAL],
+            (Transcript.problem(value.get("probes")) is None, str(Transcript.problem(value.get("probes")))),
         ]
         for ok, problem in checks:
             if not ok:
                 raise RunFolderError(f"{where}: example {example}: {problem}")
-        return cls(**{f.name: value.get(f.name, f.default) for f in fields(cls)})
+        return cls(**{f.name: value.get(f.name, f.default) for f in fields(cls) if f.metadata.get("line", True)})
 
 
 _PLACE = ("id", "task", "context", "sample", "prediction")

@@ -7,14 +7,17 @@ other settings or against another release is refused. run.json is written at the
 from __future__ import annotations
 
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from themisto.errors import InputError
+from themisto.gate import permit as gate_permit
 from themisto.generation.backends import BACKENDS, BackendError, Sampling, make_backend
-from themisto.generation.baselines import baselines_for
+from themisto.generation.baselines import baselines_for, probing_baselines_for
+from themisto.generation.probe_protocol import ProbeSettings, Transcript, without_probes
 from themisto.generation.prompts import (
     PROMPT_TEMPLATES,
     Prompt,
@@ -35,7 +38,7 @@ from themisto.generation.run_folder import (
 )
 from themisto.release.folder import ReleaseInfo
 from themisto.resume import write_json_atomic
-from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, RUN_SPLITS, TASKS
+from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, PROBE_CONTEXT, RUN_SPLITS, TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES: tuple[str, ...] = ("themisto", "transformers", "torch", "tokenizers", "accelerate", "gguf", "openai",
@@ -60,6 +63,7 @@ class RunSettings:
     batch_size: int = 8
     backend_options: dict = field(default_factory=dict)
     split: str = BENCHMARK_SPLIT  # `themisto.vocabulary.RUN_SPLITS`; only a `test` run is a submission
+    probe: ProbeSettings = field(default_factory=ProbeSettings)  # the `probe` mode's settings (recorded with it)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -70,13 +74,20 @@ class RunSettings:
                              f"got {', '.join(self.contexts) or 'none'}")
         if self.backend not in BACKENDS:
             raise BackendError(f"unknown backend {self.backend!r} (expected one of {', '.join(BACKENDS)})")
-        if self.backend == "baseline" and self.model not in baselines_for(self.task):
-            raise BackendError(f"baseline {self.model!r} does not apply to {self.task} "
-                               f"(use one of {', '.join(baselines_for(self.task))})")
+        known = (*baselines_for(self.task), *probing_baselines_for(self.task))
+        if self.backend == "baseline" and self.model not in known:
+            raise BackendError(f"baseline {self.model!r} does not apply to {self.task} (use one of {', '.join(known)})")
+        if self.backend == "baseline" and self.probing and self.probe.protocol != "text":
+            raise BackendError("the baseline backend speaks only the text probe protocol (--probe-protocol text)")
         if self.limit is not None and self.limit < 1:
             raise RunSettingsError(f"--limit must be at least 1, got {self.limit}")
         if self.split not in RUN_SPLITS:
             raise RunSettingsError(f"unknown split {self.split!r} (expected one of {', '.join(RUN_SPLITS)})")
+
+    @property
+    def probing(self) -> bool:
+        """Whether the run has the `probe` mode, which runs model-written probes (the execution opt-in)."""
+        return PROBE_CONTEXT in self.contexts
 
 
 @dataclass
@@ -133,7 +144,7 @@ def run_header(settings: RunSettings, info: ReleaseInfo, described: dict) -> dic
         "limit": settings.limit, "max_prompt_tokens": settings.max_prompt_tokens,
         "backend_options": settings.backend_options, "packages": package_versions(), "git_commit": git_commit(),
         "started": _now(), "finished": None, "tokens_in": 0, "tokens_out": 0, "generations_per_s": None,
-        "backend_info": described,
+        "backend_info": described, "probe": settings.probe.record() if settings.probing else None,
     }
     for key in ("weights_sha256", "model_revision"):
         if key in described:
@@ -142,12 +153,17 @@ def run_header(settings: RunSettings, info: ReleaseInfo, described: dict) -> dic
     return header
 
 
-def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_is_answer: bool) -> Generation:
-    """The backend's generation placed: its example, context and sample, and the answer taken from its text."""
+def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_is_answer: bool,
+            probes: Transcript | None = None) -> Generation:
+    """The backend's generation placed: its example, context and sample, the answer taken from its text, and a
+    probe-mode line's transcript."""
     ok = generation.status == "ok"
-    prediction = (generation.raw if raw_is_answer else extract_answer(generation.raw, task)) if ok else ""
+    # A probe-mode answer is read from the final reply with any probe block taken out (it asked for no more).
+    text = without_probes(generation.raw) if prompt.context == PROBE_CONTEXT else generation.raw
+    prediction = (text if raw_is_answer else extract_answer(text, task)) if ok else ""
     return replace(generation, id=prompt.id, task=task, context=prompt.context, sample=sample, prediction=prediction,
-                   kept=prompt.kept.to_dict() if prompt.kept else None)
+                   kept=prompt.kept.to_dict() if prompt.kept else None,
+                   probes=probes.to_dict() if probes is not None else None)
 
 
 def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
@@ -188,15 +204,35 @@ def backend_options(settings: RunSettings) -> dict:
 
 
 def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *, backend=None,
-                 progress: bool = True) -> RunReport:
-    """Generate every missing (example, context, sample) of `settings` into the run folder `out`."""
+                 progress: bool = True, execute_probes: bool = False,
+                 workspace: str | Path | None = None) -> RunReport:
+    """Generate every missing (example, context, sample) of `settings` into the run folder `out`.
+
+    The `probe` mode runs the model's probes in branches of each example's pre-cell state: it needs the execution
+    opt-in (`execute_probes=True` and HF_ALLOW_CODE_EVAL=1, `themisto.gate`) and the release's workspace (`workspace`,
+    else made again from the build's record)."""
+    with tempfile.TemporaryDirectory(prefix="themisto-probe-") as tmp:
+        return _generate(release, Path(out), settings, backend, progress, execute_probes, workspace, Path(tmp))
+
+
+def _generate(release: str | Path, out: Path, settings: RunSettings, backend, progress: bool, execute_probes: bool,
+              workspace: str | Path | None, tmp: Path) -> RunReport:
     started = time.perf_counter()
-    out = Path(out)
+    permit = gate_permit(execute=execute_probes) if settings.probing else None  # refused before anything runs
     info = release_info(release, settings.task, settings.split)
     rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit, split=settings.split)
     _check_folder(out, run_header(settings, info, {}))  # refuse a mismatched folder before loading a model
+    if settings.probing:
+        from themisto.generation.probing import probe_workspace
+
+        workspace = probe_workspace(info, workspace, tmp)  # a given one that is not the build's: refused here
     if backend is None:
         backend = make_backend(settings.backend, settings.model, **backend_options(settings))
+    if settings.probing and settings.probe.protocol == "native":
+        problem = getattr(backend, "native_tools_problem", lambda: "it offers no tools")()
+        if problem is not None:
+            raise BackendError(f"--probe-protocol native: {settings.model} cannot take tool calls here ({problem}); "
+                               "use --probe-protocol text")
     header, _ = _open_folder(out, run_header(settings, info, backend.describe()))
     existing = read_generations(out, header, repair=True)
     done = existing.records
@@ -210,6 +246,8 @@ def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *,
 
     bar = tqdm(total=len(rows) * len(settings.contexts), initial=len(rows) * len(settings.contexts) - len(todo),
                desc=f"generate {settings.task}", unit="prompt", disable=not progress)
+    probing = [row for row, context in todo if context == PROBE_CONTEXT]
+    todo = [(row, context) for row, context in todo if context != PROBE_CONTEXT]
     with GenerationWriter(out) as writer, bar:
         for start in range(0, len(todo), settings.batch_size):
             chunk = todo[start:start + settings.batch_size]
@@ -223,10 +261,59 @@ def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *,
                         writer.write(_record(prompt, settings.task, sample, generation, raw_is_answer))
                         written += 1
             bar.update(len(chunk))
+        if probing:
+            written += _probe_rows(permit, info, probing, settings, backend, budget, count, done, writer,
+                                   raw_is_answer, workspace, bar)
     seconds = time.perf_counter() - started
     final = read_generations(out, header, repair=True).records
     header = _finish(out, header, final, written, seconds, backend)
     return RunReport(out, written, len(done), existing.torn_line, header["counts"], seconds, header)
+
+
+def _probe_rows(permit, info: ReleaseInfo, rows: list[dict], settings: RunSettings, backend, budget: int | None,
+                count, done: dict, writer: GenerationWriter, raw_is_answer: bool, workspace, bar) -> int:
+    """The `probe` mode's records: each trajectory replayed once, each step's conversations run with their probes
+    in branches of its state (`themisto.generation.probing`); a record is written as its example ends."""
+    from themisto.generation.probing import Conversation, converse, reserve_tokens, serve_states, transcript
+
+    task, n, probe = settings.task, settings.sampling.n, settings.probe
+    # The first prompt leaves room for the probes' requests and replies (at most half the budget).
+    reserve = min(budget // 2, reserve_tokens(probe, settings.sampling.max_new_tokens, count)) if budget else 0
+    written: set[tuple[str, str, int]] = set()
+
+    def write(prompt: Prompt, sample: int, generation: Generation, probes: Transcript | None) -> None:
+        key = (prompt.id, PROBE_CONTEXT, sample)
+        if key not in done and key not in written:  # a step cut short is failed whole: its lines written once
+            writer.write(_record(prompt, task, sample, generation, raw_is_answer, probes))
+            written.add(key)
+
+    def on_step(served) -> None:
+        conversations = []
+        for row in served.rows:
+            first = render_prompt(row, task, PROBE_CONTEXT, count_tokens=count if budget else None,
+                                  max_prompt_tokens=budget - reserve if budget else None, probe=probe)
+            if first.skipped_reason is not None:
+                for sample, generation in enumerate(_samples(first, None, n)):
+                    write(first, sample, generation, None)
+                continue
+            conversations += [Conversation(first, s, list(first.messages)) for s in range(n)
+                              if (first.id, PROBE_CONTEXT, s) not in done]
+        converse(conversations, backend, settings.sampling, probe, budget, count, served.run_probe)
+        for conversation in conversations:
+            final = conversation.final or Generation("", "failed", "the conversation never got a final reply")
+            final = replace(final, tokens_in=conversation.tokens_in, tokens_out=conversation.tokens_out)
+            write(conversation.first, conversation.sample, final, transcript(conversation, probe))
+        bar.update(len(served.rows))
+
+    for unseen, reason in serve_states(permit, info, rows, probe, workspace, on_step):
+        for row in unseen:
+            prompt = Prompt([], "", id=row["id"], context=PROBE_CONTEXT, task=task, row=row)
+            for sample in range(n):
+                write(prompt, sample, Generation("", "failed", reason),
+                      Transcript(protocol=probe.protocol, allowed=probe.max_probes, used=0, stop="state_unavailable",
+                                 turns=0))
+        bar.update(len(unseen))
+    return len(written)
 
 
 def _samples(prompt: Prompt, generated: list[Generation] | None, n: int) -> list[Generation]:

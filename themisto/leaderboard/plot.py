@@ -8,8 +8,8 @@ import io
 from themisto.leaderboard.tables import Table
 from themisto.vocabulary import CONTEXT_MODES
 
-_MARKERS = {"none": "o", "variables": "s", "full": "D"}
-_COLORS = {"none": "#4c72b0", "variables": "#dd8452", "full": "#55a868"}
+_MARKERS = {"none": "o", "variables": "s", "full": "D", "probe": "^"}
+_COLORS = {"none": "#4c72b0", "variables": "#dd8452", "full": "#55a868", "probe": "#c44e52"}
 
 
 def _models(tables: list[Table]) -> list[str]:

@@ -22,7 +22,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.outputs import strip_ansi
@@ -48,6 +48,10 @@ class Limits:
     output_bytes: int = 2**20  # per cell; beyond it outputs are cut with a visible marker
     network: bool = False
     isolate_fs: bool = True  # bubblewrap: rest of the filesystem read-only, private /tmp, private pids
+    # What of the host's filesystem the kernel sees (with isolate_fs and bubblewrap): "host", all of it read-only;
+    # "minimal", only the system folders, its interpreter, the themisto package and its own folder: no project
+    # checkout, release, run folder or data (a probe must not read the answers, or a log's later cells).
+    view: Literal["host", "minimal"] = "host"
 
 
 @dataclass

@@ -19,6 +19,8 @@ from themisto.runtime.sandbox import (SandboxWarning, bwrap_works, choose_uid, i
 from themisto.settings import settings
 
 KERNEL_NAME = "themisto-sandbox"
+# What a kernel with the minimal view sees of the host (read-only; symlinks such as a merged /usr's /lib as links).
+_SYSTEM_FOLDERS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
 
 
 class KernelSetup:
@@ -115,6 +117,8 @@ class KernelSetup:
         """The bubblewrap prefix, with the kernel interpreter's folders readable by the kernel's uid too."""
         assert self._bwrap is not None and self._paths is not None
         limits, drop_uid = self.limits, self._uid is not None
+        if limits.isolate_fs and limits.view == "minimal":
+            return self._minimal_view_argv()
         if not (drop_uid and limits.isolate_fs):
             return kernel_launcher.bwrap_argv(self._bwrap, self._paths, isolate_fs=limits.isolate_fs,
                                               network=limits.network, drop_uid=drop_uid)
@@ -142,6 +146,41 @@ class KernelSetup:
         masks = kernel_launcher._mask_untraversable([path for path in readable if path not in under_tmp])
         flags = argv.index("--unshare-pid")
         return argv[:4] + masks + argv[4:flags] + binds + argv[flags:]
+
+    def _minimal_view_argv(self) -> list[str]:
+        """The bubblewrap prefix of `Limits(view="minimal")`: a fresh root holding, read-only, only the system folders,
+        the kernel interpreter's folders and the themisto package; then its own folder, a private /tmp, /dev and
+        /proc. Whatever else the host holds (the project's checkout and data, releases, run folders) is not there."""
+        assert self._bwrap is not None and self._paths is not None
+        argv = [self._bwrap]
+        for top in _SYSTEM_FOLDERS:
+            path = Path(top)
+            if path.is_symlink():
+                argv += ["--symlink", os.readlink(path), top]
+            elif path.is_dir():
+                argv += ["--ro-bind", top, top]
+        argv += ["--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
+        argv += ["--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+        package = Path(kernel_launcher.__file__).resolve().parents[1]
+        wanted = [*interpreter_paths(self.kernel_python), package]
+        system = [Path(top) for top in _SYSTEM_FOLDERS]
+        bound: list[Path] = []
+        made: set[Path] = set()
+        for path in sorted({p.absolute() for p in wanted}, key=lambda p: len(p.parts)):
+            if any(path == b or b in path.parents for b in system + bound):
+                continue
+            for folder in reversed(path.parents):  # bwrap would make the missing folders 0700
+                if folder != Path("/") and folder not in made:
+                    argv += ["--perms", "0755", "--dir", str(folder)]
+                    made.add(folder)
+            argv += ["--ro-bind", str(path), str(path)]
+            bound.append(path)
+        argv += ["--bind", str(self._paths.root), str(self._paths.root)]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--chdir",
+                 str(self._paths.work)]
+        if not self.limits.network:
+            argv.append("--unshare-net")
+        return argv + ["--"]
 
     def _fresh_home(self) -> None:
         """An empty home (and IPYTHONDIR, MPLCONFIGDIR below it) for each kernel life: a startup file or an rc file

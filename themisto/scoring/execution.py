@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from themisto.scoring.continuation import (continuation_rows, judge_continuation, own_alarms,
                                            reference_continuation_problem, state_names)
-from themisto.scoring.gate import ExecutionPermit
+from themisto.gate import ExecutionPermit
 from themisto.scoring.judging import (clip, continuation_time, finish_example, judge, reference_problem, refused,
                                       unjudged)
 from themisto.scoring.records import (
@@ -22,11 +22,11 @@ from themisto.scoring.records import (
     Example,
     ExampleRecord,
     PredictionRecord,
-    ReplayDone,
     ScoreSettings,
     TrajectoryScore,
 )
-from themisto.scoring.release_state import Release, prepare_workspace, trajectory_from_rows
+from themisto.replay.states import PreStepState, recorded_replay_settings, walk_states
+from themisto.scoring.release_state import Release, prepare_workspace
 from themisto.settings import usable_cores
 from themisto.vocabulary import EXAMPLE_STATUSES
 
@@ -176,12 +176,10 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
                               settings: ScoreSettings) -> TrajectoryScore:
     """Replay one trajectory once and run every example's predictions in branches of its pre-step states.
 
-    The only function that runs model-written code; it needs a permit from `themisto.scoring.gate.permit`. An example
+    The only function that runs model-written code; it needs a permit from `themisto.gate.permit`. An example
     whose state cannot be rebuilt ends `refused` with the reason; nothing here raises for one prediction's sake.
     """
-    from themisto.replay.replay import kernel_limits, life_cells, life_start, rebuild_before, replay
     from themisto.runtime.branch import BranchError
-    from themisto.runtime.kernel import KernelSession
     from themisto.runtime.rebuild import StateLost
     from themisto.runtime.sandbox import KernelStartError
     from themisto.runtime.snapshot import AgentError
@@ -190,39 +188,29 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
     began = time.perf_counter()
     rows = release.trajectories[kernel_id]
     by_step = _by_step(release, kernel_id, examples, records)
-    replay_settings = release_replay_settings(release)
-    trajectory = trajectory_from_rows(rows[: max(by_step) + 1])
-    lost = frozenset(r["step"] for r in rows if r["kernel_restarted"])  # the release's replay lost the state there
     done: dict[str, Scored] = {}  # by example id
 
-    def before_step(_trajectory, step: int, session) -> None:
+    def at_step(state: PreStepState) -> None:
         def rebuild() -> None:
             try:
-                rebuild_before(session, trajectory, step, replay_settings, lost=lost, strict=True)
+                state.rebuild()
             except StateLost as error:
-                raise BranchError(f"rebuilding the state before step {step}: {error}") from error
+                raise BranchError(f"rebuilding the state before step {state.step}: {error}") from error
 
-        if step in by_step:
-            prefix = [cell.code for cell in life_cells(trajectory, life_start(trajectory, step), step,
-                                                       replay_settings) if cell.step not in lost]
-            try:
-                if not session.alive:
-                    raise BranchError("the replay kernel is not running")
-                done.update(_by_id(_branch_step(session, step, rows, by_step[step], prefix, settings, rebuild)))
-            except (BranchError, AgentError) as error:
-                done.update(_by_id(_refused(by_step[step], f"the state before step {step} could not be branched: "
-                                                           f"{error}")))
-                rebuild()  # later steps need this step's state; a failure here ends the trajectory (refused)
-        if step == max(by_step):
-            raise ReplayDone
+        step = state.step
+        try:
+            if not state.session.alive:
+                raise BranchError("the replay kernel is not running")
+            done.update(_by_id(_branch_step(state.session, step, rows, by_step[step], state.prefix, settings,
+                                            rebuild)))
+        except (BranchError, AgentError) as error:
+            done.update(_by_id(_refused(by_step[step], f"the state before step {step} could not be branched: "
+                                                       f"{error}")))
+            rebuild()  # later steps need this step's state; a failure here ends the trajectory (refused)
 
     failure = None
     try:
-        with KernelSession(workspace, kernel_limits(replay_settings)) as session:
-            for _ in replay(trajectory, session, replay_settings, before_step=before_step):
-                pass
-    except ReplayDone:
-        pass
+        walk_states(rows, by_step, workspace, recorded_replay_settings(release.replay), at_step)
     except (KernelStartError, AgentError, BranchError, OSError) as error:
         failure = f"replaying {kernel_id} failed: {type(error).__name__}: {error}"
     pending = [(e, own) for step_examples in by_step.values() for e, own in step_examples if e.id not in done]
@@ -249,14 +237,6 @@ def _by_id(scored: list[Scored]) -> dict[str, Scored]:
 
 def _refused(examples: list[Scored], reason: str) -> list[Scored]:
     return [(refused(example, reason), [refused(r, reason) for r in own]) for example, own in examples]
-
-
-def release_replay_settings(release: Release):
-    """The replay settings the release was built with (without snapshots: the scorer takes its own)."""
-    from themisto.replay.replay import ReplaySettings
-
-    known = {f.name for f in fields(ReplaySettings)}
-    return ReplaySettings(**{**{k: v for k, v in release.replay.items() if k in known}, "snapshots": False})
 
 
 # ---------------------------------------------------------------------------------------------------------------

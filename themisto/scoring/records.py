@@ -27,10 +27,6 @@ class ScoreError(InputError):
     """Input the scorer cannot use; the message names the example id (or the release file) concerned."""
 
 
-class ReplayDone(Exception):
-    """Raised by the before-step hook once the last scored step of a trajectory has run: the rest is not needed."""
-
-
 @dataclass(frozen=True)
 class ScoreSettings:
     """What is scored and how predictions are executed."""

@@ -1,5 +1,5 @@
-"""What execution needs from a release: its rows by trajectory, the check of examples against it, the workspace,
-and the trajectory rebuilt from its rows.
+"""What execution needs from a release: its rows by trajectory, the check of examples against it, and the workspace
+(the trajectory rebuilt from its rows and replayed lies in `themisto.replay.states`).
 """
 
 from __future__ import annotations
@@ -65,18 +65,6 @@ def prepare_workspace(release: Release, workspace: str | Path | None, tmp: Path)
         return workspace_from_recipe(release.workspace, workspace, tmp / "ws", what=f"the release {release.name}")
     except RecipeError as error:
         raise ScoreError(str(error)) from None
-
-
-def trajectory_from_rows(rows: Sequence[dict]):
-    """A Trajectory that replays a release's `trajectories` rows: the developer's code, logged outcomes, restarts."""
-    from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
-
-    executions = [Execution(cell_id=r["cell_id"], code=r["code"], status=r.get("logged_status") or "unknown",
-                            ename=r.get("logged_ename"), evalue=r.get("logged_evalue")) for r in rows]
-    events = [KernelEvent("restart", before=r["step"]) for r in rows if r["restarted_before"] and r["step"] > 0]
-    first = rows[0]
-    return Trajectory(id=first["kernel_id"], notebook=first.get("notebook") or "", source="release",
-                      executions=executions, events=events, task=first.get("task"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

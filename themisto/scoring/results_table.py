@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from themisto.vocabulary import BASELINE_CONTEXT, POSITIONS
+from themisto.vocabulary import BASELINE_CONTEXT, POSITIONS, PROBE_BASE_CONTEXT, SUBSETS
 
 
 def cell(entry: dict | None, *, signed: bool = False) -> str:
@@ -91,7 +91,7 @@ def _with_n(entry: dict | None) -> str:
 
 
 def _paired_table(results: dict) -> list[str]:
-    entries = results["paired"]
+    entries = [e for e in results["paired"] if e["versus"] == BASELINE_CONTEXT]  # the probe mode's own: _probing
     if not entries:
         return []
     index = {(e["context"], e["metric"], e["subset"], paired_examples(e)): e for e in entries}
@@ -156,6 +156,40 @@ def _breakdown(entries: list[dict], key: str, values: list[str], title: str) -> 
     return lines
 
 
+def _probing(results: dict) -> list[str]:
+    """The probe mode's section: probes used and why its conversations stopped, its paired effects against both the
+    modes it builds on, and each metric by the number of probes a generation used."""
+    lines = []
+    paired = _index([e for e in results["paired"] if paired_examples(e) == "all"], "context", "metric", "subset",
+                    "versus")
+    for entry in results.get("probing") or []:
+        context, settings = entry["context"], entry.get("settings") or {}
+        used = entry["used"]
+        spread = ", ".join(f"{k}: {n}" for k, n in used["distribution"].items())
+        statuses = ", ".join(f"{k} {n}" for k, n in entry["probe_statuses"].items()) or "none run"
+        stops = ", ".join(f"{k} {n}" for k, n in entry["stops"].items())
+        lines += ["", f"Probe mode `{context}` (up to {settings.get('max_probes', '?')} probes per answer, "
+                      f"{settings.get('protocol', '?')} protocol): probes used per generation, mean "
+                      f"{used['mean'] if used['mean'] is not None else '–'} (by count: {spread}); conversations "
+                      f"stopped: {stops}; probes: {statuses}; {entry['changed_state']} changed their own branch's "
+                      "state (never the kernel's).", "",
+                  f"| metric | {context} − none, all | {context} − none, hard | {context} − variables, all | "
+                  f"{context} − variables, hard |", "| --- | --- | --- | --- | --- |"]
+        for metric in results["metrics"]:
+            effects = [cell(paired.get((context, metric, subset, versus)), signed=True)
+                       for versus in (BASELINE_CONTEXT, PROBE_BASE_CONTEXT) for subset in SUBSETS]
+            lines.append(f"| {metric} | " + " | ".join(effects) + " |")
+        counts = sorted({e["probes"] for e in entry["by_probes"]})
+        index = _index(entry["by_probes"], "metric", "probes")
+        sizes = {k: max(e["n"] for e in entry["by_probes"] if e["probes"] == k) for k in counts}
+        lines += ["", f"By probes used ({context}; examples whose generations used that many):", "",
+                  "| metric | " + " | ".join(f"{k} probe{'s' if k != 1 else ''} (n={sizes[k]})" for k in counts)
+                  + " |", "| --- |" + " --- |" * len(counts)]
+        for metric in results["metrics"]:
+            lines.append(f"| {metric} | " + " | ".join(cell(index.get((metric, k))) for k in counts) + " |")
+    return lines
+
+
 def render_markdown(results: dict) -> str:
     """The whole Markdown report of one run's results."""
     lines = _header(results) + _main_table(results) + _paired_table(results) + _kept_table(results)
@@ -165,6 +199,7 @@ def render_markdown(results: dict) -> str:
     kinds = sorted({e["output_type"] for e in breakdown["output_type"]})
     lines += _breakdown(breakdown["output_type"], "output_type", kinds, "By output type (all examples):")
     lines += _split_table(breakdown.get("split") or [])
+    lines += _probing(results)
     if results.get("notes"):
         lines += [""] + [f"- note: {note}" for note in results["notes"]]
     return "\n".join(lines) + "\n"

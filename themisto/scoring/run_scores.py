@@ -20,10 +20,11 @@ from pathlib import Path
 from statistics import fmean
 from typing import Callable
 
-from themisto.generation.run_folder import RunFolder, RunFolderError, find_release, read_run
+from themisto.generation.run_folder import Generation, RunFolder, RunFolderError, find_release, read_run
 from themisto.resume import write_text_atomic
 from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
-from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS
+from themisto.scoring.probe_scores import probe_summary
+from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS, PROBE_BASE_CONTEXT, PROBE_CONTEXT
 
 TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
 # continuation_match first: the headline (metrics/themisto/README.md says why).
@@ -100,18 +101,28 @@ def _value(record, example, metric: str) -> float | None:
     return float(getattr(record, metric))
 
 
+def _generation_value(records: dict, examples: dict) -> Callable[[Generation, str], float | None]:
+    """A generation's score on a metric: its record's, 0 where it was skipped or failed (None where the metric does
+    not apply to its example)."""
+    def value(g: Generation, metric: str) -> float | None:
+        example = examples[g.id]
+        if g.status == "ok":
+            return _value(records[g.id][g.prediction], example, metric)
+        return 0.0 if metric not in EXECUTION_METRICS or example.status == "scored" else None
+
+    return value
+
+
 def _per_example(run: RunFolder, baselines: dict[str, list[str]], records: dict, examples: dict,
                  metrics: tuple[str, ...]) -> dict[str, dict[str, list[float | None]]]:
     """Per system (context, or `baseline:<name>`) and metric, each example's score (mean over samples)."""
     systems: dict[str, dict[str, list[float | None]]] = {}
+    value = _generation_value(records, examples)
     for context in run.contexts:
         table = systems[context] = {m: [] for m in metrics}
         for example_id in run.ids:
-            example = examples[example_id]
             for metric in metrics:
-                values = [_value(records[example_id][g.prediction], example, metric) if g.status == "ok"
-                          else (0.0 if metric not in EXECUTION_METRICS or example.status == "scored" else None)
-                          for g in run.samples_of(example_id, context)]
+                values = [value(g, metric) for g in run.samples_of(example_id, context)]
                 kept = [v for v in values if v is not None]
                 table[metric].append(fmean(kept) if kept else None)
     for name, predictions in baselines.items():
@@ -137,15 +148,17 @@ def generated(run: RunFolder) -> dict[str, list[bool]]:
             for context in run.contexts}
 
 
-def _paired(task: str, metric: str, subset: str, context: str, examples: str, effect, **extra) -> dict:
-    return {"task": task, "metric": metric, "subset": subset, "context": context, "versus": BASELINE_CONTEXT,
+def _paired(task: str, metric: str, subset: str, context: str, versus: str, examples: str, effect,
+            **extra) -> dict:
+    return {"task": task, "metric": metric, "subset": subset, "context": context, "versus": versus,
             "examples": examples, "diff": effect.mean, "low": effect.low, "high": effect.high, "n": effect.n, **extra}
 
 
 def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], lengths: dict[str, int],
-            metrics: tuple[str, ...], settings: IntervalSettings, clusters: list[str], splits: list[str]) -> dict:
-    """The scores, paired effects, baselines and breakdowns with their intervals, all from one resampling plan over
-    `clusters` (each row's trajectory or participant); `splits` gives each row's split."""
+            metrics: tuple[str, ...], settings: IntervalSettings, clusters: list[str], splits: list[str],
+            value: Callable[[Generation, str], float | None]) -> dict:
+    """The scores, paired effects, baselines, breakdowns and the probe mode's figures with their intervals, all from
+    one resampling plan over `clusters` (each row's trajectory or participant); `splits` gives each row's split."""
     plan = plan_resamples(clusters, [(r["kernel_id"], r["step"]) for r in rows], settings)
     subsets = {"all": None, "hard": hard}
     task = run.task
@@ -160,17 +173,16 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
                                                 subset=subset))
                 else:
                     scores.append(_entry(interval, task=task, context=system, metric=metric, subset=subset))
-                if system in run.contexts and system != BASELINE_CONTEXT and BASELINE_CONTEXT in run.contexts:
-                    control = systems[BASELINE_CONTEXT][metric]
+                for versus in _versus(system, run.contexts):
+                    control = systems[versus][metric]
                     # Every example, a skipped or failed generation scored 0: what a user of the prompts gets.
-                    paired.append(_paired(task, metric, subset, system, "all",
+                    paired.append(_paired(task, metric, subset, system, versus, "all",
                                           paired_interval(table[metric], control, plan, mask)))
                     # Like with like: only where both modes generated, so the budget's skips are not the effect.
                     inside = mask if mask is not None else [True] * len(run.ids)
-                    both = [k and a and b for k, a, b in zip(inside, made[system], made[BASELINE_CONTEXT])]
-                    unanswered = {c: sum(k and not ok for k, ok in zip(inside, made[c]))
-                                  for c in (system, BASELINE_CONTEXT)}
-                    paired.append(_paired(task, metric, subset, system, "both_generated",
+                    both = [k and a and b for k, a, b in zip(inside, made[system], made[versus])]
+                    unanswered = {c: sum(k and not ok for k, ok in zip(inside, made[c])) for c in (system, versus)}
+                    paired.append(_paired(task, metric, subset, system, versus, "both_generated",
                                           paired_interval(table[metric], control, plan, both),
                                           unanswered=unanswered))
     positions = [position_of(r["step"], lengths[r["kernel_id"]]) for r in rows]
@@ -197,7 +209,17 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
                     by_split.append(_entry(mean_interval(table[metric], plan, mask), task=task, **who, metric=metric,
                                            split=split))
     return {"interval": plan.describe(), "scores": scores, "paired": paired, "baselines": baseline_rows,
-            "breakdown": {"position": by_position, "output_type": by_type, "split": by_split}}
+            "breakdown": {"position": by_position, "output_type": by_type, "split": by_split},
+            "probing": probe_summary(run, value, plan, metrics)}
+
+
+def _versus(system: str, contexts: list[str]) -> list[str]:
+    """The contexts a system's paired effect is taken against: `none` for every runtime mode, and `variables` too
+    for the probe mode (what asking adds to being shown)."""
+    if system not in contexts or system == BASELINE_CONTEXT:
+        return []
+    wanted = [BASELINE_CONTEXT] + ([PROBE_BASE_CONTEXT] if system == PROBE_CONTEXT else [])
+    return [c for c in wanted if c in contexts]
 
 
 def _counts(run: RunFolder, examples: dict) -> dict:
@@ -243,7 +265,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
     `runner` runs its trajectories elsewhere (themisto.distributed.ray_scoring: on Ray); `workspace` is the folder
     the release was replayed over, where its build names a given one."""
     from themisto.generation.baselines import baseline_prediction, baselines_for
-    from themisto.scoring.gate import permit
+    from themisto.gate import permit
     from themisto.scoring.results_table import render_markdown
     from themisto.scoring.release_state import load_release
 
@@ -286,7 +308,8 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
                 "contexts": run.contexts, "sampling": meta.get("sampling"), "n": len(run.ids),
                 "limit": meta.get("limit"), "split": meta.get("split")},
         "release_hash": info.content_hash, "executed": executed, "metrics": list(metrics),
-        **_tables(run, systems, hard, rows, lengths, metrics, settings, clusters, [split_of[i] for i in run.ids]),
+        **_tables(run, systems, hard, rows, lengths, metrics, settings, clusters, [split_of[i] for i in run.ids],
+                  _generation_value(records, examples)),
         "hard_subset": {"rule": HARD_RULES[run.task + ("+executed" if executed else "")], "examples": sum(hard),
                         "solved_by": {name: sum(v) for name, v in solved.items()}},
         "counts": _counts(run, examples), "kept": prompt_kept(run), "notes": notes + scorer_notes,

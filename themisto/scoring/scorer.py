@@ -5,7 +5,7 @@ Text scores (exact match, ROUGE-L, chrF; for output prediction also the equivale
 texts. Execution scores replay each trajectory of a release once in a fresh sandboxed kernel; before every scored
 step the reference cell (twice, to catch nondeterminism) and all predictions for that step run as forked branches
 of the live kernel, so each sees exactly the state the developer's cell saw and none disturbs the others. Executing
-predictions needs both opt-in switches of `themisto.scoring.gate`.
+predictions needs both opt-in switches of `themisto.gate`.
 
 Bad input raises ScoreError naming the example id before anything runs (lengths that differ, an unknown id, a
 prediction that is not a string, a reference that is not the release's target, a release without the rows or the
@@ -33,7 +33,7 @@ from themisto.release.folder import ReleaseInfo, open_release
 from themisto.resume import (LineWriter, ResumeError, folder_fingerprint, read_lines, settings_difference,
                              write_text_atomic)
 from themisto.scoring.execution import TrajectoryRunner, execute_examples
-from themisto.scoring.gate import permit as gate_permit
+from themisto.gate import permit as gate_permit
 from themisto.scoring.records import (
     EXECUTION_SCORES,
     ExampleRecord,

@@ -23,7 +23,7 @@ from themisto.errors import InputError
 from themisto.generation.prompts import render_prompt, template_sha256
 from themisto.resume import folder_written_whole
 from themisto.training.verify import DROP_REASONS, Verifier, has_snapshot
-from themisto.vocabulary import CONTEXT_MODES, TASKS
+from themisto.vocabulary import STATIC_CONTEXT_MODES, TASKS
 
 EXAMPLES_FILE = "examples.jsonl"
 DATASET_DIR = "dataset"
@@ -48,7 +48,7 @@ class ExportSettings:
 
     split: str = "train"
     tasks: tuple[str, ...] = TASKS
-    contexts: tuple[str, ...] = CONTEXT_MODES
+    contexts: tuple[str, ...] = STATIC_CONTEXT_MODES  # a probe conversation exists only once a model had it
     # all: every verified row once per context mode; one: each row once, in a context mode drawn with `seed`.
     mix: str = "all"
     seed: int = 0
@@ -56,7 +56,7 @@ class ExportSettings:
     max_prompt_tokens: int | None = None  # counted with the generation prompts' estimate (UTF-8 bytes / 3)
 
     def __post_init__(self) -> None:
-        for name, values, known in (("task", self.tasks, TASKS), ("context mode", self.contexts, CONTEXT_MODES)):
+        for name, values, known in (("task", self.tasks, TASKS), ("context mode", self.contexts, STATIC_CONTEXT_MODES)):
             unknown = [v for v in values if v not in known]
             if unknown or not values:
                 raise ExportError(f"unknown or missing {name} {unknown or values} (expected some of "

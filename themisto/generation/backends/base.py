@@ -46,7 +46,8 @@ class Backend(Protocol):
     """Generates `sampling.n` samples per prompt, in prompt order, and describes itself for run.json.
 
     A backend may also offer `count_tokens(text) -> int` (its own tokenizer) and `context_length` (tokens), which
-    the run uses for the prompt budget.
+    the run uses for the prompt budget, and `native_tools_problem() -> str | None`: why it cannot offer tools to the
+    model and parse its tool calls (None: it can), which the probe mode's native protocol needs.
     """
 
     def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]: ...
@@ -80,3 +81,60 @@ def weights_sha256(paths: list[Path]) -> str:
 def skipped(prompt: Prompt, n: int) -> list[Generation]:
     """The records of a prompt that is not sent (over budget): one per sample, with the reason."""
     return [Generation("", "skipped", prompt.skipped_reason, prompt.tokens, None) for _ in range(n)]
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates take them: a tool call's arguments as an object, not the JSON string the OpenAI
+    API carries."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            calls = [{**call, "function": {**call["function"], "arguments": _arguments(call["function"])}}
+                     for call in calls]
+            message = {**message, "tool_calls": calls}
+        out.append(message)
+    return out
+
+
+def _arguments(function: dict):
+    import json
+
+    arguments = function.get("arguments")
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        return arguments
+
+
+def tokenizer_tools_problem(tokenizer) -> str | None:
+    """Why a Hugging Face tokenizer cannot carry native tool calls: its chat template never renders `tools`, or it
+    has no `response_template` to parse the model's calls back (transformers' `parse_response`); None when it can."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = " ".join(template.values())
+    if "tools" not in template:
+        return "its chat template does not render tools"
+    if getattr(tokenizer, "response_template", None) is None:
+        return "its tokenizer has no response_template to parse tool calls with"
+    return None
+
+
+def parse_tool_calls(tokenizer, text: str, prefix: str, tools: list[dict] | None) -> tuple[str, tuple[dict, ...]]:
+    """The content and the tool calls of a reply, parsed with the tokenizer's `response_template`; the text as it is
+    and no calls when no tools were offered or nothing parses."""
+    import json
+
+    if not tools or getattr(tokenizer, "response_template", None) is None:
+        return text, ()
+    try:
+        parsed = tokenizer.parse_response(text, prefix=prefix, tools=tools)
+    except (ValueError, KeyError, TypeError):  # a malformed call is the model's answer, not the run's failure
+        return text, ()
+    calls = []
+    for index, call in enumerate(parsed.get("tool_calls") or []):
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        arguments = function.get("arguments")
+        calls.append({"id": f"call_{index}", "name": str(function.get("name")),
+                      "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+    return str(parsed.get("content") or ""), tuple(calls)

@@ -6,7 +6,8 @@ import hashlib
 import warnings
 from pathlib import Path
 
-from themisto.generation.backends.base import BackendError, Sampling, require, weights_sha256
+from themisto.generation.backends.base import (BackendError, Sampling, parse_tool_calls, require, template_messages,
+                                               tokenizer_tools_problem, weights_sha256)
 from themisto.generation.run_folder import Generation
 from themisto.generation.prompts import Prompt, messages_text
 
@@ -80,10 +81,17 @@ class TransformersBackend:
         self._overhead = len(self._encode(self._text([{"role": "system", "content": ""},
                                                       {"role": "user", "content": ""}])))
 
-    def _text(self, messages: list[dict]) -> str:
+    def _text(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         if self.has_chat_template:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(template_messages(messages), tools=tools, tokenize=False,
+                                                      add_generation_prompt=True)
         return messages_text(messages) + "\n"
+
+    def native_tools_problem(self) -> str | None:
+        """Why this model cannot take native tool calls (None: it can)."""
+        if not self.has_chat_template:
+            return "the model has no chat template"
+        return tokenizer_tools_problem(self.tokenizer)
 
     def _encode(self, text: str) -> list[int]:
         # The chat template already wrote the special tokens; adding them again would double a BOS.
@@ -102,7 +110,7 @@ class TransformersBackend:
     def _generate_batch(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]:
         import torch
 
-        texts = [self._text(p.messages) for p in prompts]
+        texts = [self._text(p.messages, p.tools) for p in prompts]
         enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=not self.has_chat_template)
         enc = {k: v.to(self.device) for k, v in enc.items()}
         sampled = sampling.temperature > 0
@@ -111,7 +119,7 @@ class TransformersBackend:
         if sampled:
             options.update(temperature=sampling.temperature, top_p=sampling.top_p)
             # One seed per batch, from the run's seed and the batch's prompts: a resumed run redraws the same.
-            key = f"{sampling.seed}:" + "|".join(f"{p.id}/{p.context}" for p in prompts)
+            key = f"{sampling.seed}:" + "|".join(p.seed_key() for p in prompts)
             torch.manual_seed(int(hashlib.sha256(key.encode()).hexdigest()[:15], 16))
         else:
             # Greedy: no sampling knobs, or generate() warns that they are ignored.
@@ -128,7 +136,12 @@ class TransformersBackend:
                 ids = output[i * sampling.n + j, width:].tolist()
                 used = next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))
                 text = self.tokenizer.decode(ids[:used], skip_special_tokens=True)
-                samples.append(Generation(text, "ok", None, int(tokens_in[i]), used))
+                calls: tuple[dict, ...] = ()
+                if prompts[i].tools:  # the parser needs the markup special tokens may carry
+                    content, calls = parse_tool_calls(self.tokenizer, self.tokenizer.decode(ids[:used]), texts[i],
+                                                      prompts[i].tools)
+                    text = content if calls else text  # as an endpoint answers: the calls apart from the text
+                samples.append(Generation(text, "ok", None, int(tokens_in[i]), used, tool_calls=calls))
             results.append(samples)
         return results
 

@@ -52,10 +52,15 @@ class OpenAIBackend:
             out[i].append(generation)
         return out
 
+    def native_tools_problem(self) -> str | None:
+        """None: an OpenAI-compatible endpoint takes `tools`; one that does not answers with an error, recorded."""
+        return None
+
     def _request(self, prompt: Prompt, sampling: Sampling, sample: int):
+        tools = {"tools": prompt.tools, "tool_choice": "auto"} if prompt.tools else {}
         return self.client.chat.completions.create(
             model=self.model, messages=prompt.messages, max_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed + sample)
+            temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed + sample, **tools)
 
     def _one(self, prompt: Prompt, sampling: Sampling, sample: int) -> Generation:
         attempt = 0
@@ -89,8 +94,11 @@ class OpenAIBackend:
         if not choices or choices[0].message is None:
             return Generation("", "failed", "the endpoint answered without a choice", None, None)
         usage = getattr(response, "usage", None)
+        calls = tuple({"id": str(call.id), "name": str(call.function.name), "arguments": call.function.arguments or ""}
+                      for call in choices[0].message.tool_calls or [] if getattr(call, "function", None))
         return Generation(choices[0].message.content or "", "ok", None,
-                          getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None))
+                          getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None),
+                          tool_calls=calls)
 
     def describe(self) -> dict:
         import openai

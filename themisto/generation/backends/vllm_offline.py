@@ -5,8 +5,10 @@ the context modes share."""
 from __future__ import annotations
 
 import hashlib
+import json
 
-from themisto.generation.backends.base import BackendError, Sampling, require
+from themisto.generation.backends.base import (BackendError, Sampling, parse_tool_calls, require, template_messages,
+                                               tokenizer_tools_problem)
 from themisto.generation.run_folder import Generation
 from themisto.generation.prompts import Prompt
 
@@ -15,7 +17,7 @@ INSTALL = "pip install -r requirements-gpu.txt  (vllm==0.33.0, CUDA only)"
 
 def prompt_seed(seed: int, prompt: Prompt) -> int:
     """A per-prompt seed, so that a prompt draws the same samples whatever batch (or resumed run) it is in."""
-    return int(hashlib.sha256(f"{seed}:{prompt.id}/{prompt.context}".encode()).hexdigest()[:8], 16)
+    return int(hashlib.sha256(f"{seed}:{prompt.seed_key()}".encode()).hexdigest()[:8], 16)
 
 
 def sampling_params(vllm, sampling: Sampling, seed: int):
@@ -54,16 +56,32 @@ class VLLMBackend:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + self._overhead
 
+    def native_tools_problem(self) -> str | None:
+        """Why this model cannot take native tool calls (None: it can): its tokenizer's template and parser."""
+        return tokenizer_tools_problem(self.tokenizer)
+
     def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]:
-        out: list[list[Generation]] = []
+        out: dict[int, list[Generation]] = {}
         for start in range(0, len(prompts), self.batch_size):
-            batch = prompts[start:start + self.batch_size]
-            params = [sampling_params(self.vllm, sampling, prompt_seed(sampling.seed, p)) for p in batch]
-            results = self.llm.chat([p.messages for p in batch], params, use_tqdm=False)
-            for prompt, result in zip(batch, results):
-                tokens_in = len(result.prompt_token_ids or []) or None
-                out.append([Generation(o.text, "ok", None, tokens_in, len(o.token_ids)) for o in result.outputs])
-        return out
+            batch = list(enumerate(prompts[start:start + self.batch_size], start=start))
+            # `LLM.chat` takes one tools list per call: prompts that offer tools go in a call of their own.
+            for tools in {json.dumps(p.tools, sort_keys=True) for _, p in batch}:
+                group = [(i, p) for i, p in batch if json.dumps(p.tools, sort_keys=True) == tools]
+                params = [sampling_params(self.vllm, sampling, prompt_seed(sampling.seed, p)) for _, p in group]
+                options = {"tools": group[0][1].tools} if group[0][1].tools else {}
+                results = self.llm.chat([template_messages(p.messages) for _, p in group], params, use_tqdm=False,
+                                        **options)
+                for (i, prompt), result in zip(group, results):
+                    out[i] = [self._generation(prompt, result, o) for o in result.outputs]
+        return [out[i] for i in range(len(prompts))]
+
+    def _generation(self, prompt: Prompt, result, output) -> Generation:
+        tokens_in = len(result.prompt_token_ids or []) or None
+        content, calls = parse_tool_calls(self.tokenizer, output.text, getattr(result, "prompt", None) or "",
+                                          prompt.tools)
+        # As an endpoint answers: the calls apart from the text.
+        return Generation(content if calls else output.text, "ok", None, tokens_in, len(output.token_ids),
+                          tool_calls=calls)
 
     def describe(self) -> dict:
         return {"backend": "vllm", "version": self.vllm.__version__, "model": self.model_name,

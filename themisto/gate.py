@@ -1,14 +1,15 @@
 """The one opt-in door for executing model-written code: a permit only the user's two switches can open.
 
-Nothing in Themisto runs a prediction unless the environment says `HF_ALLOW_CODE_EVAL=1` (as evaluate's
-`code_eval` asks) and the caller passes the explicit option (`execute=True` in Python, `--execute` on the CLI).
-Functions that run predictions take an `ExecutionPermit`, which only `permit()` hands out, so no code path can
-reach them without passing here.
+Nothing in Themisto runs a prediction or a probe unless the environment says `HF_ALLOW_CODE_EVAL=1` (as evaluate's
+`code_eval` asks) and the caller passes the explicit option (`execute=True` in Python; `--execute` to `themisto
+score`, `--execute-probes` to `themisto generate`). Functions that run model-written code take an `ExecutionPermit`,
+which only `permit()` hands out, so no code path can reach them without passing here. It lies below every stage:
+scoring executes predictions, generation runs the probes of the `probe` context mode.
 
 >>> permit(execute=False)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-themisto.scoring.gate.ExecutionRefused: Executing model-written code is off: ...the explicit option was not passed...
+themisto.gate.ExecutionRefused: Executing model-written code is off: ...the explicit option was not passed...
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ it. Run it on a machine (or container) you can afford to lose, without credentia
 To opt in, both switches are needed:
   1. set the environment variable {env}=1 before the process starts (the environment is read once), e.g.
        {env}=1 themisto score ... --execute
-  2. pass the explicit option: execute=True to the metric's compute() or to themisto.scoring.scorer, or --execute to
-     `themisto score`.
-Text scores (exact match, ROUGE-L, chrF, output equivalence) need neither switch."""
+  2. pass the explicit option: execute=True to the metric's compute() or to themisto.scoring.scorer, --execute to
+     `themisto score`, or --execute-probes to `themisto generate` (the `probe` context mode runs the model's probes).
+Text scores (exact match, ROUGE-L, chrF, output equivalence) and the other context modes need neither switch."""
 
 
 class ExecutionRefused(PermissionError):
@@ -47,7 +48,7 @@ class ExecutionPermit:
     def check(self) -> None:
         """Raise ExecutionRefused unless this permit came from `permit()`."""
         if self._token is not _TOKEN:
-            raise ExecutionRefused("this ExecutionPermit was not issued by themisto.scoring.gate.permit()")
+            raise ExecutionRefused("this ExecutionPermit was not issued by themisto.gate.permit()")
 
 
 _TOKEN = object()
@@ -59,7 +60,7 @@ def refusal_message(*, execute: bool, env_allowed: bool) -> str:
     if not env_allowed:
         missing.append(f"the environment variable {ENV_SWITCH} is not set to 1")
     if not execute:
-        missing.append("the explicit option was not passed (execute=True / --execute)")
+        missing.append("the explicit option was not passed (execute=True / --execute / --execute-probes)")
     return ("Executing model-written code is off: " + ("; ".join(missing) or "no switch is missing") + ".\n"
             + _WARNING.format(env=ENV_SWITCH))
 

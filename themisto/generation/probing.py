@@ -1,0 +1,268 @@
+"""The `probe` context mode: each example's conversation, its probes run in branches of its exact pre-cell state.
+
+The states are served by one replay per trajectory (`themisto.replay.states.walk_states`), in trajectory order, in a
+kernel that sees none of the host's files but its own (`Limits(view="minimal")`: no release, run folder or log to
+read the answer from). At each step with examples their conversations run to the end: the model replies; a reply
+that asks for a probe (a fenced `probe` block, or a native `run_probe` call) gets the probe run in a fresh branch of
+the live state (`themisto.runtime.branch.run_in_branch`) and its bounded output back; until the model answers, has
+used every probe allowed, or the next output would not fit the prompt budget (then it is asked for its answer). The
+only module of generation that runs model-written code (`unsafe_probe`), behind the execution permit. Each
+generation line carries the transcript (`themisto.generation.probe_protocol.Transcript`), so scoring never probes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+from themisto.gate import ExecutionPermit
+from themisto.generation.backends.base import Sampling
+from themisto.generation.probe_protocol import (CUT, DIED, KERNEL_LOST, MAX_PROBE_CODE_CHARS, NO_PROBES_LEFT, NO_ROOM,
+                                                NOT_RUN, STOPPED, TOOL_NAME, TOOL_SCHEMA, ProbeRun, ProbeSettings,
+                                                Transcript, find_probe, tool_call_code)
+from themisto.generation.prompts import Prompt, approx_tokens, messages_text
+from themisto.generation.run_folder import Generation
+from themisto.release.folder import TRAJECTORIES, ReleaseInfo
+
+# The branch's own output cap, in bytes, per character a probe may show: the model sees `output_chars` characters,
+# the rest only needs counting (a flood is cut in the branch, not carried to the host).
+_BYTES_PER_CHAR = 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One probe
+
+
+def _shown(result, settings: ProbeSettings) -> tuple[str, bool]:
+    """What the model is shown of a branch's result: its output text (streams, results, the error), cut to the
+    allowed characters, and whether anything was cut."""
+    from themisto.runtime.outputs import output_text
+
+    text = output_text(result.outputs)
+    if result.status == "timeout":
+        text += STOPPED.format(timeout_s=settings.timeout_s)
+    elif result.status == "kernel_died":
+        text += DIED
+    cut = len(text) > settings.output_chars
+    if cut:
+        text = text[:settings.output_chars] + CUT.format(more=len(text) - settings.output_chars)
+    return text, cut or bool(result.truncated)
+
+
+def unsafe_probe(permit: ExecutionPermit, session, code: str, settings: ProbeSettings,
+                 raw: str = "") -> tuple[ProbeRun, bool]:
+    """Run one model-written probe in a fresh branch of the session's current state: its record, and whether the
+    kernel was lost (the caller rebuilds the state). The kernel's own state never changes; a probe that hangs,
+    floods, forks or kills costs only itself."""
+    from themisto.runtime.branch import BranchError, run_in_branch
+    from themisto.runtime.snapshot import AgentError
+
+    permit.check()
+    if len(code) > MAX_PROBE_CODE_CHARS:
+        return ProbeRun(code=code[:MAX_PROBE_CODE_CHARS], status="refused", raw=raw,
+                        output=NOT_RUN.format(limit=MAX_PROBE_CODE_CHARS, length=len(code))), False
+    began = time.perf_counter()
+    try:
+        result = run_in_branch(session, code, timeout_s=settings.timeout_s, memory_bytes=settings.memory_bytes,
+                               output_bytes=max(64 * 1024, _BYTES_PER_CHAR * settings.output_chars))
+    except (BranchError, AgentError) as error:
+        return ProbeRun(code=code, status="kernel_died", raw=raw, wall_s=round(time.perf_counter() - began, 6),
+                        output=KERNEL_LOST.format(error=str(error)[:200])), True
+    text, cut = _shown(result, settings)
+    return ProbeRun(code=code, status=result.status, output=text, truncated=cut, changed_state=result.changed_state,
+                    duration_s=round(float(result.duration_s), 6), wall_s=round(time.perf_counter() - began, 6),
+                    suspicious=list(result.suspicious), raw=raw), False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One conversation
+
+
+@dataclass
+class Conversation:
+    """One (example, sample)'s conversation: its first prompt, the messages so far, the probes run, the model calls
+    made and their token counts, and once it ended, why and the final reply."""
+
+    first: Prompt
+    sample: int
+    messages: list[dict]
+    probes: list[ProbeRun] = field(default_factory=list)
+    turns: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    stop: str | None = None
+    final: Generation | None = None
+    last_call: bool = False  # the model was told to answer: this reply is the answer whatever it holds
+
+
+def reserve_tokens(settings: ProbeSettings, max_new_tokens: int, count: Callable[[str], int]) -> int:
+    """The prompt room a conversation's probes may take at most: each probe's request and its longest reply."""
+    longest = ProbeRun(code="", status="ok", output="x" * settings.output_chars, truncated=True).reply(1, 1)
+    return settings.max_probes * (max_new_tokens + count(longest))
+
+
+def _turn_prompt(conversation: Conversation, settings: ProbeSettings) -> Prompt:
+    left = 0 if conversation.last_call else settings.max_probes - len(conversation.probes)
+    tools = [TOOL_SCHEMA] if settings.protocol == "native" and left > 0 else None
+    return replace(conversation.first, messages=list(conversation.messages), probes_left=left, tools=tools,
+                   turn=f"s{conversation.sample}t{conversation.turns}")
+
+
+def _asked(generation: Generation, settings: ProbeSettings) -> tuple[str | None, dict | None]:
+    """The probe a reply asks for (its code) and, for a native call, the call."""
+    if settings.protocol == "native":
+        for call in generation.tool_calls:
+            if call.get("name") == TOOL_NAME:
+                return tool_call_code(call.get("arguments")) or "", call
+        return None, None
+    return find_probe(generation.raw), None
+
+
+def _append_probe(conversation: Conversation, generation: Generation, call: dict | None, probe: ProbeRun,
+                  left: int) -> None:
+    reply = probe.reply(len(conversation.probes), left)
+    if call is None:
+        conversation.messages += [{"role": "assistant", "content": generation.raw}, {"role": "user", "content": reply}]
+        return
+    conversation.messages += [
+        {"role": "assistant", "content": generation.raw,
+         "tool_calls": [{"id": call["id"], "type": "function",
+                         "function": {"name": TOOL_NAME, "arguments": call.get("arguments") or "{}"}}]},
+        {"role": "tool", "tool_call_id": call["id"], "content": reply}]
+    if not left:
+        conversation.messages.append({"role": "user", "content": NO_PROBES_LEFT})
+
+
+def converse(conversations: list[Conversation], backend, sampling: Sampling, settings: ProbeSettings,
+             budget: int | None, count: Callable[[str], int] | None,
+             run_probe: Callable[[str, str], ProbeRun]) -> None:
+    """Run every conversation to its end, the turns of all of them batched together: each model call, then each
+    probe asked for (`run_probe(code, raw)`), until each has answered or been made to."""
+    one = replace(sampling, n=1)
+    count = count or approx_tokens
+    while True:
+        active = [c for c in conversations if c.stop is None or c.last_call and c.final is None]
+        if not active:
+            return
+        prompts = [_turn_prompt(c, settings) for c in active]
+        for conversation, prompt, samples in zip(active, prompts, backend.generate(prompts, one)):
+            generation = samples[0] if samples else Generation("", "failed", "the backend returned no sample")
+            conversation.turns += 1
+            conversation.tokens_in += generation.tokens_in or 0
+            conversation.tokens_out += generation.tokens_out or 0
+            if generation.status != "ok":
+                conversation.stop, conversation.final = "backend_failed", generation
+                continue
+            may_ask = not conversation.last_call and len(conversation.probes) < settings.max_probes
+            code, call = _asked(generation, settings) if may_ask else (None, None)
+            if code is None:
+                conversation.stop = conversation.stop or "answered"
+                conversation.final = generation
+                continue
+            if budget is not None:  # the next turn must fit with this probe's longest reply
+                longest = ProbeRun(code=code, status="ok", output="x" * settings.output_chars).reply(1, 1)
+                room = count(messages_text([*prompt.messages, {"content": generation.raw}, {"content": longest}]))
+                if room > budget:
+                    conversation.messages += [{"role": "assistant", "content": generation.raw},
+                                              {"role": "user", "content": NO_ROOM}]
+                    conversation.stop, conversation.last_call = "budget", True
+                    continue
+            probe = run_probe(code, generation.raw)
+            conversation.probes.append(probe)
+            left = settings.max_probes - len(conversation.probes)
+            _append_probe(conversation, generation, call, probe, left)
+            if not left:
+                conversation.stop, conversation.last_call = "max_probes", True
+
+
+def transcript(conversation: Conversation, settings: ProbeSettings) -> Transcript:
+    return Transcript(protocol=settings.protocol, allowed=settings.max_probes, used=len(conversation.probes),
+                      stop=conversation.stop or "answered", turns=conversation.turns, probes=list(conversation.probes),
+                      probe_s=round(sum(p.wall_s for p in conversation.probes), 6))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The states, served in trajectory order
+
+
+def probe_limits(info: ReleaseInfo):
+    """The kernel limits of a probe replay: the release replay's, with the minimal view of the host's files."""
+    from themisto.replay.replay import kernel_limits
+    from themisto.replay.states import recorded_replay_settings
+
+    return replace(kernel_limits(recorded_replay_settings(info.replay)), view="minimal")
+
+
+def trajectory_rows(info: ReleaseInfo) -> dict[str, list[dict]]:
+    """The release's `trajectories` rows (every split) by kernel, in step order."""
+    by_kernel: dict[str, list[dict]] = {}
+    for split in info.splits(TRAJECTORIES):
+        for row in info.rows(TRAJECTORIES, split):
+            by_kernel.setdefault(row["kernel_id"], []).append(row)
+    for rows in by_kernel.values():
+        rows.sort(key=lambda r: r["step"])
+    return by_kernel
+
+
+@dataclass(frozen=True)
+class ServedStep:
+    """The examples (task rows) of one step and what their probes need: a function that runs one probe there."""
+
+    kernel_id: str
+    step: int
+    rows: list[dict]
+    run_probe: Callable[[str, str], ProbeRun]
+
+
+def probe_workspace(info: ReleaseInfo, workspace: str | Path | None, tmp: Path) -> Path:
+    """The input files the release was replayed over: `workspace` (checked against a given folder's hash), or made
+    again under `tmp` from the build's recipe (`themisto.replay.workspace_recipe`); RecipeError, the input's refusal,
+    when it cannot."""
+    from themisto.replay.workspace_recipe import workspace_from_recipe
+
+    return workspace_from_recipe(info.workspace, workspace, tmp / "ws", what=f"the release {info.path}")
+
+
+def serve_states(permit: ExecutionPermit, info: ReleaseInfo, rows: list[dict], settings: ProbeSettings,
+                 workspace: Path, on_step: Callable[[ServedStep], None]) -> Iterator[tuple[list[dict], str]]:
+    """Replay each trajectory of `rows` once, in order, over a copy of `workspace` (`probe_workspace`), and call
+    `on_step` at each step that has examples, with the live pre-step state behind its `run_probe`. Yields, per
+    trajectory whose replay failed, its examples `on_step` never saw and why (they get no probes)."""
+    from themisto.replay.states import recorded_replay_settings, walk_states
+    from themisto.runtime.rebuild import StateLost
+    from themisto.runtime.sandbox import KernelStartError
+    from themisto.runtime.snapshot import AgentError
+    from themisto.runtime.branch import BranchError
+
+    permit.check()
+    by_kernel: dict[str, dict[int, list[dict]]] = {}
+    for row in rows:
+        by_kernel.setdefault(row["kernel_id"], {}).setdefault(int(row["step"]), []).append(row)
+    trajectories = trajectory_rows(info)
+    replay_settings = recorded_replay_settings(info.replay)
+    limits = probe_limits(info)
+    for kernel_id, steps in sorted(by_kernel.items()):
+        seen: set[int] = set()
+
+        def at_step(state, kernel_id=kernel_id, steps=steps, seen=seen) -> None:
+            def run(code: str, raw: str) -> ProbeRun:
+                probe, lost = unsafe_probe(permit, state.session, code, settings, raw)
+                if lost or not state.session.alive:
+                    state.rebuild()  # StateLost ends the trajectory's walk: the rest are not served
+                return probe
+
+            on_step(ServedStep(kernel_id, state.step, steps[state.step], run))
+            seen.add(state.step)  # only once every example of the step got its line
+
+        failure = None
+        try:
+            if kernel_id not in trajectories:
+                raise KeyError(f"the release has no trajectories rows for {kernel_id}")
+            walk_states(trajectories[kernel_id], steps, workspace, replay_settings, at_step, limits=limits)
+        except (KernelStartError, AgentError, BranchError, StateLost, OSError, KeyError) as error:
+            failure = f"the state could not be served: {type(error).__name__}: {str(error)[:300]}"
+        unseen = [row for step, step_rows in sorted(steps.items()) if step not in seen for row in step_rows]
+        if unseen:
+            yield unseen, failure or f"the replay of {kernel_id} never reached the example's step"
