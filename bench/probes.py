@@ -48,7 +48,7 @@ def main() -> int:
     from themisto.gate import permit
     from themisto.generation.probe_protocol import ProbeSettings
     from themisto.generation.probing import unsafe_probe
-    from themisto.ingest.june import read_june_log
+    from themisto.ingest.june_log import read_june_log
     from themisto.replay.replay import ReplaySettings, kernel_limits, replay
     from themisto.runtime.kernel import KernelSession
     from themisto.runtime.snapshot import take_snapshot
