@@ -39,6 +39,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from themisto.scoring.results_table import units as count_of
 from themisto.vocabulary import CLUSTER_UNITS
 
 METHODS: tuple[str, ...] = ("cluster_bootstrap", "block_bootstrap")
@@ -138,10 +139,6 @@ def _block_weights(members: list[np.ndarray], n: int, length: int, resamples: in
     return weights, blocks
 
 
-def _count(n: int, unit: str) -> str:
-    return f"{n} {unit}" if n == 1 else f"{n} {'trajectories' if unit == 'trajectory' else unit + 's'}"
-
-
 def plan_resamples(clusters: Sequence[Hashable], order: Sequence,
                    settings: IntervalSettings = IntervalSettings()) -> ResamplePlan:
     """Plan the resamples of examples that belong to `clusters` (trajectories, or participants where the settings say
@@ -159,7 +156,7 @@ def plan_resamples(clusters: Sequence[Hashable], order: Sequence,
     by_participant = settings.cluster == "participant"
     if len(members) >= settings.min_clusters or (by_participant and len(members) >= 2):
         warning = None
-        units = _count(len(members), settings.cluster)
+        units = count_of(len(members), settings.cluster)
         if len(members) < settings.min_clusters:
             warning = (f"{units} (< {settings.min_clusters}): a cluster bootstrap over this few clusters has few "
                        "distinct resamples and runs narrow; read the interval as a lower bound on the uncertainty")
@@ -170,7 +167,7 @@ def plan_resamples(clusters: Sequence[Hashable], order: Sequence,
                             weights=_cluster_weights(members, n, settings.resamples, rng), **common)
     length = block_length_for([len(m) for m in members])
     weights, blocks = _block_weights(members, n, length, settings.resamples, rng)
-    count = _count(len(members), settings.cluster)
+    count = count_of(len(members), settings.cluster)
     warning = (f"{count} (< {settings.min_clusters}): blocks of {length} consecutive steps are "
                "resampled within each trajectory, so the interval covers variation between steps of these "
                "trajectories, not between developers")
