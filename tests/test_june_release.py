@@ -31,7 +31,7 @@ from themisto.vocabulary import TASKS
 
 pytestmark = pytest.mark.slow
 
-LOG_LINES = 30
+LOG_LINES = 16
 TEST_CELL_TIMEOUT = 2.0
 
 
