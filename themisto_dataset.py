@@ -12,8 +12,10 @@ import datasets
 
 from themisto.vocabulary import SPLITS, TASKS  # SPLITS: read by the release as themisto_dataset.SPLITS
 
-# Each task is a config; `trajectories` holds every replayed step they were drawn from.
+# Each task is a config; `trajectories` holds every replayed step they were drawn from. A release whose replay stored
+# the variables' values has `values` too (OPTIONAL_CONFIGS: written only where there is something to write).
 CONFIGS: tuple[str, ...] = ("trajectories", *TASKS)
+OPTIONAL_CONFIGS: tuple[str, ...] = ("values",)
 DEFAULT_CONFIG = TASKS[0]
 
 _STR = datasets.Value("string")
@@ -39,6 +41,15 @@ VARIABLE = {
 
 # What a snapshot could not measure about one variable.
 SNAPSHOT_FAILURE = {"name": _STR, "reason": _STR}
+
+# What a restore needs besides the `values` rows the variables' hashes point to: the variables whose value is not
+# there (and why), the module bindings (`pd` -> pandas) and the groups of names bound to one object. Null where
+# the replay stored no values.
+STORED_VALUES = {
+    "unstored": datasets.List({"name": _STR, "reason": _STR}),
+    "modules": datasets.List({"name": _STR, "module": _STR}),
+    "aliases": datasets.List(datasets.List(_STR)),
+}
 
 TRAJECTORIES = datasets.Features({
     "kernel_id": _STR,
@@ -67,6 +78,19 @@ TRAJECTORIES = datasets.Features({
     "logged_evalue": _STR,
     "logged_output_types": datasets.List(_STR),
     "code_state": _STR,  # as_logged | repaired | damaged (themisto.vocabulary.CODE_STATES)
+    "stored_values": STORED_VALUES,
+})
+
+# One stored value (themisto.release.values): content-addressed by the variables' `hash`, shared by every step that
+# holds it, in one of the safe formats (json, npy, npz, parquet, skops), its bytes in `data`.
+VALUES = datasets.Features({
+    "hash": _STR,
+    "type": _STR,
+    "format": _STR,
+    "exact": _BOOL,  # read back in the kernels' environment, it hashes the same: a restore can use it
+    "bytes": _INT64,
+    "sha256": _STR,  # of `data`
+    "data": datasets.Value("binary"),
 })
 
 # One prior cell in a task row's history window.
@@ -116,12 +140,14 @@ FEATURES: dict[str, datasets.Features] = {
     "trajectories": TRAJECTORIES,
     "next_cell": NEXT_CELL,
     "output_prediction": OUTPUT_PREDICTION,
+    "values": VALUES,
 }
 
 CONFIG_DESCRIPTIONS: dict[str, str] = {
     "trajectories": "one row per replayed step: code, output, status, execution time, memory, variables, state hash",
     "next_cell": "predict the code of the next executed cell from the history and the runtime state",
     "output_prediction": "predict the output text of a given cell from the history and the runtime state",
+    "values": "the variables' values after each step, in safe formats, by content hash (trajectories' `hash`)",
 }
 
 
@@ -130,7 +156,8 @@ def features_for(config: str) -> datasets.Features:
     try:
         return FEATURES[config]
     except KeyError:
-        raise ValueError(f"unknown config {config!r} (expected one of {', '.join(CONFIGS)})") from None
+        raise ValueError(f"unknown config {config!r} (expected one of {', '.join((*CONFIGS, *OPTIONAL_CONFIGS))})") \
+            from None
 
 
 def features_yaml(config: str) -> list:

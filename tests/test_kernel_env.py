@@ -101,7 +101,7 @@ def test_kernel_environment_reports_what_the_kernel_imports(session, kernel_venv
     assert env["interpreter"] == kernel_venv
     pins = _pins()
     for name in ("numpy", "pandas", "scipy", "matplotlib", "seaborn", "scikit-learn", "lightgbm", "ipykernel",
-                 "ipython", "dill", "psutil"):
+                 "ipython", "psutil", "pyarrow", "skops"):
         assert env[name] == pins[name], name
     out = _stdout(session.execute("import platform, numpy, IPython\n"
                                   "print(platform.python_version(), numpy.__version__, IPython.__version__)"))

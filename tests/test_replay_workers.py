@@ -109,8 +109,8 @@ class _StopAfterFirst:
     def __init__(self, runner):
         self.runner = runner
 
-    def __call__(self, *args):
-        results = self.runner(*args)
+    def __call__(self, *args, **options):
+        results = self.runner(*args, **options)
         try:
             yield next(results)
             raise KeyboardInterrupt

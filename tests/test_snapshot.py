@@ -8,7 +8,7 @@ import pytest
 
 from themisto.runtime import agent as kernel_agent
 from themisto.runtime.kernel import KernelSession
-from themisto.runtime.snapshot import AgentError, Snapshot, VariableInfo, dump_values, load_value, take_snapshot
+from themisto.runtime.snapshot import AgentError, Snapshot, VariableInfo, take_snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -126,25 +126,8 @@ def test_a_broken_variable_does_not_hide_the_others(session):
         session.execute("del weird, Weird")
 
 
-def test_dump_values_writes_per_variable_and_fails_by_name(session):
-    session.execute("stream = (i for i in range(3))\nwrapped = {'f': handle}")
-    try:
-        dest = session.workdir / "values"
-        report = dump_values(session, ["counts", "holder", "stream", "handle", "wrapped", "missing"], dest)
-        assert set(report.paths) == {"counts", "holder"}
-        pd.testing.assert_series_equal(load_value(report.paths["counts"]), pd.read_pickle(
-            session.workdir / "test_features.pkl")["cell_type"].value_counts())
-        assert "generator" in report.failures["stream"]
-        assert report.failures["handle"].startswith("skipped: file handle")
-        assert "file handle" in report.failures["wrapped"]
-        assert report.failures["missing"].startswith("NameError")
-        assert sorted(p.name for p in dest.iterdir()) == ["counts.dill", "holder.dill"]  # nothing half-written
-    finally:
-        session.execute("del stream, wrapped")
-
-
 def test_an_agent_failure_names_the_call(session):
-    with pytest.raises(AgentError, match="dump_values"):
+    with pytest.raises(AgentError, match="restore"):
         from themisto.runtime.snapshot import agent_call
 
-        agent_call(session, "dump_values", names=["features"], dest_dir="/proc/not-writable", timeout=30)
+        agent_call(session, "restore", folder="/proc/not-a-folder", plan=[], timeout=30)

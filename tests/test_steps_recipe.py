@@ -11,6 +11,7 @@ import pytest
 
 from themisto.cli import main
 from themisto.replay.steps_file import STEPS_HEADER, read_steps, read_steps_header
+from themisto.replay.values import values_folder
 from themisto.replay.workspace_recipe import RecipeError, given, workspace_from_recipe
 
 pytestmark = pytest.mark.slow
@@ -53,6 +54,7 @@ def test_replay_build_generate_and_score_need_no_workspace(tmp_path, allow_execu
     old = tmp_path / "old.steps.jsonl"
     old.write_text("".join(steps.read_text().splitlines(keepends=True)[1:]))
     assert read_steps_header(old) == {} and read_steps(old) == read_steps(steps)
+    shutil.copytree(values_folder(steps), values_folder(old))  # its values beside it, as the replay left them
     old_release = tmp_path / "old-release"
     assert main(["build", "--steps", str(old), "--test-fraction", "1.0", "-o", str(old_release)]) == 0
     for parquet in release.rglob("*.parquet"):

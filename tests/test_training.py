@@ -26,6 +26,7 @@ from themisto.runtime.agent import OUTPUT_CAP_MARKER
 from themisto.training.export import ExportSettings, export_sft, fenced
 from themisto.training.finetune import FinetuneError, FinetuneSettings, checkpoints_folder, finetune
 from themisto.training.verify import VerificationError, Verifier
+from themisto.vocabulary import STATIC_CONTEXT_MODES
 
 REPO = Path(__file__).resolve().parents[1]
 DIVERGED_STEP = 12  # replay raised NameError where the developer's run was ok
@@ -184,15 +185,16 @@ def test_export_prompts_are_byte_identical_to_what_generate_sends(release, tiny_
             return super().generate(prompts, sampling)
 
     export = tmp_path / "test-export"
-    export_sft(release, export, ExportSettings(split="test", verify=False))
+    export_sft(release, export, ExportSettings(split="test", verify=False, contexts=STATIC_CONTEXT_MODES))
     exported = {(e["id"], e["task"], e["context"]): e["prompt"] for e in _lines(export / "examples.jsonl")}
     backend = RecordingBackend(str(tiny_model_dir), device="cpu")
     for task in ("next_cell", "output_prediction"):
         sent: list = []
-        settings = RunSettings(task=task, contexts=("none", "variables", "full"), backend="transformers",
+        settings = RunSettings(task=task, contexts=STATIC_CONTEXT_MODES, backend="transformers",
                                model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=2), limit=3)
         generate_run(release, tmp_path / f"run-{task}", settings, backend=backend, progress=False)
-        assert len(sent) == 9
+        assert len(sent) == 3 * len(STATIC_CONTEXT_MODES) and "trace" in STATIC_CONTEXT_MODES
+        assert all("State after it: {" in p.messages[1]["content"] for p in sent if p.context == "trace")
         for prompt in sent:
             mine = exported[(prompt.id, task, prompt.context)]
             assert json.dumps(mine, ensure_ascii=False).encode() == json.dumps(prompt.messages,

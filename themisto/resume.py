@@ -152,15 +152,20 @@ def folder_fingerprint(folder: str | Path | None, *, output: Path | None = None)
     """What identifies an input folder for a resume: a digest of every file's relative path, size and content (all
     of a file up to 2 MiB, its first and last MiB beyond), not its location or times, so look-alike inputs
     regenerated into a fresh folder from the same seed fingerprint alike. The run's own `output` files (it and its
-    `.partial`, `.progress.json`, temp files beside it) are left out when they lie inside. None for no folder."""
+    `.partial`, `.progress.json`, temp files and folders beside it, such as a replay's `.values/`) are left out when
+    they lie inside. None for no folder."""
     if folder is None:
         return None
     root = Path(folder).resolve()
     own = None if output is None else Path(output).resolve()
 
     def is_input(path: Path) -> bool:
-        return path.is_file() and not (own is not None and path.parent == own.parent
-                                       and path.name.lstrip(".").startswith(own.name))
+        if not path.is_file():
+            return False
+        if own is None or own.parent not in path.parents:
+            return True
+        beside = path.relative_to(own.parent).parts[0]  # the file itself, or the folder beside the output it is in
+        return not beside.lstrip(".").startswith(own.name)
 
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if is_input(p)):

@@ -15,18 +15,20 @@ Task = Literal["next_cell", "output_prediction"]
 TASKS: tuple[str, ...] = get_args(Task)
 
 # Runtime-context modes of a prompt, in the order tables show them; `none` is the baseline paired effects compare
-# against. `none` shows no snapshot; every other mode needs the release's snapshots. `probe` is the `variables`
-# prompt plus the right to run probes (model-written code) in branches of the live pre-cell state.
-ContextMode = Literal["none", "variables", "full", "probe"]
+# against. `none` shows no snapshot; every other mode needs the release's snapshots. `trace`: each history cell
+# followed by the variables it changed, as JSON (themisto.generation.trace). `probe` is the `variables` prompt plus
+# the right to run probes (model-written code) in branches of the live pre-cell state.
+ContextMode = Literal["none", "variables", "full", "trace", "probe"]
 CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
 BASELINE_CONTEXT = "none"
 PROBE_CONTEXT = "probe"
 PROBE_BASE_CONTEXT = "variables"  # the prompt a probe-mode conversation starts from; its second paired effect
 # Modes whose prompt is a picture of the state fixed before the model runs: no code runs to make it, so these are
-# what `themisto generate` runs when no --context is given (`probe` needs the execution opt-in) and what
-# `themisto sft-export` can write (a probe conversation exists only once a model has had it).
+# what `themisto sft-export` can write (a probe conversation exists only once a model has had it).
 STATIC_CONTEXT_MODES: tuple[str, ...] = tuple(c for c in CONTEXT_MODES if c != PROBE_CONTEXT)
-DEFAULT_CONTEXT_MODES: tuple[str, ...] = STATIC_CONTEXT_MODES
+# What `themisto generate` and `themisto sft-export` run when no --context is given (`probe` needs the execution
+# opt-in; `trace` is asked for by name).
+DEFAULT_CONTEXT_MODES: tuple[str, ...] = ("none", "variables", "full")
 
 # How a probe-mode model asks for a probe: a fenced block any model can write, or the backend's native tool calls.
 ProbeProtocol = Literal["text", "native"]

@@ -174,7 +174,8 @@ def replay_command(args: argparse.Namespace) -> int:
 
     runner = _replay_runner(args)
     trajectories = read_inputs(args).trajectories
-    settings = ReplaySettings(snapshots=not args.no_snapshots, cell_timeout_s=args.cell_timeout)
+    settings = ReplaySettings(snapshots=not args.no_snapshots, values=not args.no_values,
+                              cell_timeout_s=args.cell_timeout)
     with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
         workspace, recipe = args.workspace, None  # a given folder is recorded by its name and hash
         if workspace is None:
@@ -209,6 +210,8 @@ def add_replay(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cell-timeout", type=float, default=60.0,
                         help="seconds each replayed cell may run before the watchdog interrupts it")
     parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
+    parser.add_argument("--no-values", action="store_true",
+                        help="snapshots without the variables' values (default: stored in OUTPUT.values/)")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the fidelity per trajectory")
     _add_workers_option(parser)
@@ -222,13 +225,14 @@ def add_replay(subparsers: argparse._SubParsersAction) -> None:
 
 def build_command(args: argparse.Namespace) -> int:
     """Replay the inputs (default: the shipped sample) and write a release folder: Parquet per config, card."""
-    from themisto.release.parquet import BuildInputs, build_release, release_rows
+    from themisto.release.parquet import BuildInputs, build_release, release_rows, replay_values
+    from themisto.release.values import ValueCaps
     from themisto.release.tasks import TaskSettings
 
     inputs = BuildInputs(
         paths=tuple(Path(p) for p in args.paths), participants=args.participants, steps=args.steps,
         paper=args.paper, workspace=args.workspace, workspace_seed=args.workspace_seed, steps_out=args.steps_out,
-        cell_timeout_s=args.cell_timeout)
+        cell_timeout_s=args.cell_timeout, values=not args.no_values)
     if args.workspace is not None and not args.workspace.is_dir():
         raise CommandError(f"{args.workspace}: no such workspace directory (make one with `themisto workspace`)")
     settings = TaskSettings(seed=args.split_seed, test_fraction=args.test_fraction,
@@ -241,7 +245,10 @@ def build_command(args: argparse.Namespace) -> int:
     except ReplayIncomplete as exc:
         raise CommandError(str(exc)) from None
     report = build_release(rows, args.output, settings, source=source, extra_settings=extra,
-                           overwrite=args.overwrite, allow_missing_files=args.allow_missing_files, fidelity=fidelity)
+                           overwrite=args.overwrite, allow_missing_files=args.allow_missing_files, fidelity=fidelity,
+                           values=replay_values(inputs, steps_default),
+                           value_caps=ValueCaps(value_bytes=int(args.max_value_mb * 2**20),
+                                                release_bytes=int(args.max_values_mb * 2**20)))
     if args.json:
         print(json.dumps({"output": str(args.output), **report.to_dict()}, ensure_ascii=False, sort_keys=True))
     else:
@@ -256,6 +263,8 @@ def build_command(args: argparse.Namespace) -> int:
 
 
 def add_build(subparsers: argparse._SubParsersAction) -> None:
+    from themisto.release.values import ValueCaps
+
     parser = subparsers.add_parser("build", help="write the dataset release (Parquet per config and split + card)")
     parser.add_argument("paths", nargs="*", metavar="PATH",
                         help=".log, .csv (JuNE table) or .ipynb, or a directory, read recursively "
@@ -271,6 +280,12 @@ def add_build(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split and the output sample")
     parser.add_argument("--test-fraction", type=float, default=0.5, help="share of steps for `test`")
     parser.add_argument("--all-outputs", action="store_true", help="output_prediction test: all eligible rows")
+    parser.add_argument("--no-values", action="store_true",
+                        help="no `values` config (a replay stores no values; --steps: its values are left out)")
+    parser.add_argument("--max-value-mb", type=float, default=ValueCaps.value_bytes / 2**20, metavar="MB",
+                        help="cap on one stored value in the release (default %(default)g)")
+    parser.add_argument("--max-values-mb", type=float, default=ValueCaps.release_bytes / 2**20, metavar="MB",
+                        help="cap on all of the release's values (default %(default)g)")
     parser.add_argument("--allow-missing-files", action="store_true",
                         help="build even when replay failed for a file the workspace lacks")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")

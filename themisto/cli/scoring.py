@@ -21,7 +21,7 @@ def _score_run_folder(args: argparse.Namespace) -> int:
 
     results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output,
                         runner=scoring_runner(args), workspace=args.workspace,
-                        settings=IntervalSettings(cluster=args.cluster))
+                        settings=IntervalSettings(cluster=args.cluster), restore=args.restore)
     if args.json:
         print(json.dumps(results, ensure_ascii=False, sort_keys=True))
     else:
@@ -40,7 +40,7 @@ def score_command(args: argparse.Namespace) -> int:
     if args.release is None or args.predictions is None or args.output is None:
         raise CommandError("give a run folder (themisto score RUN/), or --release, --predictions and -o")
     settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.prediction_timeout,
-                             continuation_cells=args.continuation_cells)
+                             continuation_cells=args.continuation_cells, restore=args.restore)
     run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,
                         workspace=args.workspace, resume=not args.no_resume, runner=scoring_runner(args))
     scores = run.result.scores
@@ -79,6 +79,9 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", choices=CLUSTER_UNITS, default=CLUSTER_UNITS[0],
                         help="a run folder's intervals resample whole trajectories (default) or whole participants "
                              "(a developer's trajectories are not independent)")
+    parser.add_argument("--restore", action="store_true",
+                        help="with --execute: start each trajectory from the state its release's values restore "
+                             "(checked against the state hash) instead of replaying the prefix")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("-o", "--output", type=Path, help="results JSON to write (a run folder: RUN/results.json)")
     parser.add_argument("--json", action="store_true", help="print {output, scores, notes, ...} as one JSON object")

@@ -18,6 +18,7 @@ from themisto.distributed.tasks import TaskFailed, run_tasks
 from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplaySettings, Step
 from themisto.replay.steps_file import ReplayFailure, Runner, longest_first
+from themisto.replay.values import ValueEntry, ValueFolder
 
 
 # A workspace up to this size travels with the tasks (once, through Ray's object store) to nodes that do not see
@@ -59,14 +60,24 @@ def node_workspace(workspace: str | None, packed: bytes | None) -> str | None:
     return str(node_folder("ws-" + hashlib.sha256(packed).hexdigest()[:24], unpack))
 
 
-def replay_one(trajectory: Trajectory, workspace: str | None, packed: bytes | None, settings: ReplaySettings) -> dict:
-    """(On a worker) replay one trajectory in its own fresh kernel; its steps as dicts, and where and how long."""
+def replay_one(trajectory: Trajectory, workspace: str | None, packed: bytes | None, settings: ReplaySettings,
+               values: bool = False) -> dict:
+    """(On a worker) replay one trajectory in its own fresh kernel; its steps as dicts, the values they stored
+    (entry and bytes, when `values`), and where and how long."""
+    import tempfile
+    from dataclasses import asdict
+
     from themisto.replay.replay import replay_trajectory
+    from themisto.replay.values import ValueFolder
 
     began = time.perf_counter()
     folder = node_workspace(workspace, packed)
-    steps = [step.to_dict() for step in replay_trajectory(trajectory, folder, settings)]
-    return {"steps": steps, "host": socket.gethostname(), "pid": os.getpid(),
+    with tempfile.TemporaryDirectory(prefix="themisto-values-") as tmp:
+        store = ValueFolder(tmp) if values else None
+        steps = [step.to_dict() for step in replay_trajectory(trajectory, folder, settings, values=store)]
+        shipped = [(asdict(entry), store.file(entry).read_bytes()) for entry in store.entries().values()] \
+            if store is not None else []
+    return {"steps": steps, "values": shipped, "host": socket.gethostname(), "pid": os.getpid(),
             "seconds": round(time.perf_counter() - began, 3)}
 
 
@@ -77,7 +88,8 @@ def replay_runner(target: RayTarget) -> Runner:
         check_reachable(target.address, target.temp_dir)
 
     def run(pending: list[Trajectory], workspace: str | Path | None, settings: ReplaySettings,
-            say: Callable[[str], None]) -> Iterator[tuple[str, list[Step] | ReplayFailure]]:
+            say: Callable[[str], None], *,
+            values: ValueFolder | None = None) -> Iterator[tuple[str, list[Step] | ReplayFailure]]:
         if not pending:
             return
         with ray_session(target) as ray:
@@ -90,17 +102,19 @@ def replay_runner(target: RayTarget) -> Runner:
             def submit(trajectory: Trajectory):
                 # the task's name is its worker's process title while it runs (`ray::replay <id>`) and its name in
                 # Ray's listings (`ray list tasks`)
-                return task.options(name=f"replay {trajectory.id}").remote(trajectory, folder, packed, settings)
+                return task.options(name=f"replay {trajectory.id}").remote(trajectory, folder, packed, settings,
+                                                                           values is not None)
 
             results = run_tasks(ray, submit, ordered, tries=1 + target.max_retries)
             # closed before Ray shuts down: tasks still running are cancelled while Ray can still reach them
             with closing(results):
-                yield from _as_steps(results, len(pending), say)
+                yield from _as_steps(results, len(pending), say, values)
 
     return run
 
 
-def _as_steps(results, total: int, say: Callable[[str], None]) -> Iterator[tuple[str, list[Step] | ReplayFailure]]:
+def _as_steps(results, total: int, say: Callable[[str], None],
+              values: ValueFolder | None) -> Iterator[tuple[str, list[Step] | ReplayFailure]]:
     for number, (trajectory, result) in enumerate(results, start=1):
         if isinstance(result, TaskFailed):
             say(f"[{number}/{total}] {trajectory.id}: failed: {result.reason}")
@@ -108,4 +122,6 @@ def _as_steps(results, total: int, say: Callable[[str], None]) -> Iterator[tuple
             continue
         say(f"[{number}/{total}] {trajectory.id}: {len(result['steps'])} steps in {result['seconds']:.1f} s "
             f"on {result['host']}")
+        for entry, data in result.get("values", []) if values is not None else []:
+            values.add_bytes(ValueEntry(**entry), data)  # the driver writes everything, values included
         yield trajectory.id, [Step.from_dict(d) for d in result["steps"]]

@@ -2,9 +2,10 @@
 
 `none` shows the cells and their outputs (the paper's baseline), `variables` adds the snapshot before the target
 (names, types, shapes, bounded reprs, the most relevant variables first), `full` adds memory, execution times,
-errors and restarts; `probe` is the `variables` prompt plus the rule that lets the model probe the live state
-(`themisto.generation.probe_protocol`). Every template lives in `PROMPT_TEMPLATES`, the budget's rule
-(`themisto.generation.budget`) written into its text; a run records each template's text and sha256.
+errors and restarts; `trace` follows each history cell with the variables it changed as JSON (`trace`); `probe` is
+the `variables` prompt plus the rule that lets the model probe the live state (`themisto.generation.probe_protocol`).
+Every template lives in `PROMPT_TEMPLATES`, the budget's rule (`themisto.generation.budget`) written into its text; a
+run records each template's text and sha256.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable
 from themisto.errors import InputError
 from themisto.generation.budget import WHOLE_FIELDS, Cut, Fields, Kept, budget_rule, fit
 from themisto.generation.probe_protocol import ProbeSettings, probe_rule, protocol_text
+from themisto.generation.trace import TRACE_INTRO, state_lines, trace_names
 from themisto.generation.variable_ranking import rank_variables
 from themisto.vocabulary import CONTEXT_MODES, PROBE_BASE_CONTEXT, PROBE_CONTEXT, TASKS
 
@@ -30,6 +32,7 @@ _RUNTIME_INTRO = {
                  "repr).",
     "full": ("Runtime state before the next cell: memory in use, and the user's variables, most relevant first "
              "(name, type, shape, size, repr). Cell headers show status, execution time and kernel restarts."),
+    "trace": "",  # the state follows each history cell (themisto.generation.trace)
 }
 _INSTRUCTION = {
     "next_cell": ("Write the code of the next cell the developer executes. "
@@ -38,6 +41,7 @@ _INSTRUCTION = {
                           "Reply with the output text only, in one ``` fenced block (empty if it shows nothing)."),
 }
 _RUNTIME_INTRO[PROBE_CONTEXT] = _RUNTIME_INTRO[PROBE_BASE_CONTEXT]
+_STATE_LABEL = "State after it:"
 _TARGET_CELL = "The cell to run next:\n```python\n{code}\n```"
 _USER = "{history_intro}\n\n{history}\n\n{runtime}{target}{instruction}"
 
@@ -47,13 +51,23 @@ def _instruction(task: str, context: str, probe: str) -> str:
     return f"{probe}\n\n{_INSTRUCTION[task]}" if context == PROBE_CONTEXT else _INSTRUCTION[task]
 
 
+def _history_intro(context: str) -> str:
+    return f"{_HISTORY_INTRO}\n{TRACE_INTRO}" if context == "trace" else _HISTORY_INTRO
+
+
+def _has_runtime_section(context: str) -> bool:
+    """Whether the mode shows a runtime section of its own (`trace` puts the state after each history cell)."""
+    return context not in ("none", "trace")
+
+
 def _template_text(task: str, context: str) -> str:
     """The full template of one (task, context): system message, user layout and the fixed texts it fills in (the
     probe mode: its protocol's texts too), and the budget's rule (not sent: it says how an over-long prompt was
     cut)."""
-    runtime = f"{_RUNTIME_INTRO[context]}\n{{runtime}}\n\n" if context != "none" else ""
+    runtime = f"{_RUNTIME_INTRO[context]}\n{{runtime}}\n\n" if _has_runtime_section(context) else ""
     target = _TARGET_CELL + "\n\n" if task == "output_prediction" else ""
-    user = _USER.format(history_intro=_HISTORY_INTRO, history="{history}", runtime=runtime, target=target,
+    history = "{history}" if context != "trace" else f"{{history}} (each cell: code, {_STATE_LABEL} {{state}}, output)"
+    user = _USER.format(history_intro=_history_intro(context), history=history, runtime=runtime, target=target,
                         instruction=_instruction(task, context, "{probe_rule}"))
     protocol = f"[probe]\n{protocol_text()}\n" if context == PROBE_CONTEXT else ""
     return f"[system]\n{SYSTEM}\n[user]\n{user}\n{protocol}[budget]\n{budget_rule(context != 'none')}\n"
@@ -138,12 +152,15 @@ def _cell_header(cell: dict, number: int, full: bool) -> str:
     return f"{header} ({', '.join(facts)})" if facts else header
 
 
-def _render_cell(cell: dict, number: int, full: bool) -> str:
+def _render_cell(cell: dict, number: int, full: bool, state: str | None = None) -> str:
+    """One history cell; with `state` (the trace mode's JSON, or "" where its step has no snapshot) the state it
+    left between its code and its output."""
     output = cell.get("output") or ""
     if cell.get("output_truncated"):
         output += "\n... (output truncated)"
     shown = f"Output:\n```\n{output}\n```" if output.strip() else "Output: (none)"
-    return f"{_cell_header(cell, number, full)}\n```python\n{cell.get('code') or ''}\n```\n{shown}"
+    left = "" if state is None else f"{_STATE_LABEL} {state or '(not recorded)'}\n"
+    return f"{_cell_header(cell, number, full)}\n```python\n{cell.get('code') or ''}\n```\n{left}{shown}"
 
 
 def _bounded(text: str, limit: int) -> str:
@@ -188,16 +205,23 @@ def _render_runtime(row: dict, context: str, variables: list[dict], cut: Cut) ->
     return "\n".join(lines)
 
 
-def _render_user(row: dict, task: str, context: str, variables: list[dict], cut: Cut, probe: ProbeSettings) -> str:
+def _render_user(row: dict, task: str, context: str, variables: list, cut: Cut, probe: ProbeSettings) -> str:
+    """The user message; `variables`: the ranked variables (the trace mode: the ranked names, `trace_names`)."""
     full = context == "full"
     history = list(row.get("history") or [])
     first = len(history) - cut.history
-    cells = "\n\n".join(_render_cell(c, first + 1 + i, full) for i, c in enumerate(history[first:])) or _NO_HISTORY
+    shown = history[first:]
+    states = state_lines(row, shown, variables, cut) if context == "trace" else [None] * len(shown)
+    cells = "\n\n".join(_render_cell(c, first + 1 + i, full, "" if context == "trace" and state is None else state)
+                         for i, (c, state) in enumerate(zip(shown, states))) or _NO_HISTORY
+    if context == "trace" and shown and cut.variables < len(variables):
+        hidden = len(variables) - cut.variables
+        cells += f"\n\n(the state lines leave out {hidden} variable{'s' if hidden > 1 else ''}, ranked lower)"
     runtime = ""
-    if context != "none":
+    if _has_runtime_section(context):
         runtime = f"{_RUNTIME_INTRO[context]}\n{_render_runtime(row, context, variables, cut)}\n\n"
     target = _TARGET_CELL.format(code=row.get("code") or "") + "\n\n" if task == "output_prediction" else ""
-    return _USER.format(history_intro=_HISTORY_INTRO, history=cells, runtime=runtime, target=target,
+    return _USER.format(history_intro=_history_intro(context), history=cells, runtime=runtime, target=target,
                         instruction=_instruction(task, context, probe_rule(probe)))
 
 
@@ -219,9 +243,13 @@ def approx_tokens(text: str) -> int:
 # The budget
 
 
-def _kept(row: dict, context: str, variables: list[dict], cut: Cut) -> Kept:
+def _kept(row: dict, context: str, variables: list, cut: Cut) -> Kept:
     runtime = context != "none"
     shown = variables[:cut.variables]
+    if context == "trace":  # the names shown (none without a cell to follow); reprs: the target's snapshot's
+        reprs = {v["name"]: v.get("repr") or "" for v in row.get("variables_before") or []}
+        shown = [{"repr": reprs.get(name, "")} for name in shown] if cut.history else []
+        cut = Cut(cut.history, len(shown), cut.fields)
     limit = cut.fields.repr_chars if runtime and cut.fields != WHOLE_FIELDS else None
     reprs_cut = 0 if limit is None else sum(len(v.get("repr") or "") > limit for v in shown)
     return Kept(history_shown=cut.history, history_total=len(row.get("history") or []),
@@ -238,7 +266,9 @@ def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[
     check_task_context(task, context)
     if task == "output_prediction" and "code" not in row:
         raise PromptError(f"row {row.get('id')}: an output_prediction row needs the cell's `code`")
-    variables = rank_variables(row, task) if context != "none" else []
+    variables: list = rank_variables(row, task) if context != "none" else []
+    if context == "trace":
+        variables = trace_names(row, variables)
     history = len(row.get("history") or [])
 
     def messages(cut: Cut) -> list[dict]:

@@ -47,15 +47,19 @@ def _change_steps(steps: list[dict], wanted: set[int]) -> dict[int, dict[str, in
     return out
 
 
-def _joined(info: ReleaseInfo, rows: list[dict], split: str, times: bool) -> list[dict]:
+def _joined(info: ReleaseInfo, rows: list[dict], split: str, times: bool, trace: bool = False) -> list[dict]:
     """Rows with what the trajectories config knows and task rows do not carry: each snapshot variable's
-    `changed_step` (the variable ranking's "most recently changed") and, with `times`, each history cell's
-    `execution_time`. A release without the trajectories config gives the rows as they are."""
+    `changed_step` (the variable ranking's "most recently changed"), with `times` each history cell's
+    `execution_time`, and with `trace` each history cell's `state_after` (the variables after its step: name, type,
+    hash, repr; None where the release has no snapshot of it) and the row's `state_before_history` (the state the
+    first history cell started from). A release without the trajectories config gives the rows as they are."""
     if not info.has(TRAJECTORIES, split):
         return rows
     by_kernel: dict[str, list[dict]] = {}
-    for step in info.rows(TRAJECTORIES, split, columns=["kernel_id", "step", "execution_time", "variables"]):
+    columns = ["kernel_id", "step", "execution_time", "variables"] + (["state_hash"] if trace else [])
+    for step in info.rows(TRAJECTORIES, split, columns=columns):
         by_kernel.setdefault(step["kernel_id"], []).append(step)
+    states = {(k, r["step"]): r for k, steps in by_kernel.items() for r in steps} if trace else {}
     wanted: dict[str, set[int]] = {}
     for row in rows:
         wanted.setdefault(row["kernel_id"], set()).add(row["step"] - 1)
@@ -69,8 +73,25 @@ def _joined(info: ReleaseInfo, rows: list[dict], split: str, times: bool) -> lis
         if times:
             row["history"] = [{**cell, "execution_time": clock.get((row["kernel_id"], cell["step"]))}
                               for cell in row.get("history") or []]
+        if trace:
+            row = _with_states(row, states)
         out.append(row)
     return out
+
+
+def _state(step: dict | None) -> list[dict] | None:
+    if step is None or step.get("state_hash") is None:
+        return None
+    return [{"name": v["name"], "type": v.get("type"), "hash": v.get("hash"), "repr": v.get("repr")}
+            for v in step.get("variables") or []]
+
+
+def _with_states(row: dict, states: dict[tuple[str, int], dict]) -> dict:
+    history = row.get("history") or []
+    kernel = row["kernel_id"]
+    before = _state(states.get((kernel, history[0]["step"] - 1))) if history else None
+    return {**row, "state_before_history": before or [],
+            "history": [{**cell, "state_after": _state(states.get((kernel, cell["step"])))} for cell in history]}
 
 
 def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, limit: int | None = None,
@@ -92,5 +113,6 @@ def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, l
     joined = []
     for part in splits_of(info, task, split):  # test rows come first, so the order stays the spread one
         ids = set(info.ids(task, part))
-        joined += _joined(info, [r for r in rows if r["id"] in ids], part, times="full" in contexts)
+        joined += _joined(info, [r for r in rows if r["id"] in ids], part, times="full" in contexts,
+                          trace="trace" in contexts)
     return joined

@@ -11,6 +11,7 @@ from pathlib import Path
 from themisto.release.folder import (CARD_FILE, BuildReport, ReleaseError, parquet_name, schema_module, shipped,
                                      split_card)
 from themisto.release.tasks import RULES
+from themisto.release.values import VALUES
 from themisto.vocabulary import TASKS
 
 CARD_TEMPLATE = shipped("dataset_card.md")
@@ -107,6 +108,15 @@ def _source_text(source: dict) -> str:
     return "\n".join(lines)
 
 
+def _values_summary(report: BuildReport) -> str:
+    if VALUES not in report.sizes:
+        return "This build stored no values (its replay did not store them), so it has no `values` config."
+    caps = report.settings.get("value_caps", {})
+    note = next((n for n in report.notes if n.startswith("values: ")), "")
+    return (f"In this build: {note[len('values: '):]}. Caps: {caps.get('value_bytes', 0):,} bytes per value, "
+            f"{caps.get('release_bytes', 0):,} bytes for all values of the release.")
+
+
 def size_category(rows: int) -> str:
     """The Hub's size bucket for a number of rows (`n<1K`, `1K<n<10K`, ...).
 
@@ -128,7 +138,7 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
     schema = schema_module()
     data, body = split_card(template, CARD_TEMPLATE)
     configs, infos = [], []
-    for config in schema.CONFIGS:
+    for config in [c for c in (*schema.CONFIGS, *schema.OPTIONAL_CONFIGS) if c in report.sizes]:
         splits = [s for s in schema.SPLITS if report.sizes[config].get(s)]
         configs.append({"config_name": config,
                         "data_files": [{"split": s, "path": parquet_name(config, s)} for s in splits]})
@@ -160,6 +170,7 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
         "source": _source_text(report.source),
         "content_sha256": report.content_sha256,
         "notes": "\n".join(f"- {n}" for n in report.notes) or "- none",
+        "values_summary": _values_summary(report),
     }
     unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(body)} - set(values))
     if unknown:

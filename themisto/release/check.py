@@ -11,6 +11,7 @@ from themisto.errors import InputError
 from themisto.release.eval_yaml import EvalYamlError, read_eval_yaml
 from themisto.release.folder import (BUILD_FILE, CARD_FILE, EVAL_FILE, read_build, read_card, read_parquet,
                                      schema_module, sha256_file)
+from themisto.release.values import VALUES, pointer_problems, value_problems
 
 
 @dataclass
@@ -69,7 +70,8 @@ def check_release(folder: str | Path) -> CheckReport:
             recorded = read_build(folder).files
         except InputError as exc:
             problems.append(str(exc))
-    for config in schema.CONFIGS:
+    optional = [c for c in schema.OPTIONAL_CONFIGS if c in declared]
+    for config in (*schema.CONFIGS, *optional):
         if config not in declared:
             problems.append(f"{readme}: config {config!r} is missing from `configs:`")
             continue
@@ -92,10 +94,24 @@ def check_release(folder: str | Path) -> CheckReport:
             report.sizes.setdefault(config, {})[split] = rows
             if split in expected_rows and expected_rows[split] != rows:
                 problems.append(f"{config}/{split}: {rows} rows, the card says {expected_rows[split]}")
+            if config == VALUES:
+                problems += value_problems(matches, split)
+                continue
             kernels.setdefault(config, {})[split] = _kernel_ids(matches)
     problems += _split_problems(kernels)
     problems += _eval_yaml_problems(folder, report.sizes)
+    if VALUES in optional:
+        problems += pointer_problems(folder, declared[VALUES], declared.get("trajectories") or {})
+    problems += _stray_files(folder, recorded)
     return report
+
+
+def _stray_files(folder: Path, recorded: dict[str, str]) -> list[str]:
+    """Files the build did not write (a planted pickle, say): a loader or a reader might take them."""
+    known = {CARD_FILE, BUILD_FILE, EVAL_FILE, ".gitattributes", *recorded}
+    return [f"{path.relative_to(folder).as_posix()}: a file the build did not write"
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.relative_to(folder).as_posix() not in known
+            and not path.relative_to(folder).as_posix().startswith(".cache/")]
 
 
 def _check_file(folder: Path, path: Path, expected, recorded: dict[str, str], problems: list[str]) -> int:

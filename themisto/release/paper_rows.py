@@ -179,6 +179,7 @@ def _row(record: Mapping, where: str) -> tuple[str, float, dict]:
         "snapshot_failures": [],
         "kernel_restarted": False,
         "rebuilt_steps": 0,
+        "stored_values": None,
         "logged_status": None,
         "logged_ename": None,
         "logged_evalue": None,

@@ -17,13 +17,15 @@ from typing import Any, Iterable, Sequence
 
 from themisto.release.card import CARD_TEMPLATE, render_card
 from themisto.release.eval_yaml import write_eval_yaml
-from themisto.release.folder import (CARD_FILE, BuildReport, ReleaseError, content_hash, parquet_name, schema_module,
-                                     sha256_file, shipped)
+from themisto.release.folder import (CARD_FILE, TRAJECTORIES, BuildReport, ReleaseError, content_hash, parquet_name,
+                                     schema_module, sha256_file, shipped)
 from themisto.release.tasks import TaskSettings, build_tasks
+from themisto.release.values import VALUES, ValueCaps, release_values, values_note
 from themisto.resume import folder_written_whole
 
 SAMPLE_DIR = shipped("data/sample")
 ROW_GROUP_ROWS = 1000
+VALUES_ROW_GROUP_ROWS = 64  # a values row holds a whole file: small row groups keep a reader's memory small
 PARQUET_COMPRESSION = "zstd"
 # Replay raised FileNotFoundError for this path: the workspace lacks an input the developer had.
 _MISSING_PATH = re.compile(r"No such file or directory: '([^']*)'")
@@ -87,14 +89,33 @@ def _write_parquet(rows: list[dict], features, path: Path, what: str) -> int:
     return int(table.nbytes)
 
 
+def _write_values(rows: list[dict], features, path: Path) -> int:
+    """Write `values` rows a few at a time (their data can be large); return the in-memory Arrow size."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = 0
+    with pq.ParquetWriter(path, features.arrow_schema, compression=PARQUET_COMPRESSION) as writer:
+        for start in range(0, len(rows), VALUES_ROW_GROUP_ROWS):
+            table = pa.Table.from_pylist(rows[start:start + VALUES_ROW_GROUP_ROWS], schema=features.arrow_schema)
+            writer.write_table(table)
+            size += int(table.nbytes)
+    return size
+
+
 def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings = TaskSettings(), *,
                   source: dict | None = None, extra_settings: dict | None = None, overwrite: bool = False,
-                  allow_missing_files: bool = False, fidelity: dict | None = None) -> BuildReport:
-    """Build tasks from `trajectories` rows and write the release folder `out` whole, or nothing on error."""
+                  allow_missing_files: bool = False, fidelity: dict | None = None, values: Path | None = None,
+                  value_caps: ValueCaps = ValueCaps()) -> BuildReport:
+    """Build tasks from `trajectories` rows and write the release folder `out` whole, or nothing on error; with
+    `values` (a replay's values folder, themisto.replay.values), the `values` config too."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ReleaseError(f"{out}: exists and is not an empty folder (pass overwrite to replace it)")
     rows = list(rows)
+    if values is None:  # a release without values: what a replay noted about them goes too
+        rows = [dict(row, stored_values=None) if row.get("stored_values") is not None else row for row in rows]
     notes: list[str] = []
     missing = missing_input_files(rows)
     if missing:
@@ -107,11 +128,16 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
     notes += taskset.notes
     for report in taskset.reports.values():
         notes += report.notes
+    stored = None
+    if any(row.get("stored_values") is not None for row in rows):
+        stored = release_values(taskset.rows[TRAJECTORIES], values, value_caps)
+        taskset.rows[VALUES] = {split: stored.rows.get(split, []) for split in taskset.rows[TRAJECTORIES]}
+        notes.append(values_note(stored))
     schema = schema_module()
     with folder_written_whole(out) as tmp:
         files: dict[str, str] = {}
         num_bytes: dict[str, dict[str, int]] = {}
-        for config in schema.CONFIGS:
+        for config in [c for c in (*schema.CONFIGS, *schema.OPTIONAL_CONFIGS) if c in taskset.rows]:
             for split in schema.SPLITS:
                 split_rows = taskset.rows[config][split]
                 if not split_rows:
@@ -119,10 +145,14 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
                                  f"(datasets cannot load an empty Parquet split)")
                     continue
                 rel = parquet_name(config, split)
-                size = _write_parquet(split_rows, schema.features_for(config), tmp / rel, f"{config}/{split}")
+                write = _write_values if config == VALUES else \
+                    lambda r, f, p: _write_parquet(r, f, p, f"{config}/{split}")
+                size = write(split_rows, schema.features_for(config), tmp / rel)
                 num_bytes.setdefault(config, {})[split] = size
                 files[rel] = sha256_file(tmp / rel)
         all_settings = {**asdict(settings), **(extra_settings or {}), **_library_versions()}
+        if stored is not None:
+            all_settings["value_caps"] = asdict(value_caps)
         report = BuildReport(
             sizes=taskset.sizes(), files=files, content_sha256=content_hash(files), settings=all_settings,
             source=source or {}, tasks={name: asdict(r) for name, r in taskset.reports.items()}, notes=notes,
@@ -158,6 +188,7 @@ class BuildInputs:
     workspace_size: str = "small"
     steps_out: Path | None = None  # where replay writes its steps (and resumes from)
     cell_timeout_s: float = 60.0
+    values: bool = True  # store the variables' values (replay) and build the `values` config from them
 
 
 def _described(paths: Iterable[Path]) -> list[dict]:
@@ -217,7 +248,7 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
         if unknown:
             raise ReleaseError(f"{inputs.steps}: trajectories {unknown[:3]} are not in the given logs/table/notebooks")
     else:
-        replay = ReplaySettings(cell_timeout_s=inputs.cell_timeout_s)
+        replay = ReplaySettings(cell_timeout_s=inputs.cell_timeout_s, values=inputs.values)
         settings["replay"] = asdict(replay)
         out = inputs.steps_out or steps_default
         with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
@@ -262,3 +293,14 @@ def fidelity_of(steps: Sequence, trajectories: Sequence, finals: dict[str, Path]
     return out
 
 
+
+
+def replay_values(inputs: BuildInputs, steps_default: Path) -> Path | None:
+    """The values folder of the replay a build reads (themisto.replay.values), or None: none was stored, the
+    inputs ask for none, or the rows are the paper's."""
+    from themisto.replay.values import values_folder
+
+    if inputs.paper is not None or not inputs.values:
+        return None
+    folder = values_folder(inputs.steps or inputs.steps_out or steps_default)
+    return folder if folder.is_dir() else None

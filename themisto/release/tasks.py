@@ -153,7 +153,19 @@ def trajectory_row(step, participant: str | None = None) -> dict:
         "logged_evalue": step.logged.evalue,
         "logged_output_types": list(step.logged.output_types),
         "code_state": step.logged.code_state,
+        "stored_values": _stored_values(getattr(step, "values", None)),
     }
+
+
+def _stored_values(values: Mapping | None) -> dict | None:
+    """What a step's replay stored besides the values themselves (themisto_dataset.STORED_VALUES), or None."""
+    if values is None:
+        return None
+    return {"unstored": [{"name": name, "reason": mask_volatile(str(reason))}
+                         for name, reason in sorted(values.get("unstored", {}).items())],
+            "modules": [{"name": name, "module": str(module)}
+                        for name, module in sorted(values.get("modules", {}).items())],
+            "aliases": [[str(name) for name in group] for group in values.get("aliases", [])]}
 
 
 def trajectory_rows(steps: Iterable, participants: Mapping[str, str | None] | None = None) -> list[dict]:

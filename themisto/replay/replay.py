@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from themisto.ingest.cleaning import clean_for_replay
 from themisto.ingest.trajectory import Execution, Trajectory
 from themisto.jsonrecords import from_dict
+
+if TYPE_CHECKING:
+    from themisto.replay.values import ValueFolder
 
 # Called before step `i` runs, with the trajectory, `i` and the live session (the exact pre-step state).
 BeforeStep = Callable[[Trajectory, int, "KernelSession"], None]  # noqa: F821 (imported lazily)
@@ -26,6 +29,7 @@ class ReplaySettings:
     """How a trajectory is replayed."""
 
     snapshots: bool = True  # read a runtime snapshot after every step
+    values: bool = True  # and store the variables' values with it (replay_to_file: `<steps>.values/`)
     cell_timeout_s: float = 60.0
     # A cell the developer interrupted gets this long before replay interrupts it too.
     interrupted_timeout_s: float = 10.0
@@ -71,6 +75,9 @@ class Step:
     logged: LoggedOutcome
     notebook: str = ""
     task: str | None = None
+    # With stored values: {"unstored": {name: reason}, "modules": {name: module}, "aliases": [[name, ...]]}; a
+    # variable's value is the file of its hash in the values folder (themisto.replay.values). None: not stored.
+    values: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,16 +108,22 @@ def _timeout_for(execution: Execution, settings: ReplaySettings) -> float:
 
 
 def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySettings(), *,
-           before_step: BeforeStep | None = None) -> Iterator[Step]:
-    """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes."""
+           before_step: BeforeStep | None = None, values: ValueFolder | None = None, start: int = 0) -> Iterator[Step]:
+    """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes; with
+    `values` (and snapshots on), each snapshot's values are stored there. From `start` on, when the session holds
+    the state before it already (restored from stored values: themisto.replay.restore)."""
     from themisto.runtime.outputs import output_text, output_types, rich_outputs
     from themisto.runtime.rebuild import rebuild_state
-    from themisto.runtime.snapshot import SNAPSHOT_EXPRESSIONS
+    from themisto.runtime.snapshot import snapshot_expressions
 
+    values_dir = session.values_dir if values is not None and settings.snapshots else None
+    expressions = snapshot_expressions(store=values_dir is not None) if settings.snapshots else None
     restarts = _restart_points(trajectory)
-    session_start = 0  # first step of the current kernel life, as the log recorded it
+    session_start = life_start(trajectory, start)  # first step of the current kernel life, as the log recorded it
     lost: set[int] = set()  # steps that cost the namespace; never re-run when rebuilding it
     for i, execution in enumerate(trajectory.executions):
+        if i < start:
+            continue
         restarted = i in restarts and i > 0
         if restarted:
             session.restart()
@@ -121,7 +134,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         # The snapshot rides on the cell's own request (no second round trip); IPython evaluates it only after a
         # cell that succeeded, so failed cells are read with a separate silent request below.
         result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings),
-                                 user_expressions=SNAPSHOT_EXPRESSIONS if settings.snapshots else None)
+                                 user_expressions=expressions)
         rebuilt = 0
         if result.kernel_restarted:
             # The developer's kernel kept its state here; ours lost it. Re-run this kernel life's earlier steps
@@ -129,7 +142,12 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             done = rebuild_state(session, life_cells(trajectory, session_start, i, settings), restart=False,
                                  lost=lost | {i})
             lost, rebuilt = set(done.lost), done.ran
-        snap, snap_error = _snapshot_after(session, result, settings, rebuilt > 0)
+        snap, snap_error = _snapshot_after(session, result, settings, rebuilt > 0, values_dir)
+        stored = None
+        if snap is not None and snap.values is not None:
+            values.take(values_dir, snap.values.written)
+            stored = {"unstored": snap.values.unstored, "modules": snap.values.modules,
+                      "aliases": snap.values.aliases}
         yield Step(
             kernel_id=trajectory.id, step=i, cell_id=execution.cell_id, code=execution.code,
             replayed_code=cleaned.code, cleaning=[asdict(c) for c in cleaned.changes], restarted_before=restarted,
@@ -140,20 +158,21 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             variables=[v.to_dict() for v in snap.variables.values()] if snap else [],
             snapshot_failures=dict(snap.failures) if snap else snap_error,
             kernel_restarted=result.kernel_restarted, rebuilt_steps=rebuilt, logged=_logged(execution),
-            notebook=trajectory.notebook, task=trajectory.task,
+            notebook=trajectory.notebook, task=trajectory.task, values=stored,
         )
 
 
-def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool):
-    """The snapshot after a step (None when off or unreadable) and what could not be read. (The cell's own time,
-    `result.duration_s`, ends where the kernel announced the cell's end, before it took the snapshot.)"""
+def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool, values_dir: Path | None = None):
+    """The snapshot after a step (None when off or unreadable; its values written into `values_dir` when given)
+    and what could not be read. (The cell's own time, `result.duration_s`, ends where the kernel announced the
+    cell's end, before it took the snapshot.)"""
     from themisto.runtime.snapshot import AgentError, snapshot_from_expressions, take_snapshot
 
     if not settings.snapshots:
         return None, {}
     try:
         snap = None if rebuilt else snapshot_from_expressions(result.user_expressions)
-        return (snap if snap is not None else take_snapshot(session)), {}
+        return (snap if snap is not None else take_snapshot(session, store=values_dir is not None)), {}
     except AgentError as exc:  # recorded on the step; one unreadable state does not end the replay
         return None, {"<snapshot>": str(exc)[:500]}
 
@@ -187,9 +206,12 @@ def kernel_limits(settings: ReplaySettings):
 
 def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
                       settings: ReplaySettings = ReplaySettings(), *,
-                      before_step: BeforeStep | None = None) -> Iterator[Step]:
-    """Replay `trajectory` in its own fresh sandboxed kernel over a copy of `workspace`."""
+                      before_step: BeforeStep | None = None,
+                      values: ValueFolder | None = None) -> Iterator[Step]:
+    """Replay `trajectory` in its own fresh sandboxed kernel over a copy of `workspace` (values stored in
+    `values` when given and the settings ask for them)."""
     from themisto.runtime.kernel import KernelSession
 
     with KernelSession(workspace, kernel_limits(settings)) as session:
-        yield from replay(trajectory, session, settings, before_step=before_step)
+        yield from replay(trajectory, session, settings, before_step=before_step,
+                          values=values if settings.values else None)

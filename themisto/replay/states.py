@@ -51,9 +51,13 @@ def recorded_replay_settings(recorded: dict) -> ReplaySettings:
 
 
 def walk_states(rows: Sequence[dict], steps: Iterable[int], workspace: str | Path, settings: ReplaySettings,
-                at_step: Callable[[PreStepState], None], *, limits=None) -> None:
+                at_step: Callable[[PreStepState], None], *, limits=None,
+                restore: Callable[[Any, int], int] | None = None) -> None:
     """Replay the trajectory of `rows` (one kernel's `trajectories` rows, in step order) once in a fresh sandboxed
     kernel over a copy of `workspace`, and call `at_step` with the live state before each of `steps`, in order.
+    `restore(session, first asked step)`, when given, rebuilds a state from stored values first (themisto.replay.
+    restore) and returns the step the kernel now holds the state before (0: nothing restored); the replay starts
+    there instead of at the first cell.
 
     `limits` (`themisto.runtime.kernel.Limits`) defaults to what the replay settings give. Errors of the kernel or of
     the replay propagate (KernelStartError, AgentError, OSError): the steps `at_step` has not seen were not served.
@@ -79,7 +83,8 @@ def walk_states(rows: Sequence[dict], steps: Iterable[int], workspace: str | Pat
 
     try:
         with KernelSession(workspace, limits if limits is not None else kernel_limits(settings)) as session:
-            for _ in replay(trajectory, session, settings, before_step=before_step):
+            start = restore(session, asked[0]) if restore is not None else 0
+            for _ in replay(trajectory, session, settings, before_step=before_step, start=start):
                 pass
     except _Done:
         pass

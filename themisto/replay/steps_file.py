@@ -3,7 +3,8 @@
 Its first line is a header: the recipe of the inputs the replay ran over (`themisto.replay.workspace_recipe`) and the
 replay settings, so that the build and scoring make the same inputs again; every other line is one `Step`, the
 trajectories in input order whatever order they finished in. An interrupted run leaves `<out>.partial` and
-`<out>.progress.json` and resumes from them (`themisto.resume`).
+`<out>.progress.json` and resumes from them (`themisto.resume`). Where the replay stores values, they go into
+`<out>.values/` (themisto.replay.values) as the steps complete.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplaySettings, Step, replay_trajectory
+from themisto.replay.values import ValueFolder, values_folder
 from themisto.resume import LineWriter, write_json_atomic
 
 
@@ -28,10 +30,10 @@ class ReplayFailure:
 
 
 # A runner replays the pending trajectories and yields, for each as it finishes (in any order), the trajectory's id
-# and its steps in step order, or a ReplayFailure. `local_runner` replays one after the other in this process;
-# themisto.distributed.ray_runner spreads them over a Ray cluster.
-Runner = Callable[[list[Trajectory], "Path | None", ReplaySettings, Callable[[str], None]],
-                  Iterator[tuple[str, "Iterable[Step] | ReplayFailure"]]]
+# and its steps in step order, or a ReplayFailure; the steps' values are in the ValueFolder it is given (keyword
+# `values`, None: not stored) before their steps are yielded. `local_runner` replays one after the other in this
+# process; themisto.replay.workers on this machine's cores; themisto.distributed.ray_runner over a Ray cluster.
+Runner = Callable[..., Iterator[tuple[str, "Iterable[Step] | ReplayFailure"]]]
 
 
 class ReplayIncomplete(RuntimeError):
@@ -51,10 +53,12 @@ def longest_first(pending: list[Trajectory]) -> list[Trajectory]:
 
 
 def local_runner(pending: list[Trajectory], workspace: str | Path | None, settings: ReplaySettings,
-                 say: Callable[[str], None]) -> Iterator[tuple[str, Iterable[Step]]]:
+                 say: Callable[[str], None], *,
+                 values: ValueFolder | None = None) -> Iterator[tuple[str, Iterable[Step]]]:
     """Replay the trajectories one after the other in this process, streaming each one's steps."""
     for trajectory in pending:
-        yield trajectory.id, with_progress(trajectory, replay_trajectory(trajectory, workspace, settings), say)
+        steps = replay_trajectory(trajectory, workspace, settings, values=values)
+        yield trajectory.id, with_progress(trajectory, steps, say)
 
 
 def with_progress(trajectory: Trajectory, steps: Iterable[Step], say: Callable[[str], None]) -> Iterator[Step]:
@@ -162,7 +166,8 @@ def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspac
         if trajectory.id in done:
             say(f"{trajectory.id}: already replayed, kept from the earlier run")
     pending = [t for t in trajectories if t.id not in done]
-    results = (runner or local_runner)(pending, workspace, settings, say)
+    folder = ValueFolder(values_folder(out)) if settings.snapshots and settings.values else None
+    results = (runner or local_runner)(pending, workspace, settings, say, values=folder)
     try:
         with LineWriter(_partial_path(out), sort_keys=True) as writer:
             for trajectory_id, result in results:

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplaySettings, Step, kernel_limits, replay
 from themisto.replay.steps_file import Runner, local_runner, longest_first, with_progress
+from themisto.replay.values import ValueFolder
 from themisto.settings import usable_cores
 
 
@@ -30,18 +31,19 @@ def workers_runner(workers: int | None = None) -> Runner:
         raise ValueError(f"workers must be at least 1, got {workers}")
 
     def run(pending: list[Trajectory], workspace: str | Path | None, settings: ReplaySettings,
-            say: Callable[[str], None]) -> Iterator[tuple[str, list[Step]]]:
+            say: Callable[[str], None], *, values: ValueFolder | None = None) -> Iterator[tuple[str, list[Step]]]:
         count = min(workers or usable_cores(), len(pending))
         if count <= 1:
-            yield from local_runner(pending, workspace, settings, say)
+            yield from local_runner(pending, workspace, settings, say, values=values)
             return
-        yield from _in_threads(pending, workspace, settings, say, count)
+        yield from _in_threads(pending, workspace, settings, say, count, values if settings.values else None)
 
     return run
 
 
 def _in_threads(pending: list[Trajectory], workspace: str | Path | None, settings: ReplaySettings,
-                say: Callable[[str], None], count: int) -> Iterator[tuple[str, list[Step]]]:
+                say: Callable[[str], None], count: int,
+                values: ValueFolder | None) -> Iterator[tuple[str, list[Step]]]:
     from themisto.runtime.kernel import KernelSession
 
     stop = threading.Event()
@@ -54,7 +56,7 @@ def _in_threads(pending: list[Trajectory], workspace: str | Path | None, setting
             sessions[trajectory.id] = session
             try:
                 steps = []
-                for step in with_progress(trajectory, replay(trajectory, session, settings), say):
+                for step in with_progress(trajectory, replay(trajectory, session, settings, values=values), say):
                     if stop.is_set():
                         raise _Stopped
                     steps.append(step)

@@ -32,6 +32,7 @@ from themisto.runtime.collector import OutputCollector
 from themisto.runtime.kernel_process import KernelProcess
 from themisto.runtime.kernel_requests import KernelRequests, Outcome
 from themisto.runtime.sandbox import KernelResources, kernel_python, release_resources
+from themisto.runtime.kernel_setup import VALUES_FOLDER
 
 
 
@@ -103,6 +104,13 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
         if self._paths is None:
             raise RuntimeError("the kernel session is not started")
         return self._paths.work
+
+    @property
+    def values_dir(self) -> Path:
+        """The folder the kernel writes stored values into (outside its working directory; the host empties it)."""
+        if self._paths is None:
+            raise RuntimeError("the kernel session is not started")
+        return self._paths.root / VALUES_FOLDER
 
     @property
     def alive(self) -> bool:
@@ -334,6 +342,11 @@ class KernelSession:
     def workdir(self) -> Path:
         """The kernel's own copy of the workspace and its working directory."""
         return self._session.workdir
+
+    @property
+    def values_dir(self) -> Path:
+        """The folder the kernel writes stored values into (outside its working directory; the host empties it)."""
+        return self._session.values_dir
 
     @property
     def alive(self) -> bool:

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from themisto.runtime import launcher as kernel_launcher
+from themisto.runtime.agent.values import VALUES_DIR_ENV
 from themisto.runtime.sandbox import (SandboxWarning, bwrap_works, choose_uid, interpreter_paths, kernel_python,
                                       remove_tree)
 from themisto.settings import settings
@@ -21,6 +22,7 @@ from themisto.settings import settings
 KERNEL_NAME = "themisto-sandbox"
 # What a kernel with the minimal view sees of the host (read-only; symlinks such as a merged /usr's /lib as links).
 _SYSTEM_FOLDERS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
+VALUES_FOLDER = "values"
 
 
 class KernelSetup:
@@ -57,6 +59,7 @@ class KernelSetup:
         else:
             paths.work.mkdir()
         paths.run.mkdir()
+        (root / VALUES_FOLDER).mkdir()  # where the kernel writes the values a snapshot stores (themisto.replay.values)
         # The kernel imports the agent and the launcher from here: a folder holding the themisto package alone. The
         # folder above the package is the host's site-packages in an installed copy, whose numpy 2 would shadow
         # the kernel environment's own.
@@ -65,7 +68,7 @@ class KernelSetup:
         if self._uid is not None:
             os.chmod(root / "lib", 0o755)
             os.chmod(root, 0o711)  # the kernel's uid traverses the root but cannot write in it
-            for folder in (paths.work, paths.run):
+            for folder in (paths.work, paths.run, root / VALUES_FOLDER):
                 os.chmod(folder, 0o700)
                 for dirpath, dirnames, filenames in os.walk(folder):
                     os.lchown(dirpath, self._uid, self._gid)
@@ -85,6 +88,7 @@ class KernelSetup:
             "MPLCONFIGDIR": str(self._paths.home / ".config" / "matplotlib"),
             "PYTHONPATH": str(self._paths.root / "lib"),  # the themisto package alone (see _prepare_folders)
             "PYTHONNOUSERSITE": "1",
+            VALUES_DIR_ENV: str(self._paths.root / VALUES_FOLDER),
             **kernel_launcher.KERNEL_ENV,
         }
         if self._bwrap is None:

@@ -58,7 +58,7 @@ def sandbox_available() -> bool:
 _PROBE = """
 import importlib.metadata as m, json, platform, sys
 names = ("numpy", "pandas", "scipy", "matplotlib", "seaborn", "scikit-learn", "lightgbm", "catboost", "xgboost",
-         "statsmodels", "ipykernel", "ipython", "dill", "psutil")
+         "statsmodels", "ipykernel", "ipython", "psutil", "pyarrow", "skops")
 def version(name):
     try:
         return m.version(name)

@@ -93,6 +93,41 @@ class VariableInfo:
             raise ValueError(f"variable record {data.get('name', '?')!r}: {type(error).__name__}: {error}") from error
 
 
+@dataclass(frozen=True)
+class StoredValue:
+    """One value file the kernel wrote (themisto.runtime.agent.values): `<hash><extension>` in the values folder."""
+
+    hash: str
+    format: str
+    type: str
+    exact: bool  # read back, it has the same content hash (a restore can use it)
+    bytes: int
+
+
+@dataclass
+class SnapshotValues:
+    """What a snapshot that stored values wrote, could not store (name -> reason), and what a restore needs besides
+    the values: the module bindings (name -> module) and the names bound to one object."""
+
+    written: list[StoredValue]
+    unstored: dict[str, str]
+    modules: dict[str, str]
+    aliases: list[list[str]]
+    elapsed_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SnapshotValues:
+        try:
+            return cls(written=[StoredValue(str(w["hash"]), str(w["format"]), str(w["type"]), bool(w["exact"]),
+                                            int(w["bytes"])) for w in data["written"]],
+                       unstored={str(k): str(v) for k, v in data["unstored"].items()},
+                       modules={str(k): str(v) for k, v in data["modules"].items()},
+                       aliases=[[str(name) for name in group] for group in data["aliases"]],
+                       elapsed_s=float(data.get("elapsed_s", 0.0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"values record: malformed ({type(error).__name__}: {error})") from error
+
+
 @dataclass
 class Snapshot:
     """The runtime state after a step: the user's variables, the kernel's memory and a hash of the whole state."""
@@ -102,7 +137,8 @@ class Snapshot:
     state_hash: str  # over the sorted (name, content hash) pairs
     failures: dict[str, str] = field(default_factory=dict)  # variable name -> what could not be measured
     uss_bytes: int = 0  # memory unique to the kernel process
-    elapsed_s: float = 0.0  # time the kernel spent taking it
+    elapsed_s: float = 0.0  # time the kernel spent taking it (storing the values included)
+    values: SnapshotValues | None = None  # when the snapshot stored the values too
 
     def runtime_variables(self) -> dict[str, dict]:
         """The paper's release shape: name -> {size, repr}."""
@@ -120,53 +156,45 @@ class Snapshot:
     def from_dict(cls, data: dict) -> Snapshot:
         try:
             variables = [VariableInfo.from_dict(v) for v in data["variables"]]
+            values = SnapshotValues.from_dict(data["values"]) if data.get("values") is not None else None
             return cls(variables={v.name: v for v in variables}, memory_bytes=int(data["memory_bytes"]),
                        state_hash=data["state_hash"], failures=dict(data.get("failures", {})),
-                       uss_bytes=int(data.get("uss_bytes", 0)), elapsed_s=float(data.get("elapsed_s", 0.0)))
+                       uss_bytes=int(data.get("uss_bytes", 0)), elapsed_s=float(data.get("elapsed_s", 0.0)),
+                       values=values)
         except (KeyError, TypeError) as error:
             raise ValueError(f"snapshot record: missing or malformed {error}") from error
 
 
-# Asked for on a step's own execute request, a snapshot costs no extra round trip (see themisto.replay.replay).
-SNAPSHOT_EXPRESSIONS = {"themisto_snapshot": agent_expression("snapshot")}
+# The agent's two snapshot calls: with "snapshot_and_store" the kernel also writes the values into its session's
+# values folder (THEMISTO_VALUES_DIR, set by themisto.runtime.kernel_setup; the host reads it as `values_dir`).
+def _snapshot_call(store: bool) -> str:
+    return "snapshot_and_store" if store else "snapshot"
+
+
+def snapshot_expressions(store: bool = False) -> dict[str, str]:
+    """The user expression that takes a snapshot on a step's own execute request (no extra round trip, see
+    themisto.replay.replay); with `store`, the kernel also writes the values into the session's `values_dir`."""
+    return {"themisto_snapshot": agent_expression(_snapshot_call(store))}
+
+
+SNAPSHOT_EXPRESSIONS = snapshot_expressions()
 
 
 def snapshot_from_expressions(user_expressions: dict) -> Snapshot | None:
-    """The snapshot a cell's reply carried (SNAPSHOT_EXPRESSIONS), or None when there is none (the cell failed)."""
+    """The snapshot a cell's reply carried (`snapshot_expressions`), or None when there is none (the cell failed)."""
     if "themisto_snapshot" not in user_expressions:
         return None
     return Snapshot.from_dict(agent_answer(user_expressions["themisto_snapshot"], "snapshot"))
 
 
-def take_snapshot(session: Any, *, timeout: float = SNAPSHOT_TIMEOUT_S) -> Snapshot:
-    """Read the session kernel's runtime snapshot silently (In/Out and the execution count stay as they were)."""
-    answer = agent_call(session, "snapshot", timeout=timeout)
+def take_snapshot(session: Any, *, timeout: float = SNAPSHOT_TIMEOUT_S, store: bool = False,
+                  store_seconds: float | None = None) -> Snapshot:
+    """Read the session kernel's runtime snapshot silently (In/Out and the execution count stay as they were); with
+    `store`, the values are written into the session's `values_dir` too, in at most `store_seconds` (default: the
+    agent's Caps.seconds; what is left is named `deferred`)."""
+    arguments = {"seconds": store_seconds} if store and store_seconds is not None else {}
+    answer = agent_call(session, _snapshot_call(store), timeout=timeout, **arguments)
     try:
         return Snapshot.from_dict(answer)
     except (ValueError, AttributeError) as error:
         raise AgentError(f"the kernel's snapshot was malformed: {error}") from error
-
-
-@dataclass
-class DumpReport:
-    """Where `dump_values` wrote each variable, and why the others could not be written."""
-
-    paths: dict[str, Path]
-    failures: dict[str, str]
-
-
-def dump_values(session: Any, names: list[str], dest_dir: str | Path, *,
-                timeout: float = SNAPSHOT_TIMEOUT_S) -> DumpReport:
-    """Serialize the named variables with dill, one file per variable, into `dest_dir` (which the kernel must be
-    able to write, e.g. a folder under `session.workdir`). Generators and file handles fail by name."""
-    answer = agent_call(session, "dump_values", names=[str(n) for n in names], dest_dir=str(dest_dir), timeout=timeout)
-    return DumpReport(paths={name: Path(info["path"]) for name, info in answer["written"].items()},
-                      failures=dict(answer["failures"]))
-
-
-def load_value(path: str | Path) -> Any:
-    """Read back one value written by `dump_values`."""
-    import dill
-
-    with open(path, "rb") as f:
-        return dill.load(f)

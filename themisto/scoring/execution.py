@@ -209,15 +209,54 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
             rebuild()  # later steps need this step's state; a failure here ends the trajectory (refused)
 
     failure = None
+    restored: dict = {}
     try:
-        walk_states(rows, by_step, workspace, recorded_replay_settings(release.replay), at_step)
+        replay_settings = recorded_replay_settings(release.replay)
+
+        def restore(session, first: int) -> int:
+            restored.update(_restore_before(session, release, rows, first, replay_settings))
+            return restored.get("restored_step") or 0
+
+        walk_states(rows, by_step, workspace, replay_settings, at_step, restore=restore if settings.restore else None)
     except (KernelStartError, AgentError, BranchError, OSError) as error:
         failure = f"replaying {kernel_id} failed: {type(error).__name__}: {error}"
     pending = [(e, own) for step_examples in by_step.values() for e, own in step_examples if e.id not in done]
     done.update(_by_id(_refused(pending, failure or f"replay of {kernel_id} never reached the example's step")))
     return TrajectoryScore(kernel_id=kernel_id, examples=[done[e.id][0] for e in examples],
                            predictions=[r for e in examples for r in done[e.id][1]],
-                           replay_s=round(time.perf_counter() - began, 6))
+                           replay_s=round(time.perf_counter() - began, 6), **restored)
+
+
+def _restore_before(session, release: Release, rows: Sequence[dict], step: int, replay_settings) -> dict:
+    """The state before `step` restored from the release's values where that holds (themisto.replay.restore); the
+    TrajectoryScore fields that say what happened."""
+    from themisto.replay.restore import RestoreError, restore_before
+
+    try:
+        done = restore_before(session, rows, step, release_values(release),
+                              cell_timeout_s=replay_settings.cell_timeout_s)
+    except RestoreError as error:
+        return {"restore_note": f"no restore: {clip(str(error))}"}
+    return {"restored_step": done.step, "restore_s": done.seconds, "restore_note": done.note}
+
+
+def release_values(release: Release):
+    """The release's `values` rows of both splits (themisto.release.values.ReleaseValues), read once per process."""
+    from themisto.release.values import ReleaseValues
+
+    found = _VALUES.get(release.name)
+    if found is None:
+        from themisto.release.folder import open_release
+
+        info = open_release(release.name)
+        found = ReleaseValues({digest: row for split in info.splits("values")
+                               for digest, row in ReleaseValues.of(info, split).rows.items()})
+        _VALUES.clear()
+        _VALUES[release.name] = found
+    return found
+
+
+_VALUES: dict = {}
 
 
 def _by_step(release: Release, kernel_id: str, examples: Sequence[Example],

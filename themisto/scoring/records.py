@@ -45,6 +45,9 @@ class ScoreSettings:
     branch_delta: str = "pages"
     verify_state: bool = True  # compare the rebuilt state's hash with the release's state_hash_before
     continuation_cells: int = CONTINUATION_CELLS  # k for continuation_match; 0 turns it off (no extra cells)
+    # Start a trajectory's branches from the state its release's values restore (themisto.replay.restore), checked
+    # against the state hash, instead of replaying the prefix before its first example; off: the prefix is replayed.
+    restore: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -135,6 +138,11 @@ class TrajectoryScore:
     examples: list[ExampleRecord]
     predictions: list[PredictionRecord]
     replay_s: float = 0.0  # wall time of the whole trajectory: replay, state checks and branches
+    # With ScoreSettings.restore: the step whose state was restored instead of replayed (None: the prefix was
+    # replayed), how long the restore took, and why none was used ("" when one was)
+    restored_step: int | None = None
+    restore_s: float | None = None
+    restore_note: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

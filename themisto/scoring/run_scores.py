@@ -80,13 +80,15 @@ def _candidates(run: RunFolder, baselines: dict[str, list[str]]) -> list[list[st
 
 
 def _run_scorer(run: RunFolder, release, candidates: list[list[str]], execute: bool,
-                progress: Callable[[str], None], runner=None, workspace: str | Path | None = None):
+                progress: Callable[[str], None], runner=None, workspace: str | Path | None = None,
+                restore: bool = False):
     """Score every candidate with the scorer (resumable per trajectory when executing); records by id and text."""
     from themisto.scoring.records import ScoreSettings
     from themisto.scoring.scorer import score_texts_to_file
 
     scored = score_texts_to_file(release, run.ids, candidates, run.folder / SCORER_RECORDS,
-                                 ScoreSettings(task=run.task), execute=execute, workspace=workspace,
+                                 ScoreSettings(task=run.task, restore=restore), execute=execute,
+                                 workspace=workspace,
                                  progress=progress, runner=runner).result
     records: dict[str, dict[str, object]] = {}
     for record in scored.predictions:
@@ -259,11 +261,11 @@ def prompt_kept(run: RunFolder) -> list[dict]:
 def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute: bool = False,
               out: str | Path | None = None, settings: IntervalSettings = IntervalSettings(),
               progress: Callable[[str], None] | None = None, runner=None,
-              workspace: str | Path | None = None) -> dict:
+              workspace: str | Path | None = None, restore: bool = False) -> dict:
     """Score every context of a run folder and the baselines, and write results.json and results.md (to `out`'s
     folder, by default the run folder); returns the results. Execution needs the gate's opt-in (next_cell only);
     `runner` runs its trajectories elsewhere (themisto.distributed.ray_scoring: on Ray); `workspace` is the folder
-    the release was replayed over, where its build names a given one."""
+    the release was replayed over, where its build names a given one; `restore`: ScoreSettings.restore."""
     from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.gate import permit
     from themisto.scoring.results_table import render_markdown
@@ -289,7 +291,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
     say(f"scoring {len(run.ids)} example(s) x {len(run.contexts)} context(s) x {run.samples} sample(s) and "
         f"{len(names)} baseline(s)" + (" with execution" if executed else ""))
     records, examples, scorer_notes = _run_scorer(run, info, _candidates(run, baselines), executed, say, runner,
-                                                  workspace)
+                                                  workspace, restore)
     metrics = metrics_for(run.task, executed)
     systems = _per_example(run, baselines, records, examples, metrics)
     solved = {name: [_solved(run.task, records[i][t], examples[i]) for i, t in zip(run.ids, baselines[name])]

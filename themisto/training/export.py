@@ -23,7 +23,7 @@ from themisto.errors import InputError
 from themisto.generation.prompts import render_prompt, template_sha256
 from themisto.resume import folder_written_whole
 from themisto.training.verify import DROP_REASONS, Verifier, has_snapshot
-from themisto.vocabulary import STATIC_CONTEXT_MODES, TASKS
+from themisto.vocabulary import DEFAULT_CONTEXT_MODES, STATIC_CONTEXT_MODES, TASKS
 
 EXAMPLES_FILE = "examples.jsonl"
 DATASET_DIR = "dataset"
@@ -48,7 +48,7 @@ class ExportSettings:
 
     split: str = "train"
     tasks: tuple[str, ...] = TASKS
-    contexts: tuple[str, ...] = STATIC_CONTEXT_MODES  # a probe conversation exists only once a model had it
+    contexts: tuple[str, ...] = DEFAULT_CONTEXT_MODES  # `trace` by name; never `probe` (STATIC_CONTEXT_MODES)
     # all: every verified row once per context mode; one: each row once, in a context mode drawn with `seed`.
     mix: str = "all"
     seed: int = 0

@@ -7,7 +7,8 @@ kernel's memory copy-on-write, captures its own output, and reports back; the ke
 reaps.
 
 The package is split by concern: `namespace` (what every module shares: the shell, the user's names, bounded reprs),
-`hashing` and `leaves`, `describe`, `snapshots`, `workdir` (the work-folder guards), `recorder` and `capture` (a
+`hashing` and `leaves`, `describe`, `snapshots`, `values`, `valuejson` and `sources` (values stored in safe
+formats), `restore` (a namespace rebuilt from them), `workdir` (the work-folder guards), `recorder` and `capture` (a
 cell's outputs), `integrity`, `delta`, `pages` and `walls` (what guards a branch), `branching` and `candidate` (the
 kernel's side of a branch call and of one candidate's life), `handoff` (the wire between the kernel and a branch's
 processes: the go, the monitor's messages) and `branch_child` (the monitor's and the candidate's side).
@@ -21,9 +22,10 @@ from themisto.runtime.agent.describe import describe, memory_usage, size_of
 from themisto.runtime.agent.hashing import content_hash, state_hash
 from themisto.runtime.agent.namespace import (HASH_CHARS, IPYTHON_NAMES, OUTPUT_CAP_MARKER, REPR_CHARS, UNHASHABLE,
                                               requested, user_variables)
-from themisto.runtime.agent.snapshots import Reply, dump_values, reply, snapshot
+from themisto.runtime.agent.restore import finish_restore, restore
+from themisto.runtime.agent.snapshots import Reply, reply, snapshot, snapshot_and_store
 from themisto.runtime.agent.workdir import WorkdirGuard
 
 __all__ = ["HASH_CHARS", "IPYTHON_NAMES", "OUTPUT_CAP_MARKER", "REPR_CHARS", "UNHASHABLE", "Reply", "WorkdirGuard",
-           "branch", "content_hash", "describe", "dump_values", "memory_usage", "process_count", "reply",
-           "requested", "set_data_limit", "size_of", "snapshot", "state_hash", "user_variables"]
+           "branch", "content_hash", "describe", "finish_restore", "memory_usage", "process_count", "reply", "requested", "restore",
+           "set_data_limit", "size_of", "snapshot", "snapshot_and_store", "state_hash", "user_variables"]

@@ -104,15 +104,22 @@ def _hash_builtin(h: Any, value: Any, kinds: set | None = None) -> None:
     h.update(b"p" + fast_pickle(value))
 
 
-def _code_digest(h: Any, code: types.CodeType) -> None:
-    # Only what the code does: file names and line numbers differ between processes for the same cell.
+def feed_code(h: Any, code: types.CodeType) -> None:
+    """Feed what a code object does into `h`: file names and line numbers differ between processes for one cell."""
     h.update(code.co_code)
     h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_argcount)).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            _code_digest(h, const)
+            feed_code(h, const)
         else:
             h.update(repr(const).encode())
+
+
+def code_digest(code: types.CodeType) -> str:
+    """The hash of what a code object does (see `feed_code`): a function compiled again from its source has it."""
+    h = hashlib.sha256()
+    feed_code(h, code)
+    return h.hexdigest()
 
 
 def _hash_frame(value: Any, h: Any) -> bool:
@@ -233,6 +240,62 @@ def _hash_match(value: Any, h: Any) -> None:
                [_CANON_NODES], set())
 
 
+GROUPBY_TYPES = frozenset({"SeriesGroupBy", "DataFrameGroupBy"})
+
+
+def groupby_options(value: Any) -> dict:
+    """The options a pandas groupby was made with (those `groupby()` takes back)."""
+    return {"as_index": value.as_index, "sort": value.sort, "group_keys": value.group_keys,
+            "observed": value.observed, "dropna": value.dropna}
+
+
+def groupings(value: Any) -> list:
+    """A groupby's groupings (pandas 2.2 renamed its `grouper` `_grouper` and warns on the old name)."""
+    own = vars(value)
+    return (own["_grouper"] if "_grouper" in own else own["grouper"]).groupings
+
+
+def grouping_name(grouping: Any) -> Any:
+    """A grouping's name, read without leaving it in the grouping's cache (`name` is cached on first read): a
+    snapshot must not change what it describes, nor the size it measures next time."""
+    own = vars(grouping)
+    had_cache = "_cache" in own
+    cached = had_cache and "name" in own["_cache"]
+    name = grouping.name
+    if not cached:
+        own["_cache"].pop("name", None)
+        if not had_cache and not own["_cache"]:
+            del own["_cache"]
+    return name
+
+
+def grouping_keys(grouping: Any) -> Any:
+    """One grouping's key values: an array, or a Series where they are more (a Categorical keeps its categories)."""
+    import numpy as np
+
+    vector = grouping.grouping_vector
+    if isinstance(vector, np.ndarray):
+        return vector
+    import pandas as pd
+
+    return pd.Series(vector.array if isinstance(vector, pd.Index) else vector, copy=False)
+
+
+def _hash_groupby(value: Any, h: Any) -> None:
+    """A groupby's content, not its pickle: what is grouped, by which keys (names and values), with which options.
+    Its caches (which `.mean()` or `len()` fill) and the frame its keys were taken from do not count: they change
+    no result. `themisto.runtime.agent.valuejson` stores and rebuilds a groupby from these same parts."""
+    h.update(qualname(value).encode())
+    h.update(content_hash(value.obj).encode())
+    frame = type(value).__name__ == "DataFrameGroupBy"
+    for grouping in groupings(value):
+        h.update(repr((grouping_name(grouping), grouping.level, bool(grouping.in_axis) if frame else None)).encode())
+        h.update(content_hash(grouping_keys(grouping)).encode())
+    h.update(repr((value.axis, value.level, sorted(groupby_options(value).items()),
+                   value._selection if frame else None, sorted(map(repr, value.exclusions)) if frame else None,
+                   isinstance(value.keys, list))).encode())
+
+
 _FRAME_TYPES = frozenset({"DataFrame", "Series", "Index", "RangeIndex", "MultiIndex", "DatetimeIndex",
                           "CategoricalIndex"})
 
@@ -294,18 +357,22 @@ def content_digest(value: Any, sink: Any = None) -> tuple[str, bool]:
             h.update(value.dtype.str.encode() + value.tobytes())  # numpy scalar
         elif isinstance(value, types.FunctionType):
             h.update(f"function {value.__module__}.{value.__qualname__}".encode())
-            _code_digest(h, value.__code__)
+            feed_code(h, value.__code__)
             h.update(repr(value.__defaults__).encode())
         elif isinstance(value, type):
             h.update(f"class {value.__module__}.{value.__qualname__}".encode())
             for key, member in sorted(vars(value).items()):
+                if key == "__slotnames__":  # copyreg's cache, set on the class the first time an instance pickles
+                    continue
                 h.update(key.encode())
                 if isinstance(member, types.FunctionType):
-                    _code_digest(h, member.__code__)
+                    feed_code(h, member.__code__)
         elif type(value) in _CANONICAL_TYPES:
             _hash_builtin(h, value)
         elif type(value) is re.Match:
             _hash_match(value, h)
+        elif module.startswith("pandas.core.groupby") and type(value).__name__ in GROUPBY_TYPES:
+            _hash_groupby(value, h)
         else:
             h.update(qualname(value).encode())
             h.update(fast_pickle(value))

@@ -1,4 +1,4 @@
-"""Snapshots of the user namespace, with records of unchanged values kept between them; per-variable dumps.
+"""Snapshots of the user namespace, with records of unchanged values kept between them, and the values stored.
 
 Runs inside the kernel: standard library only.
 """
@@ -6,11 +6,9 @@ Runs inside the kernel: standard library only.
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import operator
 import os
-import pickle
 import re
 import sys
 import threading
@@ -22,6 +20,7 @@ from themisto.runtime.agent.namespace import UNHASHABLE, get_shell, qualname, us
 from themisto.runtime.agent.hashing import content_digest, is_frame_or_array, state_hash
 from themisto.runtime.agent.leaves import TZ_ATTRIBUTE, pickle_leaves
 from themisto.runtime.agent.describe import describe, memory_usage
+from themisto.runtime.agent.values import STORE, VALUES_DIR_ENV, Caps, modules_and_aliases
 
 
 # ----- records kept between snapshots ---------------------------------------------------------------------------
@@ -196,7 +195,7 @@ def _engines_built(value: Any) -> tuple:
 CACHE = _SnapshotCache()
 
 
-def _snapshot_dict(shell: Any) -> dict:
+def _snapshot_dict(shell: Any, values: dict | None = None) -> dict:
     started = time.perf_counter()
     variables, failures, hashes = [], {}, {}
     # Reading smaps_rollup walks the page tables (milliseconds) without the GIL: it runs beside the descriptions,
@@ -216,8 +215,9 @@ def _snapshot_dict(shell: Any) -> dict:
         reader = None
     cache = CACHE
     cache.begin()
+    namespace = user_variables(shell)
     try:
-        for name, value in user_variables(shell).items():
+        for name, value in namespace.items():
             try:
                 record, failure = cache.describe(name, value)
             except Exception as error:  # noqa: BLE001 - one bad variable never loses the others
@@ -234,57 +234,40 @@ def _snapshot_dict(shell: Any) -> dict:
             reader.join()
     if reader is None or not memory:
         memory = memory_usage()
-    return {"variables": variables, "memory_bytes": memory["rss"], "uss_bytes": memory["uss"],
-            "state_hash": state_hash(hashes), "failures": failures,
-            "elapsed_s": round(time.perf_counter() - started, 6)}
+    found = {"variables": variables, "memory_bytes": memory["rss"], "uss_bytes": memory["uss"],
+             "state_hash": state_hash(hashes), "failures": failures}
+    if values is not None:
+        found["values"] = _store_values(shell, namespace, hashes, values)
+    found["elapsed_s"] = round(time.perf_counter() - started, 6)
+    return found
 
 
-def snapshot(shell: Any = None) -> str:
-    """The runtime snapshot of the user namespace as JSON: variables, memory_bytes, state_hash, failures."""
-    return json.dumps(_snapshot_dict(get_shell(shell)), default=str)
+def _store_values(shell: Any, namespace: dict[str, Any], hashes: dict[str, str], values: dict) -> dict:
+    """The values of the namespace written into values["folder"] (themisto.runtime.agent.values), with the
+    modules and the names bound to one object."""
+    started = time.perf_counter()
+    history = shell.user_ns.get("In") or [""]
+    stored = STORE.store_all({name: (value, hashes[name]) for name, value in namespace.items()}, values["folder"],
+                             Caps(**values.get("caps", {})), history[-1] if isinstance(history, list) else None)
+    stored["modules"], stored["aliases"] = modules_and_aliases(shell, list(namespace))
+    stored["elapsed_s"] = round(time.perf_counter() - started, 6)
+    return stored
 
 
-class _FileHandleError(pickle.PicklingError):
-    pass
+def snapshot(shell: Any = None, values: dict | None = None) -> str:
+    """The runtime snapshot of the user namespace as JSON: variables, memory_bytes, state_hash, failures; with
+    `values` ({"folder", "caps"}), each value also written into that folder (and "values" says how)."""
+    return json.dumps(_snapshot_dict(get_shell(shell), values), default=str)
 
 
-def dump_values(names: list[str], dest_dir: str, shell: Any = None) -> str:
-    """Write each named variable to `dest_dir/<name>.dill` with dill; JSON of written paths and failures by name.
-
-    File handles are never pickled (restoring a write-mode handle truncates the real file), at any depth.
-    """
-    import dill
-
-    class NoFilesPickler(dill.Pickler):
-        def persistent_id(self, obj: Any) -> None:
-            if isinstance(obj, io.IOBase):
-                raise _FileHandleError(f"holds a file handle ({qualname(obj)}); file handles are never pickled")
-            return None
-
-    shell = get_shell(shell)
-    os.makedirs(dest_dir, exist_ok=True)
-    written: dict[str, dict] = {}
-    failures: dict[str, str] = {}
-    for name in names:
-        if name not in shell.user_ns:
-            failures[name] = "NameError: not defined in the kernel"
-            continue
-        value = shell.user_ns[name]
-        if isinstance(value, io.IOBase):
-            failures[name] = f"skipped: file handle ({qualname(value)}); file handles are never pickled"
-            continue
-        path = os.path.join(dest_dir, f"{name}.dill")
-        partial = path + ".partial"
-        try:
-            with open(partial, "wb") as f:
-                NoFilesPickler(f, protocol=4).dump(value)
-            os.replace(partial, path)  # nothing half-written under the final name
-            written[name] = {"path": path, "bytes": os.path.getsize(path)}
-        except Exception as error:  # noqa: BLE001 - generators and the like fail by name
-            failures[name] = f"{type(error).__name__}: {error}"[:300]
-            if os.path.exists(partial):
-                os.unlink(partial)
-    return json.dumps({"written": written, "failures": failures})
+def snapshot_and_store(shell: Any = None, seconds: float | None = None) -> str:
+    """`snapshot`, the values written into the session's values folder (VALUES_DIR_ENV, set when the kernel
+    starts: the host picks them up from there), spending at most `seconds` on them (default: Caps.seconds)."""
+    folder = os.environ.get(VALUES_DIR_ENV)
+    if not folder:
+        raise RuntimeError(f"{VALUES_DIR_ENV} is not set: this kernel has no values folder")
+    caps = {} if seconds is None else {"seconds": float(seconds)}
+    return snapshot(shell, {"folder": folder, "caps": caps})
 
 
 class Reply:

@@ -1,0 +1,450 @@
+"""The release's `values` config: the values a replay stored (themisto.replay.values), each checked to be one of the
+safe formats, capped per value and per release, as rows the `trajectories` rows' variables point into by `hash`;
+and the one check of a value's bytes (`check_value`), which the build, `themisto check` and every reader use.
+
+A values row is `hash` (the variables' content hash), `type`, `format` (json, npy, npz, parquet, skops: the formats of
+themisto.runtime.agent.values), `exact` (read back in the kernels' environment, it hashed the same: a restore can use
+it), `bytes`, `sha256` and `data` (the file's bytes). No format runs code when read: JSON is data, `.npy` and `.npz`
+are read with `allow_pickle=False`, Parquet is columns, and a skops file is refused unless every type it names is
+one skops trusts (scikit-learn's own) or a numpy scalar or sparse matrix. A pickle, or a file that claims a format
+it does not have, is refused, never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from themisto.bounded import BoundError, Bounds, loads_json
+from themisto.runtime.agent import valuejson
+from themisto.runtime.agent.values import DOCUMENT_KEY, DOCUMENT_VERSION, FORMATS, SKOPS_TRUSTED
+
+VALUES = "values"  # the config's name
+HASH = re.compile(r"[0-9a-f]{32}\Z")
+_JSON_TAGS = frozenset({"ref", "tuple", "set", "frozenset", "dict", "OrderedDict", "Counter", "defaultdict", "bytes",
+                        "bytearray", "float", "int", "complex", "range", "datetime", "time", "date", "timedelta",
+                        "re.Pattern", "re.Match", "numpy", "ndarray", "Timestamp", "Timedelta", "NaT", "source",
+                        "import", "groupby"})
+_SPARSE_ARRAYS = frozenset({"format", "shape", "data", "indices", "indptr", "row", "col", "flag_names",
+                            "flag_values"})
+_SKOPS_BUILTINS = frozenset({"builtins.dict", "builtins.list", "builtins.tuple", "builtins.str", "builtins.int",
+                             "builtins.float", "builtins.bool", "builtins.NoneType", "builtins.slice",
+                             "builtins.set", "builtins.bytes", "numpy.ndarray", "numpy.dtype"})
+# skops' loaders that build data (a Tree and an SGD model are rebuilt from their arrays); never one that loads a
+# function, a method or an arbitrary reduce
+_SKOPS_LOADERS = frozenset({"ObjectNode", "DictNode", "ListNode", "TupleNode", "SetNode", "JsonNode", "NdArrayNode",
+                            "SparseMatrixNode", "DTypeNode", "SliceNode", "BytesNode", "BytearrayNode", "TypeNode",
+                            "TreeNode", "SGDNode", "CachedNode", "_DictWithDeprecatedKeysNode"})
+
+
+@dataclass(frozen=True)
+class ValueCaps:
+    """How much of the stored values a release takes: one value's file, and all values of the release."""
+
+    value_bytes: int = 64 << 20
+    release_bytes: int = 2 << 30
+
+
+class ValueFormatError(ValueError):
+    """Bytes that are not the safe format they claim to be; the message says what is wrong."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The check of one value's bytes
+
+
+def _json_document(data: bytes, bound: int) -> dict:
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueFormatError("not an ASCII JSON document") from None
+    try:
+        document = loads_json(text, Bounds(file_bytes=bound, depth=valuejson.MAX_DEPTH + 8), path="value")
+    except BoundError as error:
+        raise ValueFormatError(f"not a JSON value document ({error.problem})") from None
+    if not isinstance(document, dict) or document.get(DOCUMENT_KEY) != DOCUMENT_VERSION or \
+            not isinstance(document.get("type"), str) or "value" not in document:
+        raise ValueFormatError("not a JSON value document (no themisto_value header)")
+    return document
+
+
+def refs_of(document: dict) -> list[str]:
+    """The content hashes a JSON value document refers to (values stored on their own)."""
+    return valuejson.refs(document["value"])
+
+
+def _check_json(data: bytes, bound: int) -> None:
+    document = _json_document(data, bound)
+    for item in valuejson.tagged(document["value"]):
+        tag = item.get(valuejson.TAG)
+        if tag not in _JSON_TAGS:
+            raise ValueFormatError(f"a JSON value with an unknown tag {str(tag)[:40]!r}")
+        if tag == "ref" and not HASH.match(str(item.get("hash"))):
+            raise ValueFormatError("a JSON value that refers to something other than a content hash")
+
+
+def _check_npy(data: bytes) -> None:
+    import numpy as np
+
+    if not data.startswith(b"\x93NUMPY"):
+        raise ValueFormatError("not a .npy file (no NUMPY magic)")
+    try:
+        np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise ValueFormatError(f"not a .npy array numpy reads without pickle ({str(error)[:120]})") from None
+
+
+def _zip(data: bytes, what: str) -> zipfile.ZipFile:
+    if not data.startswith(b"PK\x03\x04"):
+        raise ValueFormatError(f"not {what} (no zip header)")
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        if archive.testzip() is not None:
+            raise zipfile.BadZipFile("a member fails its CRC")
+        return archive
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise ValueFormatError(f"not {what} ({error})") from None
+
+
+def _check_npz(data: bytes) -> None:
+    archive = _zip(data, "a .npz archive")
+    for name in archive.namelist():
+        if not name.endswith(".npy") or name[:-4] not in _SPARSE_ARRAYS:
+            raise ValueFormatError(f"a .npz member {name[:60]!r} that a sparse matrix does not have")
+        _check_npy(archive.read(name))
+
+
+def _check_parquet(data: bytes) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not (data.startswith(b"PAR1") and data.endswith(b"PAR1")):
+        raise ValueFormatError("not a Parquet file (no PAR1 magic)")
+    try:
+        metadata = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.metadata or {}
+        header = json.loads(metadata.get(DOCUMENT_KEY.encode(), b"null"))
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise ValueFormatError(f"not a readable Parquet file ({str(error)[:120]})") from None
+    if not isinstance(header, dict) or header.get("kind") not in ("frame", "series", "index"):
+        raise ValueFormatError("a Parquet file without a value header")
+
+
+def _check_skops(data: bytes, bound: int) -> None:
+    archive = _zip(data, "a skops file")
+    names = archive.namelist()
+    if "schema.json" not in names:
+        raise ValueFormatError("a skops file without schema.json")
+    try:
+        schema = loads_json(archive.read("schema.json").decode("utf-8"), Bounds(file_bytes=bound, depth=200),
+                            path="schema.json")
+    except (BoundError, UnicodeDecodeError) as error:
+        raise ValueFormatError(f"a skops file whose schema is not JSON ({error})") from None
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        if "__loader__" in node:
+            kind = f"{node.get('__module__')}.{node.get('__class__')}"
+            loader = node.get("__loader__")
+            if loader not in _SKOPS_LOADERS:
+                raise ValueFormatError(f"a skops file with a {str(loader)[:40]!r} node (only data nodes are loaded)")
+            if not (kind.startswith("sklearn.") or kind in _SKOPS_BUILTINS or kind in SKOPS_TRUSTED):
+                raise ValueFormatError(f"a skops file naming the untrusted type {kind[:80]!r}")
+        stack.extend(node.values())
+    for name in names:
+        if name == "schema.json":
+            continue
+        if name.endswith(".npy"):
+            _check_npy(archive.read(name))
+        elif name.endswith(".npz"):
+            inner = _zip(archive.read(name), "a .npz archive")
+            for member in inner.namelist():
+                if not member.endswith(".npy"):
+                    raise ValueFormatError(f"a skops .npz member {member[:60]!r} that is not .npy")
+                _check_npy(inner.read(member))
+        else:
+            raise ValueFormatError(f"a skops member {name[:60]!r} that is neither .npy nor .npz")
+
+
+def check_value(fmt: str, data: bytes, caps: ValueCaps = ValueCaps()) -> None:
+    """Refuse (ValueFormatError) bytes that are not `fmt`, one of the safe formats, within `caps.value_bytes`."""
+    if fmt not in FORMATS:
+        raise ValueFormatError(f"an unknown value format {str(fmt)[:40]!r} (known: {', '.join(FORMATS)})")
+    if len(data) > caps.value_bytes:
+        raise ValueFormatError(f"{len(data):,} bytes, over the per-value cap of {caps.value_bytes:,}")
+    if data.startswith(b"\x80"):
+        raise ValueFormatError("a pickle (never read)")
+    if fmt == "json":
+        _check_json(data, caps.value_bytes)
+    elif fmt == "npy":
+        _check_npy(data)
+    elif fmt == "npz":
+        _check_npz(data)
+    elif fmt == "parquet":
+        _check_parquet(data)
+    else:
+        _check_skops(data, caps.value_bytes)
+
+
+def check_row(row: dict, caps: ValueCaps = ValueCaps()) -> None:
+    """One `values` row: its hash, its sha256 over its data, and its data's format (ValueFormatError otherwise)."""
+    data = row.get("data")
+    if not HASH.match(str(row.get("hash"))):
+        raise ValueFormatError(f"the hash {str(row.get('hash'))[:40]!r} is not a content hash")
+    if not isinstance(data, bytes) or hashlib.sha256(data).hexdigest() != row.get("sha256"):
+        raise ValueFormatError("its data does not have its sha256")
+    check_value(row.get("format"), data, caps)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The config, from a replay's values folder
+
+
+@dataclass
+class ValuesBuild:
+    """The `values` rows of each split, and what the build counted: stored variables and those it could not."""
+
+    rows: dict[str, list[dict]]
+    variables: int = 0
+    stored: int = 0
+    bytes: int = 0
+    unstored: dict[str, int] = field(default_factory=dict)  # reason (its first clause) -> variables
+    kinds: dict[str, list[int]] = field(default_factory=dict)  # variable_kind -> [variables, stored]
+
+
+# The kinds of value the issue calls data (frames, series, indexes, arrays, sparse matrices, numbers, strings,
+# dates and containers of them), by their type's module and name; functions and classes are definitions.
+_DATA_TYPES = frozenset(f"builtins.{name}" for name in (
+    "int", "float", "complex", "bool", "str", "bytes", "bytearray", "NoneType", "list", "tuple", "dict", "set",
+    "frozenset", "range")) | frozenset({"pandas.core.frame.DataFrame", "pandas.core.series.Series",
+                                         "collections.Counter", "collections.OrderedDict", "collections.defaultdict",
+                                         "collections.deque"})
+_DATA_MODULES = ("numpy.", "scipy.sparse.", "pandas.core.indexes.", "pandas._libs.tslibs.", "pandas.core.arrays.",
+                 "datetime.")
+_NOT_DATA = ("numpy.random.", "numpy.ufunc")  # a generator's state, a numpy function
+_DEFINITION_TYPES = frozenset({"builtins.function", "builtins.type", "abc.ABCMeta"})
+
+
+def variable_kind(type_name: str) -> str:
+    """`data`, `definition` (a function or class) or `other` (models, files, figures, objects of the user's
+    classes, ...): what a build counts stored values by."""
+    if type_name in _DEFINITION_TYPES:
+        return "definition"
+    if type_name in _DATA_TYPES or (type_name.startswith(_DATA_MODULES) and not type_name.startswith(_NOT_DATA)):
+        return "data"
+    return "other"
+
+
+def _reason_kind(reason: str) -> str:
+    return reason.split(":", 1)[0].split(" (", 1)[0]
+
+
+def release_values(trajectories: dict[str, list[dict]], folder: Path | None,
+                   caps: ValueCaps = ValueCaps()) -> ValuesBuild:
+    """The `values` rows of each split from the replay's values folder, for the variables of `trajectories` rows
+    (split -> rows, in order); each row's `stored_values.unstored` gains the variables this build cannot store
+    (no file, refused by the format check, over a cap). Values enter in the order the steps first hold them."""
+    from themisto.replay.values import ValueFolder
+
+    store = ValueFolder(folder) if folder is not None else None
+    built = ValuesBuild(rows={})
+    total = 0
+    checked: dict[str, str | None] = {}  # hash -> None (taken) or the reason it is not
+
+    def take(digest: str) -> str | None:
+        nonlocal total
+        if digest in checked:
+            return checked[digest]
+        entry = store.entry(digest) if store is not None and HASH.match(digest) else None
+        if entry is None:
+            checked[digest] = "no stored file: the replay did not store it"
+            return checked[digest]
+        data = store.file(entry).read_bytes()
+        try:
+            check_value(entry.format, data, caps)
+            if hashlib.sha256(data).hexdigest() != entry.sha256:
+                raise ValueFormatError("its file changed since the replay stored it")
+            refs = refs_of(json.loads(data)) if entry.format == "json" else []
+        except ValueFormatError as error:
+            checked[digest] = f"refused by the format check: {error}"
+            return checked[digest]
+        if total + len(data) > caps.release_bytes:
+            checked[digest] = f"over the release's cap on values ({caps.release_bytes:,} bytes)"
+            return checked[digest]
+        checked[digest] = None
+        missing = next((why for ref in refs if (why := take(ref)) is not None), None)
+        if missing is not None:
+            checked[digest] = f"a value it holds is not stored ({missing})"
+            return checked[digest]
+        total += len(data)
+        pending.append({"hash": digest, "type": entry.type, "format": entry.format, "exact": entry.exact,
+                        "bytes": len(data), "sha256": entry.sha256, "data": data})
+        return None
+
+    for split, rows in trajectories.items():
+        pending: list[dict] = []
+        checked.clear()  # each split holds every value its rows point to
+        for row in rows:
+            stored = row.get("stored_values")
+            if stored is None:
+                continue
+            unstored = {item["name"]: item["reason"] for item in stored["unstored"]}
+            for variable in row["variables"]:
+                built.variables += 1
+                name = variable["name"]
+                if name not in unstored:
+                    why = take(str(variable["hash"]))
+                    if why is not None:
+                        unstored[name] = why
+                counted = built.kinds.setdefault(variable_kind(str(variable.get("type"))), [0, 0])
+                counted[0] += 1
+                if name in unstored:
+                    kind = _reason_kind(unstored[name])
+                    built.unstored[kind] = built.unstored.get(kind, 0) + 1
+                else:
+                    built.stored += 1
+                    counted[1] += 1
+            stored["unstored"] = [{"name": k, "reason": v} for k, v in sorted(unstored.items())]
+        if pending:
+            pending.sort(key=lambda r: r["hash"])
+            built.rows[split] = pending
+            built.bytes += sum(r["bytes"] for r in pending)
+    return built
+
+
+def values_note(built: ValuesBuild) -> str:
+    """The build note on values: how many variables have their value stored, and why the others do not."""
+    share = built.stored / built.variables if built.variables else 0.0
+    reasons = "; ".join(f"{kind}: {n:,}" for kind, n in sorted(built.unstored.items(), key=lambda kv: -kv[1])[:8])
+    kinds = ", ".join(f"{kind} {stored:,} of {n:,} ({stored / n:.1%})"
+                      for kind, (n, stored) in sorted(built.kinds.items()) if n)
+    return (f"values: {built.stored:,} of {built.variables:,} variable records ({share:.1%}) have their value in "
+            f"`values` ({sum(len(r) for r in built.rows.values()):,} rows, {built.bytes:,} bytes)"
+            + (f"; by kind: {kinds}" if kinds else "") + (f"; not stored: {reasons}" if reasons else ""))
+
+
+def decode(row: dict, rows: dict[str, dict] | None = None) -> Any:
+    """The value of one `values` row, checked first (`check_row`); `rows` (hash -> row) gives the rows a JSON value
+    refers to. A function or class comes back as its document (`{"$": "source", "kind", "binds", "source"}` or an
+    import name), never run. Needs numpy, pandas, pyarrow, scipy or skops for values of theirs."""
+    from themisto.runtime.agent.values import Definition, read_value
+
+    check_row(row)
+
+    def resolve(digest: str) -> Any:
+        if rows is None or digest not in rows:
+            raise ValueFormatError(f"value {row['hash']} refers to {digest}, which is not among the rows given")
+        return decode(rows[digest], rows)
+
+    value = read_value(row["data"], row["format"], resolve)
+    return value.document if isinstance(value, Definition) else value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `themisto check`
+
+
+_BUILTIN_TAGS = frozenset({"tuple", "set", "frozenset", "dict", "OrderedDict", "Counter", "defaultdict", "bytes",
+                           "bytearray", "float", "int", "complex", "range", "datetime", "time", "date", "timedelta",
+                           "re.Pattern", "re.Match"})
+
+
+def _content_problem(row: dict) -> str | None:
+    """For a JSON value of builtins only (no numpy or pandas type, no value stored on its own), its content hash
+    recomputed here; the others were hashed in the kernels' environment, which this process need not have."""
+    from themisto.runtime.agent.hashing import content_hash
+
+    document = json.loads(row["data"])
+    if any(item.get(valuejson.TAG) not in _BUILTIN_TAGS for item in valuejson.tagged(document["value"])):
+        return None
+    value = valuejson.decode(document["value"], lambda digest: None)
+    found = content_hash(value)
+    return None if found == row["hash"] else f"its value hashes to {found}, not to its hash"
+
+
+def value_problems(paths: list[Path], split: str, caps: ValueCaps = ValueCaps()) -> list[str]:
+    """Every `values` row of a split checked: hash, sha256, safe format (a pickle or a file that is not what it
+    claims is refused, never loaded), and for builtin values the content hash itself."""
+    import pyarrow.parquet as pq
+
+    problems: list[str] = []
+    for path in paths:
+        try:
+            batches = pq.ParquetFile(path).iter_batches(batch_size=64)
+            number = 0
+            for batch in batches:
+                for row in batch.to_pylist():
+                    number += 1
+                    try:
+                        check_row(row, caps)
+                        problem = _content_problem(row) if row["format"] == "json" else None
+                    except (ValueFormatError, valuejson.Malformed) as error:
+                        problem = str(error)
+                    if problem is not None:
+                        problems.append(f"{VALUES}/{split}: row {number} (hash {str(row.get('hash'))[:32]}): "
+                                        f"refused: {problem}")
+        except (OSError, ValueError, KeyError) as error:
+            problems.append(f"{VALUES}/{split}: not readable ({error})")
+    return problems
+
+
+def pointer_problems(folder: Path, values_config: dict, trajectories_config: dict) -> list[str]:
+    """A trajectories variable that the release says is stored (not in its step's `unstored`) has a `values` row
+    in the same split."""
+    import pyarrow.parquet as pq
+
+    have: dict[str, set[str]] = {}
+    for item in values_config.get("data_files") or []:
+        for path in sorted(folder.glob(item.get("path") or "")):
+            have.setdefault(item.get("split"), set()).update(
+                pq.read_table(path, columns=["hash"]).column("hash").to_pylist())
+    problems: list[str] = []
+    for item in trajectories_config.get("data_files") or []:
+        split = item.get("split")
+        for path in sorted(folder.glob(item.get("path") or "")):
+            rows = pq.read_table(path, columns=["kernel_id", "step", "variables", "stored_values"]).to_pylist()
+            for row in rows:
+                if row["stored_values"] is None:
+                    continue
+                unstored = {u["name"] for u in row["stored_values"]["unstored"]}
+                missing = [v["name"] for v in row["variables"]
+                           if v["name"] not in unstored and v["hash"] not in have.get(split, set())]
+                if missing:
+                    problems.append(f"trajectories/{split}: {row['kernel_id']} step {row['step']}: variables "
+                                    f"{missing[:3]} point to no `values` row")
+    return problems[:50]
+
+
+@dataclass
+class ReleaseValues:
+    """A release split's `values` rows as a restore's source (themisto.replay.restore.ValueSource), each row checked
+    (`check_row`) before its data is used."""
+
+    rows: dict[str, dict]  # hash -> row
+
+    @classmethod
+    def of(cls, info: Any, split: str) -> ReleaseValues:
+        """The values of `split` of an opened release (themisto.release.folder.ReleaseInfo); none if it has none."""
+        return cls({row["hash"]: row for row in info.rows(VALUES, split)} if info.has(VALUES, split) else {})
+
+    def format_of(self, digest: str) -> str | None:
+        row = self.rows.get(digest)
+        return row["format"] if row is not None and row["exact"] else None
+
+    def data(self, digest: str) -> bytes:
+        row = self.rows[digest]
+        check_row(row)
+        return row["data"]
+
+    def refs(self, digest: str) -> list[str]:
+        return refs_of(json.loads(self.data(digest))) if self.format_of(digest) == "json" else []

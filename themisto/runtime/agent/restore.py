@@ -1,0 +1,161 @@
+"""A step's namespace rebuilt in the kernel from its stored values (`values`): modules imported, data values read,
+the user's functions and classes defined again from their source, names bound to one object bound so again, and
+every other user variable removed. The host (themisto.replay.restore) checks the result against the step's state
+hash.
+
+Reading a value runs no code; defining a function or class runs its statement, as the cell that defined it did, in
+this (sandboxed) kernel. Runs inside the kernel: standard library only.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import re
+import time
+from typing import Any
+
+from themisto.runtime.agent import valuejson
+from themisto.runtime.agent.namespace import get_shell, user_variables
+from themisto.runtime.agent.values import FORMATS, Definition, read_value
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+def _imported(module: str) -> Any:
+    if not _MODULE_NAME.match(module):
+        raise ValueError(f"not a module name: {module[:80]!r}")
+    return importlib.import_module(module)
+
+
+def _definition(definition: Definition, namespace: dict) -> Any:
+    """The object a source or import document defines; a source runs in the user's namespace and its binding is
+    undone (the caller binds the object under the variable's own name)."""
+    document = definition.document
+    if document[valuejson.TAG] == "import":
+        found = _imported(str(document["module"]))
+        for part in str(document["qualname"]).split("."):
+            found = getattr(found, part)
+        return found
+    binds = str(document["binds"])
+    had, before = binds in namespace, namespace.get(binds)
+    exec(compile(str(document["source"]), f"<themisto-restore:{binds}>", "exec", dont_inherit=True), namespace)
+    made = namespace[binds]
+    if had:
+        namespace[binds] = before
+    else:
+        del namespace[binds]
+    return made
+
+
+def _load(folder: str, files: dict[str, str], digest: str, memo: dict[str, Any], namespace: dict) -> Any:
+    """One stored value; a function a container holds is defined right away (top-level ones wait, see restore)."""
+    if digest not in memo:
+        fmt = files.get(digest)
+        if fmt not in FORMATS:
+            raise KeyError(f"value {digest} is not among the files given")
+        with open(os.path.join(folder, digest + FORMATS[fmt]), "rb") as fh:
+            data = fh.read()
+
+        def inner(held: str) -> Any:
+            found = _load(folder, files, held, memo, namespace)
+            return _definition(found, namespace) if isinstance(found, Definition) else found
+
+        memo[digest] = read_value(data, fmt, inner)
+    return memo[digest]
+
+
+def restore(folder: str, plan: dict, shell: Any = None) -> str:
+    """Rebuild the namespace `plan` describes from the files in `folder`; JSON {"restored", "failures"}.
+
+    plan: {"values": {name: hash}, "files": {hash: format} (every file, refs included), "modules": {name: module},
+    "aliases": [[name, ...]], "keep": [names left as they are], "rerun": whether cells re-run next (then the
+    namespace holds copies until `finish_restore`)}."""
+    shell = get_shell(shell)
+    namespace = shell.user_ns
+    values, files = dict(plan.get("values", {})), dict(plan.get("files", {}))
+    keep = set(plan.get("keep", []))
+    failures: dict[str, str] = {}
+    began = time.perf_counter()
+    for name, module in plan.get("modules", {}).items():
+        try:
+            namespace[name] = _imported(str(module))
+        except Exception as error:  # noqa: BLE001 - a missing module is that name's failure
+            failures[name] = f"{type(error).__name__}: {error}"[:300]
+    imported = time.perf_counter()
+    following = {name for group in plan.get("aliases", []) for name in group[1:] if group[0] in values}
+    data: dict[str, Any] = {}
+    definitions: dict[str, Definition] = {}
+    for name, digest in values.items():
+        if name in following:
+            continue
+        try:
+            loaded = _load(folder, files, digest, {}, namespace)
+        except Exception as error:  # noqa: BLE001 - one value's failure is reported by name
+            failures[name] = f"{type(error).__name__}: {error}"[:300]
+            continue
+        if isinstance(loaded, Definition):
+            definitions[name] = loaded
+        else:
+            data[name] = loaded
+    namespace.update(data)  # a default argument or a base class may name them
+    pending = dict(definitions)
+    for _ in range(len(definitions) + 1):  # a class may derive from another one defined here: retry in turn
+        for name, document in list(pending.items()):
+            try:
+                data[name] = _definition(document, namespace)
+                namespace[name] = data[name]
+                del pending[name]
+            except NameError:
+                continue
+            except Exception as error:  # noqa: BLE001
+                failures[name] = f"{type(error).__name__}: {error}"[:300]
+                del pending[name]
+        if not pending:
+            break
+    for name in pending:
+        failures[name] = "NameError: it needs a name the step does not define"
+    for group in plan.get("aliases", []):
+        if group and group[0] in data:
+            for name in group[1:]:
+                data[name] = data[group[0]]
+    if plan.get("rerun"):
+        # Cells re-run next (themisto.replay.restore): they get copies, so that `finish_restore` binds the values as
+        # they were read, whatever the cells did to the copies, without reading them again.
+        HELD.clear()
+        HELD.update(data)
+        memo: dict[int, Any] = {}
+        data = {name: _copied(value, memo) for name, value in data.items()}
+    _bind(namespace, shell, data, keep)
+    return json.dumps({"restored": sorted(data), "failures": failures,
+                       "seconds": {"imports": round(imported - began, 6),
+                                   "values": round(time.perf_counter() - imported, 6)}})
+
+
+HELD: dict[str, Any] = {}  # the values a restore read, while cells re-run on copies of them
+
+
+def _copied(value: Any, memo: dict[int, Any]) -> Any:
+    try:
+        return copy.deepcopy(value, memo)
+    except Exception:  # noqa: BLE001 - a value that cannot be copied is given as it is
+        return value
+
+
+def _bind(namespace: dict, shell: Any, data: dict[str, Any], keep: set[str]) -> None:
+    namespace.update(data)
+    for name in user_variables(shell):
+        if name not in data and name not in keep:
+            del namespace[name]
+
+
+def finish_restore(keep: list[str], shell: Any = None) -> str:
+    """After the re-run cells of a restore's plan: bind the values the restore read (not the copies the cells
+    had), leave the names in `keep` (what the cells made) and remove every other user variable."""
+    shell = get_shell(shell)
+    held = dict(HELD)
+    HELD.clear()
+    _bind(shell.user_ns, shell, held, set(keep))
+    return json.dumps({"restored": sorted(held), "failures": {}})
