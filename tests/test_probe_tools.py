@@ -63,14 +63,22 @@ def _run(release, workspace, out, backend: str, model: str, **options) -> list[d
     return [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
 
 
-def _check_native(lines: list[dict], release: Path) -> None:
+def _check_native(lines: list[dict], release: Path, *, server_may_refuse_the_answer: bool = False) -> None:
     rows = {r["id"]: r for r in open_release(release).rows("next_cell", "test")}
     assert len(lines) == LIMIT and {r["id"] for r in lines} <= set(rows)
     for record in lines:
         transcript = record["probes"]
-        assert record["status"] == "ok" and transcript["protocol"] == "native"
-        # The call was asked for, run, its answer sent back in a `tool` turn; then the model answered.
-        assert (transcript["used"], transcript["stop"], transcript["turns"]) == (1, "max_probes", 2), record
+        assert transcript["protocol"] == "native"
+        # The call was asked for, run, its answer sent back in a `tool` turn; then the model answered. What the
+        # tiny model writes in that second turn was never trained (its prompt holds the replay's timings, so it
+        # differs between builds): `transformers serve` answers HTTP 500 when that text opens a tool call it cannot
+        # parse, and the harness must then record the backend's failure on this line, after the probe it ran.
+        if server_may_refuse_the_answer and record["status"] == "failed":
+            assert transcript["stop"] == "backend_failed" and "HTTP 500" in record["reason"], record
+            assert (transcript["used"], transcript["turns"]) == (1, 2), record
+        else:
+            assert record["status"] == "ok", record
+            assert (transcript["used"], transcript["stop"], transcript["turns"]) == (1, "max_probes", 2), record
         words = next(v for v in rows[record["id"]]["variables_before"] if v["name"] == "words")
         for probe in transcript["probes"]:
             # The call came back parsed from the model's reply; it ran in the example's own pre-cell state.
@@ -86,7 +94,7 @@ def test_native_tool_calls_against_a_real_transformers_serve_process(probe_relea
                                                      PROBE_CONTEXT, probe=SETTINGS)], SAMPLING)
         assert answer.status == "ok", answer.reason
         lines = _run(release, workspace, tmp_path / "run", "openai", str(tool_model), base_url=url)
-    _check_native(lines, release)
+    _check_native(lines, release, server_may_refuse_the_answer=True)
 
 
 def test_native_tool_calls_through_the_transformers_backend(probe_release, tool_model, tmp_path,
