@@ -8,8 +8,9 @@
 #   HF_ALLOW_CODE_EVAL=1 bash scripts/main_job.sh --execute   # next_cell predictions also run in the pre-cell state
 #   bash scripts/main_job.sh                                   # text scores only
 #
-# THEMISTO_DEMO_LIMIT (default 20) examples per task keep it within 15 minutes on 2 cores; every step resumes, so
-# a rerun after a stop redoes only what is missing.
+# THEMISTO_DEMO_LIMIT (default 20) examples per task bound its time (on a clean clone of this machine's 2 shared
+# cores, install included: 6,368 s at load 2-20, most of it SmolLM2 on the CPU; re-measure on a quiet machine);
+# every step resumes, so a rerun after a stop redoes only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
