@@ -25,6 +25,7 @@ from themisto.distributed.ray_runner import replay_runner
 from themisto.ingest.trajectory import Execution, Trajectory
 from themisto.replay.replay import ReplaySettings
 from themisto.replay.steps_file import ReplayIncomplete, read_steps, replay_to_file
+from themisto.vocabulary import TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -145,7 +146,7 @@ def _ids_and_targets(folder: Path) -> dict:
     import pyarrow.parquet as pq
 
     found = {(p.parent.name, p.stem): [(r["id"], r["target"]) for r in pq.read_table(p).to_pylist()]
-             for p in sorted(folder.glob("*/*.parquet")) if p.parent.name != "trajectories"}
+             for p in sorted(folder.glob("*/*.parquet")) if p.parent.name in TASKS}  # not trajectories, values
     assert {config for config, _ in found} == {"next_cell", "output_prediction"} and all(found.values())
     return found
 

@@ -35,12 +35,15 @@ def _cli(args: list[str], seed: str, extra_env: dict | None = None) -> subproces
 
 
 def _contents(folder: Path) -> dict:
-    """Per config and split: ids with targets and history outputs (task configs), step outputs (trajectories)."""
+    """Per config and split: ids with targets and history outputs (task configs), step outputs (trajectories), the
+    stored values' content hashes, types and formats (values)."""
     found = {}
     for path in sorted(folder.glob("*/*.parquet")):
         rows = pq.read_table(path).to_pylist()
         if path.parent.name == "trajectories":
             found[path.parent.name, path.stem] = [(r["kernel_id"], r["step"], r["status"], r["output"]) for r in rows]
+        elif path.parent.name == "values":  # each stored value by its content hash (the bytes' sha256 may differ)
+            found[path.parent.name, path.stem] = sorted((r["hash"], r["type"], r["format"]) for r in rows)
         else:
             found[path.parent.name, path.stem] = [(r["id"], r["target"], [h["output"] for h in r["history"]])
                                                  for r in rows]
@@ -104,7 +107,7 @@ def test_two_fresh_builds_give_identical_ids_and_targets(tmp_path):
     addresses = [[m.group(0) for text in outputs for m in ADDRESS.finditer(text)] for outputs in raw]
     assert addresses[0] and addresses[0] != addresses[1]  # the replays themselves differ: the masking is needed
     first, second = (_contents(f) for f in folders)
-    assert set(first) == set(second) and {c for c, _ in first} == {"trajectories", "next_cell", "output_prediction"}
+    assert set(first) == set(second) and {c for c, _ in first} == {"trajectories", "next_cell", "output_prediction", "values"}
     for key in first:
         assert first[key] == second[key], key
     assert any("at 0x…" in row[3] for row in first["trajectories", "test-00000-of-00001"])
