@@ -15,7 +15,7 @@ from _probe_release import KERNEL, NOTES
 from themisto.gate import permit
 from themisto.generation.backends.base import Sampling
 from themisto.generation.probe_protocol import STOPPED, ProbeSettings
-from themisto.generation.probing import probe_limits, trajectory_rows, unsafe_probe
+from themisto.generation.probing import probe_limits, unsafe_probe
 from themisto.generation.run_folder import Generation
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.release.folder import open_release
@@ -60,7 +60,7 @@ def pre_step(probe_release, tmp_path_factory):
         handed.put(state)
         done.wait()  # the tests run while the replay waits here, in the exact pre-step state
 
-    walker = threading.Thread(target=walk_states, args=(trajectory_rows(info)[KERNEL], [6], workspace,
+    walker = threading.Thread(target=walk_states, args=(info.trajectories_by_kernel()[KERNEL], [6], workspace,
                                                        recorded_replay_settings(info.replay), at_step),
                               kwargs={"limits": probe_limits(info)}, daemon=True)
     walker.start()

@@ -24,7 +24,7 @@ from themisto.generation.probe_protocol import (CUT, DIED, KERNEL_LOST, MAX_PROB
                                                 Transcript, find_probe, tool_call_code)
 from themisto.generation.prompts import Prompt, approx_tokens, messages_text
 from themisto.generation.run_folder import Generation
-from themisto.release.folder import TRAJECTORIES, ReleaseInfo
+from themisto.release.folder import ReleaseInfo
 
 # The branch's own output cap, in bytes, per character a probe may show: the model sees `output_chars` characters,
 # the rest only needs counting (a flood is cut in the branch, not carried to the host).
@@ -195,17 +195,6 @@ def probe_limits(info: ReleaseInfo):
     return replace(kernel_limits(recorded_replay_settings(info.replay)), view="minimal")
 
 
-def trajectory_rows(info: ReleaseInfo) -> dict[str, list[dict]]:
-    """The release's `trajectories` rows (every split) by kernel, in step order."""
-    by_kernel: dict[str, list[dict]] = {}
-    for split in info.splits(TRAJECTORIES):
-        for row in info.rows(TRAJECTORIES, split):
-            by_kernel.setdefault(row["kernel_id"], []).append(row)
-    for rows in by_kernel.values():
-        rows.sort(key=lambda r: r["step"])
-    return by_kernel
-
-
 @dataclass(frozen=True)
 class ServedStep:
     """The examples (task rows) of one step and what their probes need: a function that runs one probe there."""
@@ -240,7 +229,7 @@ def serve_states(permit: ExecutionPermit, info: ReleaseInfo, rows: list[dict], s
     by_kernel: dict[str, dict[int, list[dict]]] = {}
     for row in rows:
         by_kernel.setdefault(row["kernel_id"], {}).setdefault(int(row["step"]), []).append(row)
-    trajectories = trajectory_rows(info)
+    trajectories = info.trajectories_by_kernel()
     replay_settings = recorded_replay_settings(info.replay)
     limits = probe_limits(info)
     for kernel_id, steps in sorted(by_kernel.items()):

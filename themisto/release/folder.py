@@ -217,6 +217,16 @@ class ReleaseInfo:
         rel = parquet_name(config, split)
         return read_parquet(self.path / rel, self.files[rel], columns)
 
+    def trajectories_by_kernel(self) -> dict[str, list[dict]]:
+        """The `trajectories` rows of every split by kernel, each kernel's in step order."""
+        by_kernel: dict[str, list[dict]] = {}
+        for split in self.splits(TRAJECTORIES):
+            for row in self.rows(TRAJECTORIES, split):
+                by_kernel.setdefault(row["kernel_id"], []).append(row)
+        for rows in by_kernel.values():
+            rows.sort(key=lambda r: r["step"])
+        return by_kernel
+
     def ids(self, task: str, split: str = BENCHMARK_SPLIT) -> tuple[str, ...]:
         """The example ids of a task's split, in file order (read once)."""
         key = (task, split)

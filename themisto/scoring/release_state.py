@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from themisto.release.folder import TRAJECTORIES, ReleaseInfo, open_release
+from themisto.release.folder import ReleaseInfo, open_release
 from themisto.scoring.records import Example, ScoreError
 from themisto.vocabulary import TASKS
 
@@ -30,12 +30,7 @@ def load_release(folder: str | Path | ReleaseInfo, task: str = TASKS[0]) -> Rele
     if not info.splits(task):
         raise ScoreError(f"{info.path}: the release has no {task!r} config")
     task_rows = {row["id"]: row for split in info.splits(task) for row in info.rows(task, split)}
-    trajectories: dict[str, list[dict]] = {}
-    for split in info.splits(TRAJECTORIES):
-        for row in info.rows(TRAJECTORIES, split):
-            trajectories.setdefault(row["kernel_id"], []).append(row)
-    for rows in trajectories.values():
-        rows.sort(key=lambda r: r["step"])
+    trajectories = info.trajectories_by_kernel()
     return Release(name=str(info.path), task_rows=task_rows, trajectories=trajectories, workspace=info.workspace,
                    replay=info.replay)
 
