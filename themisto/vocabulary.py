@@ -76,8 +76,9 @@ COMPARABLE_LOGGED: tuple[str, ...] = ("ok", "error")
 CodeState = Literal["as_logged", "repaired", "damaged"]
 CODE_STATES: tuple[str, ...] = get_args(CodeState)
 # What a log line or an execution lost (themisto.ingest.june_log names each by file and line): a line cut short, a
-# line that parsed but lost text, a line that lost its last fields, an `execute` with no `finished_execute`.
-DamageKind = Literal["cut_line", "lost_text", "lost_fields", "no_finish"]
+# line that parsed but lost text, a line that lost its last fields, an `execute` with no `finished_execute`, and a
+# code logged as having run ok that does not compile (so not the code that ran).
+DamageKind = Literal["cut_line", "lost_text", "lost_fields", "no_finish", "uncompilable"]
 DAMAGE_KINDS: tuple[str, ...] = get_args(DamageKind)
 
 # A scored prediction's outcome: how its cell ended, or `refused` (it was not run).

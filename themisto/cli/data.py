@@ -47,7 +47,9 @@ def _print_file(name: str, report: dict) -> None:
           f"{report['executions']} executions; {len(damaged)} damaged lines"
           + (f" ({lines})" if damaged else "")
           + f", code repaired {report['repaired']}, unrepaired {report['unrepaired']}; "
-          f"{len(report['no_finish'])} execute lines without a finished_execute")
+          f"{len(report['no_finish'])} execute lines without a finished_execute"
+          + (f", {len(report['uncompilable'])} logged ok whose code does not compile ("
+             + ", ".join(map(str, report["uncompilable"])) + ")" if report["uncompilable"] else ""))
 
 
 def ingest_command(args: argparse.Namespace) -> int:

@@ -190,7 +190,7 @@ def _sha256(path: Path) -> str:
 
 def _file_report(log, trajectories: list[Trajectory]) -> dict:
     """A log file's figures: lines, events, executions, damaged lines, repaired and unrepaired executions, and
-    the `execute` lines no `finished_execute` followed."""
+    the `execute` lines no `finished_execute` followed or whose code, logged as run ok, does not compile."""
     mine = [ex for traj in trajectories for ex in traj.executions
             if ex.origin and ex.origin.rsplit(":", 1)[0] == log.name]
     report = log.report()
@@ -198,6 +198,12 @@ def _file_report(log, trajectories: list[Trajectory]) -> dict:
         executions=len(mine),
         repaired=sum(ex.code_state == "repaired" for ex in mine),
         unrepaired=sum(ex.code_state == "damaged" for ex in mine),
-        no_finish=sorted(int(d.line.rsplit(":", 1)[1]) for ex in mine for d in ex.damage if d.kind == "no_finish"),
+        no_finish=_lines(mine, "no_finish"),
+        uncompilable=_lines(mine, "uncompilable"),
     )
     return report
+
+
+def _lines(executions: list, kind: str) -> list[int]:
+    """The line numbers the executions' damage of `kind` names (`file:line`)."""
+    return sorted(int(d.line.rsplit(":", 1)[1]) for ex in executions for d in ex.damage if d.kind == kind)

@@ -30,6 +30,9 @@ pairing of one kernel's events into its executions. The readers are `june_log` (
    is unknown: status "unknown", no ename or evalue (the damage note says what the log recorded). A finished
    event whose outputs were lost gives status "unknown" too; an `error` event cut inside its message keeps its
    ename and no evalue.
+9. An execution the log says finished ok whose logged code does not compile as an IPython cell
+   (`themisto.ingest.compiles`) is damaged the same way ("uncompilable", named by its `execute` line): what ran
+   compiled, so the log lost some of its text (cmd.exe ate an operator no other text of the cell shows).
 
 Hence executions = `execute` events + errored runs logged without one (rules 3-5); `Trajectory.logged_events`
 keeps the raw counts. Errors by ename equal the counter of enames over the `error` events, plus "<unknown>" for
@@ -46,6 +49,7 @@ from typing import Iterable
 
 from themisto.errors import InputError
 from themisto.bounded import Bounds
+from themisto.ingest.compiles import compile_error
 from themisto.ingest.limits import LOG, parse_json
 from themisto.ingest.june_format import partial_object
 from themisto.ingest.personal import mask_personal
@@ -249,10 +253,16 @@ class _Pairing:
         for item in self.pending.values():
             item.kernel_event_seen = True
 
-    def close(self) -> None:  # rules 6 and 8
+    def close(self) -> None:  # rules 6, 8 and 9
         for item in self.pending.values():
             self._close_unfinished(item, "the log ends first")
         for execution in self.executions:
+            if execution.status == "ok" and execution.code_state != "damaged" and execution.code:
+                why = compile_error(execution.code)
+                if why is not None:  # rule 9: what ran compiled, so this text is not what ran
+                    execution.damage.append(Damage("uncompilable", execution.origin or "", "cell_source",
+                                                   f"the logged code does not compile ({why})"))
+                    execution.code_state = "damaged"
             if execution.code_state == "damaged" and execution.status != "unknown":
                 # Its outcome is unknown: the log's word was about code we do not have. Keep that word in the note.
                 said = execution.status + (f" ({execution.ename})" if execution.ename else "")

@@ -234,12 +234,15 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
     seen = {t.id for t in trajectories}
     source: dict[str, Any] = {"kind": kind, "inputs": read}
     settings: dict[str, Any] = {}
-    from themisto.replay.replay import ReplaySettings
+    from themisto.replay.replay import ReplaySettings, relogged
     from themisto.replay.steps_file import read_steps, read_steps_header, replay_to_file
     from themisto.replay.workspace_recipe import given, look_alike
 
     if inputs.steps is not None:
-        steps = read_steps(inputs.steps)
+        try:
+            steps = relogged(read_steps(inputs.steps), trajectories, str(inputs.steps))
+        except ValueError as exc:
+            raise ReleaseError(str(exc)) from None
         source["steps"] = _described([inputs.steps])[0]
         header = read_steps_header(inputs.steps)  # {} for a steps file made before steps files recorded it
         if header:

@@ -9,7 +9,7 @@ cells in the exact pre-step state (branch execution) without a second replay.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -90,6 +90,25 @@ class Step:
 def _logged(execution: Execution) -> LoggedOutcome:
     return LoggedOutcome(execution.status, execution.ename, execution.evalue, execution.output_types,
                          execution.code_state)
+
+
+def relogged(steps: list[Step], trajectories: list[Trajectory], where: str) -> list[Step]:
+    """`steps` (a replay read back from `where`) with what the log recorded taken from `trajectories` as ingest reads
+    them now: a replay observed the code, while the log's verdict on it (its status, whether its code is damaged)
+    is ingest's reading, which may have learned since. A step whose code differs from its execution's was replayed
+    from another reading of the logs: refused (ValueError), replay again."""
+    executions = {t.id: t.executions for t in trajectories}
+    out = []
+    for step in steps:
+        mine = executions.get(step.kernel_id)
+        if mine is None:
+            out.append(step)
+            continue
+        if step.step >= len(mine) or mine[step.step].code != step.code:
+            raise ValueError(f"{where}: trajectory {step.kernel_id} step {step.step} was replayed from another "
+                             "reading of the logs (its code differs from the log's now): replay again")
+        out.append(replace(step, logged=_logged(mine[step.step])))
+    return out
 
 
 def _restart_points(trajectory: Trajectory) -> set[int]:
