@@ -36,14 +36,14 @@ def _cli(args: list[str], seed: str, extra_env: dict | None = None) -> subproces
 
 def _contents(folder: Path) -> dict:
     """Per config and split: ids with targets and history outputs (task configs), step outputs (trajectories), the
-    stored values' content hashes, types and formats (values)."""
+    stored values' content hashes, types, formats and the sha256 of their bytes (values)."""
     found = {}
     for path in sorted(folder.glob("*/*.parquet")):
         rows = pq.read_table(path).to_pylist()
         if path.parent.name == "trajectories":
             found[path.parent.name, path.stem] = [(r["kernel_id"], r["step"], r["status"], r["output"]) for r in rows]
-        elif path.parent.name == "values":  # each stored value by its content hash (the bytes' sha256 may differ)
-            found[path.parent.name, path.stem] = sorted((r["hash"], r["type"], r["format"]) for r in rows)
+        elif path.parent.name == "values":  # each stored value by its content hash and its bytes' sha256
+            found[path.parent.name, path.stem] = sorted((r["hash"], r["type"], r["format"], r["sha256"]) for r in rows)
         else:
             found[path.parent.name, path.stem] = [(r["id"], r["target"], [h["output"] for h in r["history"]])
                                                  for r in rows]

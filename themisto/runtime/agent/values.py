@@ -23,6 +23,7 @@ import struct
 import sys
 import time
 import types
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -295,9 +296,74 @@ def _sparse_bytes(value: Any) -> bytes:
     flags = [name for name in vars(value) if name in _SPARSE_FLAGS]
     arrays["flag_names"] = np.array(flags, dtype="<U32")
     arrays["flag_values"] = np.array([bool(vars(value)[name]) for name in flags], dtype=bool)
+    members = {}
+    for name, array in arrays.items():  # what np.savez writes, without its archive's clock time
+        buffer = io.BytesIO()
+        np.lib.format.write_array(buffer, np.asanyarray(array), allow_pickle=False)
+        members[name + ".npy"] = buffer.getvalue()
+    return _fixed_zip(members)
+
+
+# Every member of an archive this module writes gets this time (zip's earliest), so two builds write the same bytes:
+# np.savez and skops stamp the clock time.
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def _fixed_zip(members: dict[str, bytes], compression: dict[str, int] | None = None) -> bytes:
+    """A zip archive of `members` (name -> bytes, in order) whose bytes depend on nothing else."""
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in members.items():
+            info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+            info.compress_type = (compression or {}).get(name, zipfile.ZIP_STORED)
+            info.external_attr = 0o600 << 16
+            archive.writestr(info, data)
     return buffer.getvalue()
+
+
+def _canonical_skops(data: bytes) -> bytes:
+    """A skops file rewritten so that two processes write the same bytes for one model: skops names every object by
+    its address (`__id__`, and an array's member file `<id>.npy`), which is renumbered in the order the schema first
+    names it (the same address gets the same number: that is how skops shares one object between its users), and
+    every member is stamped with one fixed time (a nested `.npz` too)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        infos = archive.infolist()
+        members = {info.filename: archive.read(info) for info in infos}
+        compression = {info.filename: info.compress_type for info in infos}
+    numbers: dict[int, int] = {}
+    renamed: dict[str, str] = {}
+
+    def number(old: int) -> int:
+        return numbers.setdefault(old, len(numbers) + 1)
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, item in node.items():
+            if key == "__id__" and type(item) is int:
+                item = number(item)
+            elif key == "file" and isinstance(item, str) and item in members:
+                stem, dot, ext = item.partition(".")
+                if stem.isdigit() and item not in renamed:
+                    renamed[item] = f"{number(int(stem))}{dot}{ext}"
+                item = renamed.get(item, item)
+            out[key] = walk(item)
+        return out
+
+    schema = walk(json.loads(members.pop("schema.json")))
+    rewritten = {}
+    for name, member in members.items():
+        if name.endswith(".npz"):
+            with zipfile.ZipFile(io.BytesIO(member)) as inner:
+                member = _fixed_zip({i.filename: inner.read(i) for i in inner.infolist()},
+                                    {i.filename: i.compress_type for i in inner.infolist()})
+        rewritten[renamed.get(name, name)] = member
+    compression = {renamed.get(name, name): kind for name, kind in compression.items()}
+    rewritten["schema.json"] = json.dumps(schema, indent=2).encode("utf-8")
+    return _fixed_zip(rewritten, compression)
 
 
 def _skops_bytes(value: Any) -> bytes:
@@ -312,7 +378,7 @@ def _skops_bytes(value: Any) -> bytes:
         raise Unstorable(f"skops cannot store it ({type(error).__name__}: {str(error)[:200]})") from None
     if untrusted:
         raise Unstorable(f"skops would need types it cannot load safely: {', '.join(untrusted[:5])}")
-    return data
+    return _canonical_skops(data)
 
 
 # ---------------------------------------------------------------------------------------------------------------
