@@ -81,7 +81,8 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
                              "(a developer's trajectories are not independent)")
     parser.add_argument("--restore", action="store_true",
                         help="with --execute: start each trajectory from the state its release's values restore "
-                             "(checked against the state hash) instead of replaying the prefix")
+                             "(checked against the state hash) instead of replaying the prefix, and restore again in "
+                             "the same kernel before each later example whose gap costs more to replay")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("-o", "--output", type=Path, help="results JSON to write (a run folder: RUN/results.json)")
     parser.add_argument("--json", action="store_true", help="print {output, scores, notes, ...} as one JSON object")

@@ -1,12 +1,15 @@
 """A step's state rebuilt from its stored values instead of by replaying its prefix, checked against the state hash
 the replay recorded.
 
-Where every variable of the step is stored exactly, the restore loads them (themisto.runtime.agent.restore): modules
-imported, values read, the user's functions and classes defined again from their source. Where some are not, it
-follows a plan: load the stored ones, re-run the cells that made the others (the last cell of the step's kernel
-life that binds each name, else the last that changed it), then load the stored ones again, since those cells may
-have changed them. Either way the namespace's state hash is compared with the replay's; a restore that does not
-match says which names differ, and the caller replays the prefix instead.
+Where every variable of the step is stored exactly, the restore loads them (themisto.runtime.agent.restore):
+modules imported, values read, the user's functions and classes defined again from their source. Where some are
+not, it follows a plan: load the stored ones, re-run the cells that made the others (the last cell of the step's
+kernel life that binds each name, else the last that changed it), then load the stored ones again, since those cells
+may have changed them. Either way the namespace's state hash is compared with the replay's; a restore that does not
+match says which names differ, and the caller replays the prefix instead. A restore works in a fresh kernel or in
+one that holds another step's state (the scorer's kernel restores the state before each scored step it does not
+replay to: themisto.replay.states.walk_states); there only the modules the kernel has not imported yet cost an
+import.
 
 What a restore cannot give back: files the prefix wrote into the working folder, the state of random generators,
 and module-level settings (pandas options, a matplotlib figure being drawn). The state hash covers none of them.
@@ -263,9 +266,11 @@ class Restored:
 
 def restore_before(session: Any, rows: Sequence[dict], step: int, source: ValueSource, *,
                    cell_timeout_s: float = 60.0) -> Restored:
-    """In a fresh `session`, the state before `rows`' step `step` restored from `source` where its state hash
-    matches the replay's; otherwise the kernel is restarted (fresh again), so the caller replays the prefix. For
-    the scorer and the probes: a branch can start from it instead of a prefix replay."""
+    """In `session`, the state before `rows`' step `step` restored from `source` where its state hash matches the
+    replay's; otherwise the kernel is restarted (fresh), so the caller replays the prefix. The session may be fresh
+    or hold another step's state (its namespace is replaced; the modules it imported stay imported, so a second
+    restore in one kernel imports only what is new). For the scorer and the probes: a branch can start from it
+    instead of a prefix replay."""
     from themisto.runtime.snapshot import AgentError
 
     index = _index_of(rows, step)

@@ -8,6 +8,7 @@ asked step's state is handed to a callback before the step runs; the replay stop
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -29,6 +30,14 @@ class PreStepState:
 
 class _Done(Exception):
     """The last asked step has been served: the rest of the trajectory is not needed."""
+
+
+class _Jump(Exception):
+    """The next asked step is cheaper to restore than to replay up to."""
+
+    def __init__(self, step: int):
+        super().__init__(step)
+        self.step = step
 
 
 def trajectory_from_rows(rows: Sequence[dict]):
@@ -55,9 +64,13 @@ def walk_states(rows: Sequence[dict], steps: Iterable[int], workspace: str | Pat
                 restore: Callable[[Any, int], int] | None = None) -> None:
     """Replay the trajectory of `rows` (one kernel's `trajectories` rows, in step order) once in a fresh sandboxed
     kernel over a copy of `workspace`, and call `at_step` with the live state before each of `steps`, in order.
-    `restore(session, first asked step)`, when given, rebuilds a state from stored values first (themisto.replay.
-    restore) and returns the step the kernel now holds the state before (0: nothing restored); the replay starts
-    there instead of at the first cell.
+    `restore(session, step)`, when given, rebuilds the state before an asked step from stored values (themisto.replay.
+    restore) and returns the step the kernel now holds the state before (0: nothing restored, and the kernel is fresh
+    or still holds the state it held); the replay goes on from there. It is asked before the first asked step, and
+    again before each later one whose gap the replay's own times say costs more to replay than the last restore
+    took (`_worth_restoring`): the same kernel restores again, its modules imported once, however many steps it
+    restores. After a restore that fails (the kernel restarted fresh), the replay starts over from the first cell,
+    serving no step twice, and the trajectory restores no more.
 
     `limits` (`themisto.runtime.kernel.Limits`) defaults to what the replay settings give. Errors of the kernel or of
     the replay propagate (KernelStartError, AgentError, OSError): the steps `at_step` has not seen were not served.
@@ -70,21 +83,56 @@ def walk_states(rows: Sequence[dict], steps: Iterable[int], workspace: str | Pat
         return
     trajectory = trajectory_from_rows(rows[: asked[-1] + 1])
     lost = frozenset(r["step"] for r in rows if r["kernel_restarted"])  # the release's replay lost the state there
-    wanted = set(asked)
+    wanted, served = set(asked), set()
+    restoring = {"on": restore is not None, "last_s": None}
+
+    def restored(session, step: int) -> int:
+        began = time.perf_counter()
+        found = restore(session, step)
+        if found == step:
+            restoring["last_s"] = time.perf_counter() - began
+        elif life_start(trajectory, step) < step:
+            restoring["on"] = False  # this trajectory's values do not restore its states: replay it
+        return found
 
     def before_step(_trajectory, step: int, session) -> None:
-        if step in wanted:
+        if step in wanted and step not in served:
+            served.add(step)
             prefix = [cell.code for cell in life_cells(trajectory, life_start(trajectory, step), step, settings)
                       if cell.step not in lost]
             at_step(PreStepState(step, session, prefix, lambda: rebuild_before(session, trajectory, step, settings,
                                                                                 lost=lost, strict=True)))
+            following = next((s for s in asked if s > step), None)
+            if (following is not None and restoring["on"] and life_start(trajectory, following) < following
+                    and _worth_restoring(rows, step, following, restoring["last_s"])):
+                raise _Jump(following)
         if step == asked[-1]:
             raise _Done
 
     try:
         with KernelSession(workspace, limits if limits is not None else kernel_limits(settings)) as session:
-            start = restore(session, asked[0]) if restore is not None else 0
-            for _ in replay(trajectory, session, settings, before_step=before_step, start=start):
-                pass
+            start = restored(session, asked[0]) if restore is not None else 0
+            while True:
+                try:
+                    for _ in replay(trajectory, session, settings, before_step=before_step, start=start):
+                        pass
+                    return
+                except _Jump as jump:
+                    start = restored(session, jump.step)
+                    if start != jump.step:
+                        session.restart()  # whatever the failed restore left, the replay starts over from a fresh kernel
+                        start = 0
     except _Done:
         pass
+
+
+# A restore's cost before any was measured in this kernel: a cold one (the modules imported) at the median step of the
+# real task-1 trajectory took 2.3-4.6 s at load 2.4.
+_RESTORE_GUESS_S = 5.0
+
+
+def _worth_restoring(rows: Sequence[dict], step: int, following: int, last_s: float | None) -> bool:
+    """Whether restoring the state before `following` is cheaper than replaying the cells from `step` to it, by the
+    times the release's replay recorded for them and what the last restore in this kernel took."""
+    gap_s = sum(float(r.get("execution_time") or 0.0) for r in rows if step <= r["step"] < following)
+    return gap_s > (last_s if last_s is not None else _RESTORE_GUESS_S)

@@ -213,9 +213,16 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
     try:
         replay_settings = recorded_replay_settings(release.replay)
 
-        def restore(session, first: int) -> int:
-            restored.update(_restore_before(session, release, rows, first, replay_settings))
-            return restored.get("restored_step") or 0
+        def restore(session, step: int) -> int:
+            done = _restore_before(session, release, rows, step, replay_settings)
+            if done.get("restored_step") is None:
+                restored["restore_note"] = done["restore_note"]
+                return 0
+            restored.setdefault("restored_step", done["restored_step"])
+            restored.setdefault("restore_note", "")
+            restored["restores"] = restored.get("restores", 0) + 1
+            restored["restore_s"] = round(restored.get("restore_s", 0.0) + done["restore_s"], 6)
+            return done["restored_step"]
 
         walk_states(rows, by_step, workspace, replay_settings, at_step, restore=restore if settings.restore else None)
     except (KernelStartError, AgentError, BranchError, OSError) as error:

@@ -65,6 +65,13 @@ def user_variables(shell: Any = None) -> dict[str, Any]:
     return found
 
 
+def module_bindings(shell: Any = None) -> dict[str, types.ModuleType]:
+    """The user's names bound to modules (`pd`, `plt`): not IPython's own, not names that start with `_`."""
+    shell = get_shell(shell)
+    hidden = getattr(shell, "user_ns_hidden", {})
+    return {name: value for name, value in list(shell.user_ns.items())
+            if isinstance(value, types.ModuleType) and not name.startswith("_")
+            and not (name in hidden and hidden[name] is value)}
 
 
 _REPR = reprlib.Repr()

@@ -1,7 +1,7 @@
 """A step's namespace rebuilt in the kernel from its stored values (`values`): modules imported, data values read,
 the user's functions and classes defined again from their source, names bound to one object bound so again, and
-every other user variable removed. The host (themisto.replay.restore) checks the result against the step's state
-hash.
+every other user variable and module binding removed (the kernel may hold another step's state). The host
+(themisto.replay.restore) checks the result against the step's state hash.
 
 Reading a value runs no code; defining a function or class runs its statement, as the cell that defined it did, in
 this (sandboxed) kernel. Runs inside the kernel: standard library only.
@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from themisto.runtime.agent import valuejson
-from themisto.runtime.agent.namespace import get_shell, user_variables
+from themisto.runtime.agent.namespace import get_shell, module_bindings, user_variables
 from themisto.runtime.agent.values import FORMATS, Definition, read_value
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
@@ -79,7 +79,11 @@ def restore(folder: str, plan: dict, shell: Any = None) -> str:
     keep = set(plan.get("keep", []))
     failures: dict[str, str] = {}
     began = time.perf_counter()
-    for name, module in plan.get("modules", {}).items():
+    modules = dict(plan.get("modules", {}))
+    for name in module_bindings(shell):  # the kernel may hold another step's state: its modules go too
+        if name not in modules:
+            del namespace[name]
+    for name, module in modules.items():
         try:
             namespace[name] = _imported(str(module))
         except Exception as error:  # noqa: BLE001 - a missing module is that name's failure

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from themisto.runtime.agent import valuejson
 from themisto.runtime.agent.hashing import content_digest, content_hash
-from themisto.runtime.agent.namespace import UNHASHABLE, qualname
+from themisto.runtime.agent.namespace import UNHASHABLE, module_bindings, qualname
 from themisto.runtime.agent.sources import NoSource, USER_MODULE, class_source, function_source, is_user_defined
 
 # format -> file extension; the release (themisto.release.folder) reads and checks these formats and no others.
@@ -534,10 +534,8 @@ STORE = ValueStore()
 def modules_and_aliases(shell: Any, names: list[str]) -> tuple[dict[str, str], list[list[str]]]:
     """The user's module bindings (name -> module name: `pd` -> "pandas") and the groups of the variables `names`
     bound to one object (`df1 = df`), which a restore binds to one object again."""
-    namespace, hidden = shell.user_ns, getattr(shell, "user_ns_hidden", {})
-    modules = {name: value.__name__ for name, value in list(namespace.items())
-               if isinstance(value, types.ModuleType) and not name.startswith("_")
-               and not (name in hidden and hidden[name] is value)}
+    namespace = shell.user_ns
+    modules = {name: value.__name__ for name, value in module_bindings(shell).items()}
     groups: dict[int, list[str]] = {}
     for name in names:
         value = namespace[name]
