@@ -13,8 +13,9 @@ Another fresh kernel replays the prefix up to the same step (what a branch needs
 modules too). Kernel start is outside every timing. `speedup` is prefix replay over the warm restore;
 `speedup_cold` over the cold one; `speedup_both_warm` takes the cold restore's import time off the prefix replay as
 well (an estimate: that replay imports the same modules). Then the release is built from the replay twice, with and
-without values, and both folders' sizes printed; `--scorer` also scores the examples of the halfway and the next step
-with execution, replaying and restoring. Never asserted on (the JSON line carries the load average).
+without values, and both folders' sizes printed; `--scorer` also scores the examples at the halfway step and at the
+step with execution, replaying and restoring (`themisto score --execute [--restore]`'s path, kernel start included).
+Never asserted on (the JSON line carries the load average).
 
     python bench/restore.py [--point 0.5 | --step N] [--repeats 3] [--upto N] [--keep FILE | --steps FILE] [--scorer]
 """
@@ -22,6 +23,7 @@ with execution, replaying and restoring. Never asserted on (the JSON line carrie
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -161,8 +163,9 @@ def main() -> int:
         build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0, length_quantile=1.0),
                       source={"kind": "bench"}, values=values)
         sizes[name] = folder_bytes(out)
-    scorer = score_both_ways(tmp / "with_values", ws, traj.id, [halfway + 1, step + 1]) if args.scorer else {}
+    scorer = score_both_ways(tmp / "with_values", ws, traj.id, [halfway, step]) if args.scorer else {}
     keep.cleanup()
+    shutil.rmtree(tmp, ignore_errors=True)
     cold_s = median([r.seconds for r in restores["cold"]])
     warm_s = median([r.seconds for r in restores["warm"]])
     imports_s = median([r.parts_s.get("imports", 0.0) for r in restores["cold"]])
