@@ -7,7 +7,7 @@ import pytest
 
 from themisto.runtime.branch import BranchError, BranchResult, run_branches, run_in_branch
 from themisto.runtime.kernel import KernelSession
-from themisto.runtime.snapshot import take_snapshot
+from themisto.runtime.snapshot import agent_call, take_snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -171,6 +171,38 @@ def test_run_in_branch_gives_the_bounded_output_status_and_whether_the_state_cha
     assert failed.status == "error" and failed.ename == "ZeroDivisionError" and failed.changed_state is False
     assert take_snapshot(session).state_hash == before.state_hash
     assert not (session.workdir / "probe.txt").exists()
+
+
+def test_a_state_is_hashed_once_for_its_branches_and_again_after_any_cell(session):
+    # Probes ask for many branches of one state: the kernel keeps its hashes of the namespace until a cell runs. A
+    # cell that changes a value in place (same object, same name) must not be taken for the same state.
+    def branch(code):
+        answer = agent_call(session, "branch", timeout=60, codes=[[code]], workdir=None)
+        [result] = answer["results"]
+        facts = (answer["before_kept"], result["outputs"][-1]["data"]["text/plain"] if result["outputs"] else None,
+                 sorted(result["changed"]))
+        assert answer["state_hash_before"] == take_snapshot(session).state_hash, code
+        return facts
+
+    assert session.execute("kept = [1, 2]").status == "ok"
+    try:
+        assert branch("len(kept)") == (False, "2", [])
+        assert branch("kept.append(0)") == (True, None, ["kept"])  # only its branch changed
+        assert branch("len(kept)") == (True, "2", [])
+        assert session.execute("kept.append(3)").status == "ok"
+        assert branch("len(kept)") == (False, "3", [])
+        session.execute_silent("kept.append(4)")  # a silent cell runs code too (a restore's cells)
+        assert branch("len(kept)") == (False, "4", [])
+        # A cell that removes the kernel's count of cells: the next branch cannot trust what was kept.
+        assert session.execute("events = get_ipython().events.callbacks['pre_execute']\n"
+                               "events[:] = [e for e in events if type(e).__name__ != '_Count']\n"
+                               "del events\nkept.append(5)").status == "ok"
+        assert branch("len(kept)") == (False, "5", [])
+        assert branch("len(kept)") == (True, "5", [])
+        assert session.execute("kept.append(6)").status == "ok"  # counted again
+        assert branch("len(kept)") == (False, "6", [])
+    finally:
+        session.execute("del kept")
 
 
 def test_bad_requests_are_refused_clearly(session):

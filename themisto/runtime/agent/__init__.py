@@ -9,7 +9,8 @@ reaps.
 The package is split by concern: `namespace` (what every module shares: the shell, the user's names, bounded reprs),
 `hashing` and `leaves`, `describe`, `snapshots`, `values`, `valuejson` and `sources` (values stored in safe
 formats), `restore` (a namespace rebuilt from them), `workdir` (the work-folder guards), `recorder` and `capture` (a
-cell's outputs), `integrity`, `delta`, `pages` and `walls` (what guards a branch), `branching` and `candidate` (the
+cell's outputs), `integrity`, `delta`, `pages` and `walls` (what guards a branch), `executions` (the count of cells
+run, which says when the kernel's hashes of its state still hold), `branching` and `candidate` (the
 kernel's side of a branch call and of one candidate's life), `handoff` (the wire between the kernel and a branch's
 processes: the go, the monitor's messages) and `branch_child` (the monitor's and the candidate's side).
 The modules share only public names (a name with an underscore stays in its module). Every module imports only the

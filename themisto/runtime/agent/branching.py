@@ -1,7 +1,8 @@
 """Branch execution, the kernel side: each candidate runs in a forked grandchild of the kernel (`branch_child`),
-reports through shared memory and a pipe, and is reaped (`candidate`); the kernel only hashes its namespace, guards
-its work folder, and waits, reads, kills and reaps. The next candidate is forked and set up behind its walls while
-the one before it runs, and waits for the kernel's go: its fork then costs no time of its own where a core is free.
+reports through shared memory and a pipe, and is reaped (`candidate`); the kernel only hashes its namespace (once per
+state: `delta.hash_before_once`), guards its work folder, and waits, reads, kills and reaps. The next candidate is
+forked and set up behind its walls while the one before it runs, and waits for the kernel's go: its fork then costs no
+time of its own where a core is free.
 
 Runs inside the kernel: standard library only.
 """
@@ -20,10 +21,13 @@ from themisto.runtime.agent.namespace import get_shell, user_variables
 from themisto.runtime.agent.hashing import state_hash
 from themisto.runtime.agent.snapshots import CACHE
 from themisto.runtime.agent.workdir import guard_workdir, restore_home
-from themisto.runtime.agent.delta import hash_before
+from themisto.runtime.agent.delta import hash_before_once
+from themisto.runtime.agent.executions import cells_run
 from themisto.runtime.agent.walls import connection_folder, set_dumpable
 from themisto.runtime.agent.branch_child import BranchPlan, data_limit, value_fingerprint
 from themisto.runtime.agent.handoff import go_message
+
+_PENDING_REAPERS = 2  # reaper threads (of earlier calls) a branch call does not wait for
 
 
 def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, output_bytes: int = 2**20,
@@ -42,7 +46,9 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
         raise ValueError(f"delta must be 'pages', 'hash' or 'identity', not {delta!r}")
     shell = get_shell(shell)
     began = time.perf_counter()
-    candidate.join_reapers()  # the last call's monitors are gone long since
+    # The last calls' candidates may still be unmapping their copies of the kernel: a probe asked right after one
+    # need not wait for that (what they left is gone with their pid namespaces), but no more than a few are left.
+    candidate.join_reapers(pending=_PENDING_REAPERS)
     plan = BranchPlan(
         timeout_s=float(timeout_s), memory_bytes=int(memory_bytes), output_bytes=int(output_bytes), delta=delta,
         pre_hashes={}, pre_ids={}, pre_prints={}, random_state=random.getstate(),
@@ -56,7 +62,7 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
     ready = candidate.try_start(shell, candidates[0], plan) if candidates else None
     try:
         variables = user_variables(shell)
-        before = hash_before(variables, CACHE.kept_hash, prints=delta == "pages")
+        before, kept = hash_before_once(variables, CACHE.kept_hash, delta == "pages", cells_run(shell))
         plan.pre_hashes, plan.page_prints = before.hashes, before.prints
         plan.pre_ids = {name: id(value) for name, value in variables.items()}
         if delta == "identity":
@@ -83,7 +89,8 @@ def branch(codes: list, timeout_s: float = 30.0, memory_bytes: int = 2**30, outp
             candidate.cancel(ready)
         candidate.reap_later()
         set_dumpable(True)
-    return json.dumps({"state_hash_before": state_hash(plan.pre_hashes), "prepare_s": prepared, "results": results},
+    return json.dumps({"state_hash_before": state_hash(plan.pre_hashes), "prepare_s": prepared,
+                       "before_kept": kept, "results": results},
                       default=str)
 
 

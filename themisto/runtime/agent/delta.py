@@ -6,6 +6,9 @@ address and layout of each large raw buffer for its bytes (`footprint`). After t
 whose fingerprint is the same and whose buffers lie on pages the child never wrote (`pages.written`) has the same
 content, so it keeps its hash; everything else is hashed again in full. `full=True` rehashes everything (the exact
 fallback, and where the page flags cannot be trusted).
+
+The kernel's hashes and fingerprints of a state are kept for its next branch calls until a cell runs
+(`hash_before_once`): a probe conversation asks for many branches of one state, which is hashed once.
 """
 
 from __future__ import annotations
@@ -143,6 +146,25 @@ def hash_before(variables: Mapping[str, Any], kept_hash: Callable[[Any], str | N
 
     found.hashes = hash_each(variables, known)
     return found
+
+
+_KEPT: dict[str, Any] = {}  # the last Before and the state it was taken in
+
+
+def hash_before_once(variables: Mapping[str, Any], kept_hash: Callable[[Any], str | None], prints: bool,
+                     cells: int | None) -> tuple[Before, bool]:
+    """`hash_before`, kept for the next branch call while the state stands: no cell has run since (`cells`: the
+    count of themisto.runtime.agent.executions; None, it cannot be told: hashed again) and every name is bound to
+    the same object. A probe conversation asks for many branches of one state: it is hashed once, not per probe.
+    The Before, and whether it was the kept one."""
+    key = None if cells is None else (cells, prints, tuple((name, id(value)) for name, value in variables.items()))
+    if key is not None and _KEPT.get("key") == key:
+        return _KEPT["before"], True
+    _KEPT.clear()
+    before = hash_before(variables, kept_hash, prints)
+    if key is not None:
+        _KEPT.update(key=key, before=before)
+    return before, False
 
 
 def hash_after(variables: Mapping[str, Any], before: Before, kept_hash: Callable[[Any], str | None],

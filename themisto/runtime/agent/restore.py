@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from themisto.runtime.agent import valuejson
+from themisto.runtime.agent.executions import moved
 from themisto.runtime.agent.namespace import get_shell, module_bindings, user_variables
 from themisto.runtime.agent.values import FORMATS, Definition, read_value
 
@@ -74,6 +75,7 @@ def restore(folder: str, plan: dict, shell: Any = None) -> str:
     "aliases": [[name, ...]], "keep": [names left as they are], "rerun": whether cells re-run next (then the
     namespace holds copies until `finish_restore`)}."""
     shell = get_shell(shell)
+    moved()  # no cell runs: the count of cells run would not see the namespace change
     namespace = shell.user_ns
     values, files = dict(plan.get("values", {})), dict(plan.get("files", {}))
     keep = set(plan.get("keep", []))
@@ -159,6 +161,7 @@ def finish_restore(keep: list[str], shell: Any = None) -> str:
     """After the re-run cells of a restore's plan: bind the values the restore read (not the copies the cells
     had), leave the names in `keep` (what the cells made) and remove every other user variable."""
     shell = get_shell(shell)
+    moved()
     held = dict(HELD)
     HELD.clear()
     _bind(shell.user_ns, shell, held, set(keep))
