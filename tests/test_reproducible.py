@@ -7,7 +7,9 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 import pyarrow.parquet as pq
 import pytest
@@ -28,10 +30,25 @@ TIMING = {"duration_s", "continuation_s", "branch_wall_s", "reference_durations_
           "replay_s", "execution_time", "memory_bytes"}
 
 
-def _cli(args: list[str], seed: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONHASHSEED": seed, **(extra_env or {})}
-    return subprocess.run([sys.executable, "-m", "themisto.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=True, cwd=REPO)
+def _cli_twice(args: Callable[[str], list[str]], extra_env: dict | None = None) -> None:
+    """`themisto args(seed)` for seeds 1 and 2, at the same time (one kernel each: the machine's two cores)."""
+    running = []
+    try:
+        for seed in ("1", "2"):
+            env = {**os.environ, "PYTHONHASHSEED": seed, **(extra_env or {})}
+            err = tempfile.TemporaryFile()  # a file, not a pipe: neither process waits on a full pipe
+            running.append((subprocess.Popen([sys.executable, "-m", "themisto.cli", *args(seed)], env=env, cwd=REPO,
+                                             stdout=subprocess.DEVNULL, stderr=err), err))
+        for process, err in running:
+            process.wait(timeout=300)
+            err.seek(0)
+            assert process.returncode == 0, err.read()[-2000:].decode(errors="replace")
+    finally:
+        for process, err in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            err.close()
 
 
 def _contents(folder: Path) -> dict:
@@ -98,11 +115,8 @@ def test_a_rebuild_in_one_replay_changes_no_target_of_the_steps_after_it(tmp_pat
 def test_two_fresh_builds_give_identical_ids_and_targets(tmp_path):
     log = tmp_path / SAMPLE_LOG.name
     log.write_bytes(b"".join(SAMPLE_LOG.read_bytes().splitlines(keepends=True)[:SAMPLE_LINES]))
-    folders = []
-    for seed in ("1", "2"):
-        out = tmp_path / f"build-{seed}"
-        _cli(["build", str(log), "-o", str(out), "--json"], seed)
-        folders.append(out)
+    folders = [tmp_path / f"build-{seed}" for seed in ("1", "2")]
+    _cli_twice(lambda seed: ["build", str(log), "-o", str(tmp_path / f"build-{seed}"), "--json"])
     raw = [[step.output for step in read_steps(Path(f"{f}.steps.jsonl"))] for f in folders]
     addresses = [[m.group(0) for text in outputs for m in ADDRESS.finditer(text)] for outputs in raw]
     assert addresses[0] and addresses[0] != addresses[1]  # the replays themselves differ: the masking is needed
@@ -152,12 +166,10 @@ def test_two_scorer_processes_give_identical_records(tiny_release, tmp_path):
     predictions = tmp_path / "predictions.jsonl"
     predictions.write_text("".join(json.dumps({"id": r["id"], "prediction": [r["target"], *candidates]}) + "\n"
                                    for r in rows))
-    written = []
-    for seed in ("1", "2"):
-        out = tmp_path / f"results-{seed}.json"
-        _cli(["score", "--release", str(release), "--predictions", str(predictions), "--workspace", str(workspace),
-              "--execute", "--prediction-timeout", "10", "-o", str(out)], seed, {"HF_ALLOW_CODE_EVAL": "1"})
-        written.append(_without_timing(json.loads(out.read_text())))
+    _cli_twice(lambda seed: ["score", "--release", str(release), "--predictions", str(predictions), "--workspace",
+                             str(workspace), "--execute", "--prediction-timeout", "10", "-o",
+                             str(tmp_path / f"results-{seed}.json")], {"HF_ALLOW_CODE_EVAL": "1"})
+    written = [_without_timing(json.loads((tmp_path / f"results-{seed}.json").read_text())) for seed in ("1", "2")]
     first, second = written
     assert first["scores"]["scored_examples"] == len(rows) and first["scores"]["state_mismatch_examples"] == 0
     assert [p["reason"] for p in first["predictions"]] == [p["reason"] for p in second["predictions"]]
