@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -960,12 +961,12 @@ def generate(out_dir: Path = DEFAULT_OUT, *, seed: int = SEED, progress: bool = 
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    rows: list[tuple[str, Script, Counts]] = []
     with tempfile.TemporaryDirectory(prefix="themisto-sample-") as tmp:
         base = _make_workspace(Path(tmp) / "workspace")
         staged = Path(tmp) / "out"
         staged.mkdir()
-        for script in scripts():
+
+        def one(script: Script) -> tuple[str, Script, Counts]:
             started = time.monotonic()
             run_dir = Path(tmp) / f"run-{script.name}"
             shutil.copytree(base, run_dir)
@@ -976,10 +977,16 @@ def generate(out_dir: Path = DEFAULT_OUT, *, seed: int = SEED, progress: bool = 
                 for ev in events:
                     fh.write(encode_log_line(ev) + "\n")
             counts = count_events(events)
-            rows.append((file_name, script, counts))
             if progress:
                 print(f"{script.name}: {counts.executions} executions, errors {counts.errors}, "
                       f"{counts.restarts} restarts, {time.monotonic() - started:.1f} s", file=sys.stderr)
+            return file_name, script, counts
+
+        # Each script plays in its own kernel and workspace copy, seeded by its name alone, so they play side by
+        # side (one per core) and the files are the ones a one-by-one run writes; rows keep the scripts' order.
+        todo = scripts()
+        with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+            rows = list(pool.map(one, todo))
         (staged / "README.md").write_text(render_readme(rows), encoding="utf-8", newline="\n")
         final = out_dir.parent / (out_dir.name + ".partial")
         shutil.rmtree(final, ignore_errors=True)

@@ -1,6 +1,7 @@
 """Shared test settings: offline Hub access, and where the real JuNE data lies (read at run time, never copied)."""
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 JUNE_DIR = Path(os.environ.get("THEMISTO_JUNE_DIR", REPO_ROOT.parent / "shared" / "data" / "june"))
 TASK1_LOG = JUNE_DIR / "bc147b33-fa74-4bff-9f48-c88809c5bdcd.log"
 TASK2_LOG = JUNE_DIR / "388ef554-e3e7-4410-89ac-d6ad4aeaec6c.log"
+
+
+def pytest_configure(config):
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and so does every child
+    # it starts: the Ctrl-C tests would see nothing stop. Python's own handler back, as in a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -28,11 +28,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def short_logs(tmp_path_factory) -> list[Path]:
-    """The six sample trajectories cut to their first 24 log lines (about ten executions each)."""
+    """Four sample trajectories cut to their first 16 log lines (six or seven executions each): more than two per
+    worker, of unequal lengths, and replayed four times over in this module, so kept short."""
     folder = tmp_path_factory.mktemp("logs")
-    for log in sorted(SAMPLE.glob("*.log")):
+    for log in sorted(SAMPLE.glob("*.log"))[:4]:
         lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
-        (folder / log.name).write_text("".join(lines[:24]), encoding="utf-8")
+        (folder / log.name).write_text("".join(lines[:16]), encoding="utf-8")
     return sorted(folder.glob("*.log"))
 
 
@@ -93,11 +94,11 @@ def sequential(short_logs, tmp_path_factory) -> tuple[Path, Path]:
 
 def test_two_workers_write_the_steps_file_of_a_sequential_run(short_logs, sequential, tmp_path, capsys):
     ids = _replay(short_logs, tmp_path / "steps.jsonl", workers=2)
-    assert "replaying 6 trajectories, 2 at once" in capsys.readouterr().err
+    assert "replaying 4 trajectories, 2 at once" in capsys.readouterr().err
     # trajectories in input order (the longest went first), each one's lines together
     order = [t.id for t in read_june_logs(short_logs)]
     assert ids == sorted(ids, key=order.index) and list(dict.fromkeys(ids)) == order
-    assert all(ids.count(i) >= 8 for i in order)
+    assert all(ids.count(i) >= 6 for i in order)
     _same_as_sequential(tmp_path / "steps.jsonl", sequential)
     header = (tmp_path / "steps.jsonl").read_text(encoding="utf-8").splitlines()[0]
     assert header == sequential[0].read_text(encoding="utf-8").splitlines()[0]  # the same inputs and settings
