@@ -79,11 +79,9 @@ def reap_later() -> None:
         _REAPERS.append(thread)
 
 
-def join_reapers(pending: int = 0) -> None:
-    """Wait for the reaper threads, the oldest first, until at most `pending` of them are still running."""
-    _REAPERS[:] = [thread for thread in _REAPERS if thread.is_alive()]
-    while len(_REAPERS) > pending:
-        _REAPERS.pop(0).join()
+def join_reapers() -> None:
+    while _REAPERS:
+        _REAPERS.pop().join()
 
 
 def _reap_monitor(monitor: int, status: int | None) -> int:
