@@ -51,8 +51,8 @@ fi
 say "the personal-data and split tests against the release"
 THEMISTO_JUNE_RELEASE="$RELEASE" .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_june_release.py
 
-# Intervals twice from one scoring (the second reuses the first's verdicts): over whole trajectories (the 12
-# trajectories give the >= 10 clusters a cluster bootstrap needs) and over whole participants (only 6: a developer's
+# Intervals twice from one scoring (the second reuses the first's verdicts): over whole trajectories (the 10 that
+# hold examples give the >= 10 clusters a cluster bootstrap needs) and over whole participants (only 6: a developer's
 # trajectories are not independent, so this is the honest unit, but its intervals run narrow and say so).
 score() {
   local run=$1; shift
