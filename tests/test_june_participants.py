@@ -294,3 +294,19 @@ def test_no_name_or_address_in_the_logs_survives_ingest(ingested, june_dir, tmp_
     assert main(["ingest", *map(str, notebooks), "-o", str(out)]) == 0
     assert leaks(written, found, "the logs' trajectories") == []
     assert leaks(out.read_text(encoding="utf-8"), found, "the notebooks' trajectories") == []
+
+
+def test_without_o_ingest_prints_the_same_report_and_writes_nothing(june_dir, tmp_path, monkeypatch):
+    """`themisto ingest PATH --json` as the README shows it: the report of a run with -o, and no file anywhere."""
+    log = sorted((june_dir / "participants/student_1").glob("*.log"))[0]
+    monkeypatch.chdir(tmp_path)
+    printed = []
+    for extra in ([], ["-o", str(tmp_path / "out" / "t.jsonl")]):
+        (tmp_path / "out").mkdir(exist_ok=True)
+        buffer = io.StringIO()
+        with redirect_stdout(buffer):
+            assert main(["ingest", str(log), "--json", *extra]) == 0
+        printed.append(json.loads(buffer.getvalue()))
+        if not extra:
+            assert sorted(p.name for p in tmp_path.rglob("*")) == ["out"]  # nothing written, not even a .partial
+    assert printed[0] == printed[1] and printed[0]["files"][log.name]["executions"] > 0

@@ -25,11 +25,11 @@ def read_inputs(args: argparse.Namespace):
     return read(args.paths, skip_bad_lines=getattr(args, "skip_bad_lines", False), participants=mapping)
 
 
-def add_trajectory_inputs(parser: argparse.ArgumentParser, *, output_help: str) -> None:
+def add_trajectory_inputs(parser: argparse.ArgumentParser, *, output_help: str, output_required: bool = True) -> None:
     """The arguments of every command that reads trajectories (see `read_inputs`) and writes one file."""
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help=".log, .csv (JuNE table) or .ipynb, or a directory (read recursively)")
-    parser.add_argument("-o", "--output", required=True, type=Path, help=output_help)
+    parser.add_argument("-o", "--output", required=output_required, type=Path, help=output_help)
     add_participants_option(parser)
     parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
 

@@ -53,13 +53,14 @@ def _print_file(name: str, report: dict) -> None:
 
 
 def ingest_command(args: argparse.Namespace) -> int:
-    """Read JuNE logs, JuNE tables and notebooks into trajectories, print their figures, write JSONL."""
+    """Read JuNE logs, JuNE tables and notebooks into trajectories, print their figures, write JSONL (with -o)."""
     from themisto.ingest.trajectory import write_jsonl
 
     ingested = read_inputs(args)
     trajectories = ingested.trajectories
     # Everything is read and checked before the output file is written, so a bad input leaves no file behind.
-    write_jsonl(trajectories, args.output)
+    if args.output is not None:
+        write_jsonl(trajectories, args.output)
     for note in ingested.notes:
         print(f"warning: {note}", file=sys.stderr)
     summaries = {t.id: t.summary() for t in trajectories}
@@ -78,13 +79,15 @@ def ingest_command(args: argparse.Namespace) -> int:
             _print_file(name, report)
         for traj_id, summary in summaries.items():
             _print_summary(traj_id, summary)
-        print(f"wrote {len(trajectories)} trajectories to {args.output}")
+        print(f"wrote {len(trajectories)} trajectories to {args.output}" if args.output is not None
+              else f"read {len(trajectories)} trajectories (no -o: nothing written)")
     return 0
 
 
 def add_ingest(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ingest", help="read JuNE logs/tables/notebooks into trajectories (JSONL)")
-    add_trajectory_inputs(parser, output_help="trajectories JSONL to write")
+    add_trajectory_inputs(parser, output_help="trajectories JSONL to write (without it: the report only)",
+                          output_required=False)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: {files: {name: figures}, trajectories: {id: summary}, notes}")
     parser.set_defaults(run=ingest_command)
