@@ -18,6 +18,7 @@ from themisto.ingest.lookalike_features import LABEL_COLUMNS
 from themisto.ingest.lookalike_spec import SIZE_SPECS
 from themisto.ingest.workspace import (JETNET_BESIDE, JETNET_LOG, JETNET_ZIP, STAND_IN_MODULE, TEST_FEATURES,
                                        TRAIN_FEATURES, VALIDATION_FEATURES, WorkspaceError, write_workspace)
+from themisto.runtime.launcher import KERNEL_ENV
 
 TASK1_FILES = {JETNET_LOG, JETNET_ZIP, JETNET_BESIDE}
 ALL_FILES = {STAND_IN_MODULE, *TASK1_FILES, TRAIN_FEATURES, VALIDATION_FEATURES, TEST_FEATURES}
@@ -292,8 +293,10 @@ def _run_final_notebook(path: Path, root: Path):
     # The participant ran numpy 1.24, where `np.NaN` existed; the project's kernels run numpy 2. That is an
     # environment gap for replay to close, not a property of the input files, so it is bridged here.
     nb.cells.insert(0, nbformat.v4.new_code_cell("import numpy as _np; _np.NaN = _np.nan"))
+    # The replay kernels' environment, one BLAS/OpenMP thread among them: LightGBM's OpenMP threads spin-wait on a
+    # busy machine (the task-2 notebook, 190 s with a thread per core against 56 s with one, at load 5).
     NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(root)}}).execute()
+                   resources={"metadata": {"path": str(root)}}).execute(env={**os.environ, **KERNEL_ENV})
     code = [c for c in nb.cells[1:] if c.cell_type == "code"]
     errors = [(o.ename, o.evalue) for c in code for o in c.outputs if o.output_type == "error"]
     return code, errors
