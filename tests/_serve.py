@@ -1,4 +1,5 @@
-"""`transformers serve FOLDER` as a real OpenAI-compatible server process on a free loopback port, offline."""
+"""`transformers serve` as a real OpenAI-compatible server process on a free loopback port, offline, serving the
+model folder each request names (the suite's one server: `served` in conftest.py)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(model: Path, log: Path) -> Iterator[str]:
-    """Start `transformers serve model` on 127.0.0.1 (its output in `log`) and yield its /v1 base URL; stop it after."""
+def serve(log: Path) -> Iterator[str]:
+    """Start `transformers serve` on 127.0.0.1 (its output in `log`) and yield its /v1 base URL; stop it after. No
+    model is forced on it: it loads the folder a request names as its model (and keeps it loaded a while)."""
     port = _free_port()
     serve_bin = Path(sys.executable).parent / "transformers"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
     with log.open("w") as out:
-        proc = subprocess.Popen([str(serve_bin), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+        proc = subprocess.Popen([str(serve_bin), "serve", "--host", "127.0.0.1", "--port", str(port),
                                  "--device", "cpu"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + SERVE_START_TIMEOUT_S

@@ -65,6 +65,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def served(tmp_path_factory) -> str:
+    """One real `transformers serve` process for the session (tests/_serve.py): its /v1 base URL. It serves the model
+    folder a request names, so the tests of each model share its start-up (seconds of imports on a busy machine)."""
+    from _serve import serve
+
+    with serve(tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def probe_release(tmp_path_factory) -> tuple[Path, Path]:
     """A short trajectory replayed in a real kernel, built into a release (tests/_probe_release.py): the release
     folder and the workspace it was replayed over."""

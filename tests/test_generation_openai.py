@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from _serve import serve
 from test_generation_prompts import rows  # noqa: F401  (the release rows fixture)
 
 from themisto.generation.backends import Sampling, make_backend
@@ -19,15 +18,8 @@ from themisto.generation.prompts import render_prompt
 from themisto.generation.runs import RunSettings, generate_run
 
 
-@pytest.fixture(scope="module")
-def served_tiny_model(tiny_model_dir, tmp_path_factory):
-    """`transformers serve FOLDER` on a free loopback port, offline; yields its /v1 base URL."""
-    with serve(tiny_model_dir, tmp_path_factory.mktemp("serve") / "serve.log") as url:
-        yield url
-
-
-def test_generates_against_a_real_transformers_serve_process(served_tiny_model, tiny_model_dir, rows):  # noqa: F811
-    backend = make_backend("openai", str(tiny_model_dir), base_url=served_tiny_model, concurrency=2)
+def test_generates_against_a_real_transformers_serve_process(served, tiny_model_dir, rows):  # noqa: F811
+    backend = make_backend("openai", str(tiny_model_dir), base_url=served, concurrency=2)
     prompts = [render_prompt(rows["next_cell"][0], "next_cell", c) for c in ("none", "variables")]
     out = backend.generate(prompts, Sampling(n=2, max_new_tokens=4))
     assert [len(s) for s in out] == [2, 2]

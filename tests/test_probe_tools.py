@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from _probe_release import KERNEL
-from _serve import serve
 from _tiny_model import build_scripted_model
 
 from themisto.generation.backends import Sampling, make_backend
@@ -85,15 +84,14 @@ def _check_native(lines: list[dict], release: Path, *, server_may_refuse_the_ans
             assert (probe["code"], probe["status"], probe["output"]) == ("len(words)", "ok", str(words["len"]))
 
 
-def test_native_tool_calls_against_a_real_transformers_serve_process(probe_release, tool_model, tmp_path,
+def test_native_tool_calls_against_a_real_transformers_serve_process(probe_release, tool_model, served, tmp_path,
                                                                      allow_execution):
     release, workspace = probe_release
-    with serve(tool_model, tmp_path / "serve.log") as url:
-        backend = make_backend("openai", str(tool_model), base_url=url)
-        [[answer]] = backend.generate([render_prompt(open_release(release).rows("next_cell", "test")[0], "next_cell",
-                                                     PROBE_CONTEXT, probe=SETTINGS)], SAMPLING)
-        assert answer.status == "ok", answer.reason
-        lines = _run(release, workspace, tmp_path / "run", "openai", str(tool_model), base_url=url)
+    backend = make_backend("openai", str(tool_model), base_url=served)  # the session's server loads this folder
+    [[answer]] = backend.generate([render_prompt(open_release(release).rows("next_cell", "test")[0], "next_cell",
+                                                 PROBE_CONTEXT, probe=SETTINGS)], SAMPLING)
+    assert answer.status == "ok", answer.reason
+    lines = _run(release, workspace, tmp_path / "run", "openai", str(tool_model), base_url=served)
     _check_native(lines, release, server_may_refuse_the_answer=True)
 
 
