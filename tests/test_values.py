@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from themisto.ingest.trajectory import Execution, Trajectory
+from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
 from themisto.release.folder import BUILD_FILE, content_hash, open_release, parquet_name
 from themisto.release.values import ReleaseValues, ValueFormatError, check_row, decode
 from themisto.replay.replay import ReplaySettings
@@ -153,6 +153,30 @@ def test_reading_a_value_runs_no_code(stored, tmp_path):
         with pytest.raises(ValueFormatError):
             decode(row)
     assert not marker.exists()
+
+
+def test_a_later_kernel_does_not_write_again_what_the_folder_holds(tmp_path, monkeypatch):
+    """A value the replay's folder holds exactly (an earlier kernel life or another trajectory stored it) is not
+    encoded, written and read back again by a later kernel; its steps record it as the first life's do."""
+    cells = ["import numpy as np", "grid = np.arange(12.0).reshape(3, 4)", "fresh = np.arange(5.0)"]
+    trajectory = Trajectory(id="held", notebook="held.ipynb", source="test",
+                            executions=[Execution(cell_id=f"c{i}", code=code) for i, code in enumerate(cells * 2)],
+                            events=[KernelEvent("restart", before=3)])
+    written: list[str] = []
+    take = ValueFolder.take
+
+    def counting_take(self, source, records):
+        written.extend(record.hash for record in records)
+        return take(self, source, records)
+
+    monkeypatch.setattr(ValueFolder, "take", counting_take)
+    replay_to_file([trajectory], tmp_path / "steps.jsonl", None, ReplaySettings(cell_timeout_s=30))
+    steps = read_steps(tmp_path / "steps.jsonl")
+    assert [s.status for s in steps] == ["ok"] * 6 and steps[3].restarted_before
+    grid = {v["name"]: v["hash"] for v in steps[1].variables}["grid"]
+    assert written.count(grid) == 1  # the second life heard the folder holds it (before: written by both lives)
+    assert [s.values for s in steps[:3]] == [s.values for s in steps[3:]] and steps[2].values["unstored"] == {}
+    assert [s.variables for s in steps[:3]] == [s.variables for s in steps[3:]]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -126,6 +126,29 @@ def _timeout_for(execution: Execution, settings: ReplaySettings) -> float:
     return settings.cell_timeout_s
 
 
+class _Held:
+    """What the session's kernel has heard of the values `folder` holds exactly (`ValueStore.held` in the kernel): a
+    value an earlier kernel life or another trajectory stored is not encoded, written and read back again. The kernel
+    hears of the entries added since it last heard (all of them after a restart), on the request of its snapshot."""
+
+    def __init__(self, folder: ValueFolder | None):
+        self.folder = folder
+        self.heard_at = (-1, 0)  # (the kernel start that heard, how many of the folder's entries it heard of)
+        self.pending = self.heard_at
+
+    def news(self, session) -> list[str]:
+        """The hashes to send with the next snapshot request (`heard()` once the snapshot came back)."""
+        if self.folder is None:
+            return []
+        starts = session.kernel_starts
+        held, count = self.folder.exact_since(self.heard_at[1] if starts == self.heard_at[0] else 0)
+        self.pending = (starts, count)
+        return held
+
+    def heard(self) -> None:
+        self.heard_at = self.pending
+
+
 def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySettings(), *,
            before_step: BeforeStep | None = None, values: ValueFolder | None = None, start: int = 0) -> Iterator[Step]:
     """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes; with
@@ -133,10 +156,11 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     the state before it already (restored from stored values: themisto.replay.restore)."""
     from themisto.runtime.outputs import output_text, output_types, rich_outputs
     from themisto.runtime.rebuild import rebuild_state
-    from themisto.runtime.snapshot import snapshot_expressions
+    from themisto.runtime.snapshot import held_arguments, snapshot_expressions
 
     values_dir = session.values_dir if values is not None and settings.snapshots else None
     expressions = snapshot_expressions(store=values_dir is not None) if settings.snapshots else None
+    held = _Held(values if values_dir is not None else None)
     restarts = _restart_points(trajectory)
     session_start = life_start(trajectory, start)  # first step of the current kernel life, as the log recorded it
     lost: set[int] = set()  # steps that cost the namespace; never re-run when rebuilding it
@@ -153,7 +177,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         # The snapshot rides on the cell's own request (no second round trip); IPython evaluates it only after a
         # cell that succeeded, so failed cells are read with a separate silent request below.
         result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings),
-                                 user_expressions=expressions)
+                                 user_expressions=expressions, metadata=held_arguments(held.news(session)))
         rebuilt = 0
         if result.kernel_restarted:
             # The developer's kernel kept its state here; ours lost it. Re-run this kernel life's earlier steps
@@ -161,7 +185,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             done = rebuild_state(session, life_cells(trajectory, session_start, i, settings), restart=False,
                                  lost=lost | {i})
             lost, rebuilt = set(done.lost), done.ran
-        snap, snap_error = _snapshot_after(session, result, settings, rebuilt > 0, values_dir)
+        snap, snap_error = _snapshot_after(session, result, settings, rebuilt > 0, values_dir, held)
         stored = None
         if snap is not None and snap.values is not None:
             values.take(values_dir, snap.values.written)
@@ -181,17 +205,22 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         )
 
 
-def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool, values_dir: Path | None = None):
-    """The snapshot after a step (None when off or unreadable; its values written into `values_dir` when given)
-    and what could not be read. (The cell's own time, `result.duration_s`, ends where the kernel announced the
-    cell's end, before it took the snapshot.)"""
+def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool, values_dir: Path | None = None,
+                    held: _Held | None = None):
+    """The snapshot after a step (None when off or unreadable; its values written into `values_dir` when given,
+    but those `held` already) and what could not be read. (The cell's own time, `result.duration_s`, ends where the
+    kernel announced the cell's end, before it took the snapshot.)"""
     from themisto.runtime.snapshot import AgentError, snapshot_from_expressions, take_snapshot
 
     if not settings.snapshots:
         return None, {}
+    held = held or _Held(None)
     try:
         snap = None if rebuilt else snapshot_from_expressions(result.user_expressions)
-        return (snap if snap is not None else take_snapshot(session, store=values_dir is not None)), {}
+        if snap is None:
+            snap = take_snapshot(session, store=values_dir is not None, held=held.news(session))
+        held.heard()
+        return snap, {}
     except AgentError as exc:  # recorded on the step; one unreadable state does not end the replay
         return None, {"<snapshot>": str(exc)[:500]}
 

@@ -76,6 +76,13 @@ class ValueFolder:
                         self._entries[entry.hash] = entry
         return self._entries
 
+    def exact_since(self, count: int) -> tuple[list[str], int]:
+        """The hashes of the exactly stored values after the first `count` entries (in the order they were added),
+        and how many entries there are now: what a kernel told about the first `count` has yet to hear of."""
+        with self._lock:
+            added = list(self.entries().values())
+        return [entry.hash for entry in added[count:] if entry.exact], len(added)
+
     def entry(self, digest: str) -> ValueEntry | None:
         return self.entries().get(digest)
 

@@ -113,6 +113,12 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
         return self._paths.root / VALUES_FOLDER
 
     @property
+    def kernel_starts(self) -> int:
+        """How many kernels this session has started: a new count means a fresh kernel, which knows nothing the
+        last one was told."""
+        return self._starts
+
+    @property
     def alive(self) -> bool:
         """Whether the kernel process is running."""
         process = self._process()
@@ -197,18 +203,19 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
 
     # ----- execution -------------------------------------------------------------------------------------------
 
-    async def execute(self, code: str, *, timeout: float | None = None,
-                      user_expressions: dict[str, str] | None = None) -> CellResult:
+    async def execute(self, code: str, *, timeout: float | None = None, user_expressions: dict[str, str] | None = None,
+                      metadata: dict | None = None) -> CellResult:
         """Run one cell as a notebook would (stored in history, counted) and return its outcome.
 
         `user_expressions` are evaluated in the same request once the cell succeeded (IPython skips them after an
-        error); their results land in `CellResult.user_expressions`.
+        error); their results land in `CellResult.user_expressions`. `metadata` rides on the request as JSON (the
+        agent's arguments for those expressions: `execute_silent`).
         """
         async with self._lock:
             replaced = await self._ensure_started()
             collector = OutputCollector(self.limits.output_bytes)
             outcome = await self._request(code, collector, timeout, silent=False,
-                                          user_expressions=dict(user_expressions or {}))
+                                          user_expressions=dict(user_expressions or {}), metadata=metadata)
         result = self._cell_result(outcome, collector)
         result.kernel_restarted = result.kernel_restarted or replaced
         return result
@@ -349,6 +356,11 @@ class KernelSession:
         return self._session.values_dir
 
     @property
+    def kernel_starts(self) -> int:
+        """How many kernels this session has started (see `AsyncKernelSession.kernel_starts`)."""
+        return self._session.kernel_starts
+
+    @property
     def alive(self) -> bool:
         """Whether the kernel process is running."""
         return self._session.alive
@@ -368,10 +380,12 @@ class KernelSession:
         """The interpreter the kernel runs (see `kernel_environment()` for its versions)."""
         return self._session.kernel_python
 
-    def execute(self, code: str, *, timeout: float | None = None,
-                user_expressions: dict[str, str] | None = None) -> CellResult:
-        """Run one cell as a notebook would and return its outcome (and `user_expressions`, evaluated after it)."""
-        return self._call(self._session.execute, code, timeout=timeout, user_expressions=user_expressions)
+    def execute(self, code: str, *, timeout: float | None = None, user_expressions: dict[str, str] | None = None,
+                metadata: dict | None = None) -> CellResult:
+        """Run one cell as a notebook would and return its outcome (and `user_expressions`, evaluated after it;
+        `metadata` rides on the request)."""
+        return self._call(self._session.execute, code, timeout=timeout, user_expressions=user_expressions,
+                          metadata=metadata)
 
     def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
                        timeout: float | None = None, metadata: dict | None = None) -> dict:

@@ -173,8 +173,15 @@ def _snapshot_call(store: bool) -> str:
 
 def snapshot_expressions(store: bool = False) -> dict[str, str]:
     """The user expression that takes a snapshot on a step's own execute request (no extra round trip, see
-    themisto.replay.replay); with `store`, the kernel also writes the values into the session's `values_dir`."""
-    return {"themisto_snapshot": agent_expression(_snapshot_call(store))}
+    themisto.replay.replay); with `store`, the kernel also writes the values into the session's `values_dir`, taking
+    the arguments the request carries (`held_arguments`)."""
+    return {"themisto_snapshot": agent_expression(_snapshot_call(store), with_arguments=store)}
+
+
+def held_arguments(held: list[str]) -> dict | None:
+    """The metadata of a request whose snapshot stores values (`snapshot_expressions(store=True)`): the hashes of
+    values the host holds exactly already, which the kernel then does not write again; None when there are none."""
+    return {REQUEST_KEY: {"held": list(held)}} if held else None
 
 
 SNAPSHOT_EXPRESSIONS = snapshot_expressions()
@@ -188,11 +195,13 @@ def snapshot_from_expressions(user_expressions: dict) -> Snapshot | None:
 
 
 def take_snapshot(session: Any, *, timeout: float = SNAPSHOT_TIMEOUT_S, store: bool = False,
-                  store_seconds: float | None = None) -> Snapshot:
+                  store_seconds: float | None = None, held: list[str] | None = None) -> Snapshot:
     """Read the session kernel's runtime snapshot silently (In/Out and the execution count stay as they were); with
     `store`, the values are written into the session's `values_dir` too, in at most `store_seconds` (default: the
-    agent's Caps.seconds; what is left is named `deferred`)."""
+    agent's Caps.seconds; what is left is named `deferred`), except those `held` (hashes the host holds exactly)."""
     arguments = {"seconds": store_seconds} if store and store_seconds is not None else {}
+    if store and held:
+        arguments["held"] = list(held)
     answer = agent_call(session, _snapshot_call(store), timeout=timeout, **arguments)
     try:
         return Snapshot.from_dict(answer)

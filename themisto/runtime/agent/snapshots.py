@@ -260,12 +260,14 @@ def snapshot(shell: Any = None, values: dict | None = None) -> str:
     return json.dumps(_snapshot_dict(get_shell(shell), values), default=str)
 
 
-def snapshot_and_store(shell: Any = None, seconds: float | None = None) -> str:
+def snapshot_and_store(shell: Any = None, seconds: float | None = None, held: list[str] | None = None) -> str:
     """`snapshot`, the values written into the session's values folder (VALUES_DIR_ENV, set when the kernel
-    starts: the host picks them up from there), spending at most `seconds` on them (default: Caps.seconds)."""
+    starts: the host picks them up from there), spending at most `seconds` on them (default: Caps.seconds); `held`:
+    hashes of values the host holds exactly already, not written again (ValueStore.held)."""
     folder = os.environ.get(VALUES_DIR_ENV)
     if not folder:
         raise RuntimeError(f"{VALUES_DIR_ENV} is not set: this kernel has no values folder")
+    STORE.held(held)
     caps = {} if seconds is None else {"seconds": float(seconds)}
     return snapshot(shell, {"folder": folder, "caps": caps})
 

@@ -482,6 +482,8 @@ def _read_sparse(data: bytes) -> Any:
 # ---------------------------------------------------------------------------------------------------------------
 # The store of one kernel life
 
+HELD = "held"  # the format recorded for a value the host's folder holds (ValueStore.held): this life wrote no file
+
 
 @dataclass
 class ValueStore:
@@ -490,6 +492,15 @@ class ValueStore:
 
     stored: dict[str, tuple[str, bool]] = field(default_factory=dict)  # hash -> (format, exact)
     refused: dict[str, str] = field(default_factory=dict)  # hash -> reason
+
+    def held(self, hashes: Any) -> None:
+        """Take `hashes` as stored, exactly: the host's values folder holds them (an earlier kernel life or another
+        trajectory wrote them), so this life does not encode, write and read them back again only for the host to
+        drop the copy."""
+        if isinstance(hashes, list):
+            for digest in hashes:
+                if isinstance(digest, str):
+                    self.stored.setdefault(digest, (HELD, True))
 
     def store_all(self, named: dict[str, tuple[Any, str]], folder: str, caps: Caps,
                   cell_text: str | None = None) -> dict:
