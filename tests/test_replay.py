@@ -145,9 +145,17 @@ def test_snapshot_on_the_cells_request_equals_a_separate_snapshot(tmp_path):
         separate = take_snapshot(session)
         assert carried is not None and carried.state_hash == separate.state_hash
         assert set(carried.variables) == {"frame"}
-        failed = session.execute("frame['b'] = 1 / 0", user_expressions=SNAPSHOT_EXPRESSIONS)
-        # IPython evaluates user expressions only after a cell that succeeded: replay then asks separately
-        assert failed.status == "error" and snapshot_from_expressions(failed.user_expressions) is None
+        # IPython evaluates user expressions only after a cell that succeeded; the kernel evaluates the snapshot
+        # after a failed one too (no second request), and what the snapshot writes (a print in a __repr__) is no
+        # step's output
+        failed = session.execute("class Loud:\n    def __repr__(self):\n        print('from repr')\n"
+                                 "        return 'Loud()'\nloud = Loud()\nframe['b'] = 1 / 0",
+                                 user_expressions={**SNAPSHOT_EXPRESSIONS, "other": "1 + 1"})
+        assert failed.status == "error" and "other" not in failed.user_expressions
+        carried = snapshot_from_expressions(failed.user_expressions)
+        assert carried is not None and carried.variables["loud"].repr == "Loud()"
+        assert "from repr" not in json.dumps(failed.outputs)
+        assert carried.state_hash == take_snapshot(session).state_hash
 
 
 @pytest.mark.slow

@@ -174,8 +174,8 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         if before_step is not None:
             before_step(trajectory, i, session)
         cleaned = clean_for_replay(execution.code)
-        # The snapshot rides on the cell's own request (no second round trip); IPython evaluates it only after a
-        # cell that succeeded, so failed cells are read with a separate silent request below.
+        # The snapshot rides on the cell's own request (no second round trip), after a failed cell too
+        # (themisto.runtime.launcher); a cell that lost the state is read with a separate silent request below.
         result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings),
                                  user_expressions=expressions, metadata=held_arguments(held.news(session)))
         rebuilt = 0

@@ -68,7 +68,8 @@ class CellResult:
     duration_s: float = 0.0  # the cell's own: until the kernel announced its end, before any user expressions ran
     truncated: bool = False
     kernel_restarted: bool = False  # the namespace was lost (timeout escalated to restart, or the kernel died)
-    user_expressions: dict = field(default_factory=dict)  # evaluated after the cell (IPython: only when it succeeded)
+    # evaluated after the cell (IPython: only when it succeeded; the snapshot after a failed cell too)
+    user_expressions: dict = field(default_factory=dict)
 
 
 class AsyncKernelSession(KernelProcess, KernelRequests):
@@ -208,8 +209,9 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
         """Run one cell as a notebook would (stored in history, counted) and return its outcome.
 
         `user_expressions` are evaluated in the same request once the cell succeeded (IPython skips them after an
-        error); their results land in `CellResult.user_expressions`. `metadata` rides on the request as JSON (the
-        agent's arguments for those expressions: `execute_silent`).
+        error, except the snapshot: themisto.runtime.launcher.SNAPSHOT_EXPRESSION); their results land in
+        `CellResult.user_expressions`. `metadata` rides on the request as JSON (the agent's arguments for those
+        expressions: `execute_silent`).
         """
         async with self._lock:
             replaced = await self._ensure_started()

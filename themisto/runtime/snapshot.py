@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from themisto.runtime.agent.namespace import REQUEST_KEY
+from themisto.runtime.launcher import SNAPSHOT_EXPRESSION
 
 # A user expression that reaches the agent without binding any name in the user's namespace.
 AGENT = "__import__('themisto.runtime.agent').runtime.agent"
@@ -175,7 +176,7 @@ def snapshot_expressions(store: bool = False) -> dict[str, str]:
     """The user expression that takes a snapshot on a step's own execute request (no extra round trip, see
     themisto.replay.replay); with `store`, the kernel also writes the values into the session's `values_dir`, taking
     the arguments the request carries (`held_arguments`)."""
-    return {"themisto_snapshot": agent_expression(_snapshot_call(store), with_arguments=store)}
+    return {SNAPSHOT_EXPRESSION: agent_expression(_snapshot_call(store), with_arguments=store)}
 
 
 def held_arguments(held: list[str]) -> dict | None:
@@ -188,10 +189,11 @@ SNAPSHOT_EXPRESSIONS = snapshot_expressions()
 
 
 def snapshot_from_expressions(user_expressions: dict) -> Snapshot | None:
-    """The snapshot a cell's reply carried (`snapshot_expressions`), or None when there is none (the cell failed)."""
-    if "themisto_snapshot" not in user_expressions:
+    """The snapshot a cell's reply carried (`snapshot_expressions`; the kernel evaluates it after a failed cell too:
+    themisto.runtime.launcher), or None when there is none (the request did not end with a reply)."""
+    if SNAPSHOT_EXPRESSION not in user_expressions:
         return None
-    return Snapshot.from_dict(agent_answer(user_expressions["themisto_snapshot"], "snapshot"))
+    return Snapshot.from_dict(agent_answer(user_expressions[SNAPSHOT_EXPRESSION], "snapshot"))
 
 
 def take_snapshot(session: Any, *, timeout: float = SNAPSHOT_TIMEOUT_S, store: bool = False,
