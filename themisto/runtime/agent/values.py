@@ -127,7 +127,7 @@ class _Writer:
         if digest.startswith((UNHASHABLE, "repr:")):
             why = f"its hash failed: {digest.split(':', 1)[1]}" if digest.startswith(UNHASHABLE) else "hashed by its repr"
             raise Unstorable(f"{_why_not(value, stored=False)} (no exact content hash: {why})")
-        fmt, data = self._encode(value)
+        fmt, data, needs = self._encode(value)
         if len(data) > (self.caps.json_bytes if fmt == "json" else self.caps.value_bytes):
             cap = self.caps.json_bytes if fmt == "json" else self.caps.value_bytes
             raise Unstorable(f"{len(data):,} bytes as {fmt}, over the per-value cap of {cap:,}")
@@ -141,14 +141,19 @@ class _Writer:
             if os.path.exists(partial):
                 os.unlink(partial)
             raise Unstorable(f"it could not be written ({type(error).__name__}: {error})"[:300]) from None
-        exact = self._comes_back(data, fmt, digest)
+        exact = self._comes_back(data, fmt, digest, needs)
         self.written.append({"hash": digest, "format": fmt, "type": qualname(value), "exact": exact,
                              "bytes": len(data)})
         return fmt, exact
 
-    def _comes_back(self, data: bytes, fmt: str, digest: str) -> bool:
+    def _comes_back(self, data: bytes, fmt: str, digest: str, needs: list[str] | None = None) -> bool:
         try:
-            again = read_value(data, fmt, self.live.__getitem__)
+            if fmt == "skops" and needs is not None:
+                import skops.io as sio
+
+                again = sio.loads(data, trusted=needs)  # what read_value does, its audit done by _skops_bytes
+            else:
+                again = read_value(data, fmt, self.live.__getitem__)
             if isinstance(again, Definition):
                 return True  # a source compiles to the object's own code; a reference is the object (checked)
             return content_digest(again)[0] == digest
@@ -167,30 +172,32 @@ class _Writer:
                 raise valuejson.Unencodable(f"it holds {qualname(value)}, which does not come back exactly")
         return digest
 
-    def _encode(self, value: Any) -> tuple[str, bytes]:
+    def _encode(self, value: Any) -> tuple[str, bytes, list[str] | None]:
+        """(format, bytes, for skops the types its loader must trust: the check right after writing needs no
+        second audit of the file)."""
         module = type(value).__module__ or ""
         if module.startswith("pandas") and type(value).__name__ in _PANDAS_STORED:
-            return "parquet", _parquet_bytes(value)
+            return "parquet", _parquet_bytes(value), None
         if module == "numpy" and type(value).__name__ == "ndarray" and not value.dtype.hasobject:
             import numpy as np
 
             buffer = io.BytesIO()
             np.save(buffer, value, allow_pickle=False)
-            return "npy", buffer.getvalue()
+            return "npy", buffer.getvalue(), None
         if _is_sparse(value):
-            return "npz", _sparse_bytes(value)
+            return "npz", _sparse_bytes(value), None
         if _is_estimator(value):
-            return "skops", _skops_bytes(value)
+            return ("skops", *_skops_bytes(value))
         if is_user_defined(value):
             try:
                 source = (function_source(value) if isinstance(value, types.FunctionType)
                           else class_source(value, self.cell_text))
             except NoSource as error:
                 raise Unstorable(str(error)) from None
-            return "json", _document(value, {valuejson.TAG: "source", **source})
+            return "json", _document(value, {valuejson.TAG: "source", **source}), None
         reference = _library_reference(value)
         if reference is not None:
-            return "json", _document(value, reference)
+            return "json", _document(value, reference), None
         if _json_kind(value):
             try:
                 encoded = valuejson.encode(value, self._ref, [_JSON_NODES])
@@ -198,7 +205,7 @@ class _Writer:
                 raise Unstorable(str(error)) from None
             except RecursionError:
                 raise Unstorable("nested too deep for JSON") from None
-            return "json", _document(value, encoded)
+            return "json", _document(value, encoded), None
         raise Unstorable(_why_not(value))
 
 
@@ -366,19 +373,22 @@ def _canonical_skops(data: bytes) -> bytes:
     return _fixed_zip(rewritten, compression)
 
 
-def _skops_bytes(value: Any) -> bytes:
+def _skops_bytes(value: Any) -> tuple[bytes, list[str]]:
+    """The model as a canonical skops file, and the types beyond skops's own that loading it trusts (all of them
+    in SKOPS_TRUSTED: a model needing others raises Unstorable); renumbering does not change which types it holds."""
     try:
         import skops.io as sio
     except ImportError:
         raise Unstorable("a fitted scikit-learn model, and skops is not installed in the kernel") from None
     try:
         data = sio.dumps(value)
-        untrusted = [t for t in sio.get_untrusted_types(data=data) if t not in SKOPS_TRUSTED]
+        needs = sio.get_untrusted_types(data=data)
+        untrusted = [t for t in needs if t not in SKOPS_TRUSTED]
     except Exception as error:  # noqa: BLE001 - skops refuses what it cannot represent
         raise Unstorable(f"skops cannot store it ({type(error).__name__}: {str(error)[:200]})") from None
     if untrusted:
         raise Unstorable(f"skops would need types it cannot load safely: {', '.join(untrusted[:5])}")
-    return _canonical_skops(data)
+    return _canonical_skops(data), needs
 
 
 # ---------------------------------------------------------------------------------------------------------------
