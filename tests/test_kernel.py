@@ -91,13 +91,15 @@ def test_kernel_can_import_themisto_and_fork(session):
 
 
 def test_the_kernel_starts_without_the_debugger_and_a_cell_can_still_import_it(session):
-    # themisto.runtime.kernel_main: ipykernel would load debugpy (and pydevd) at start-up; no client here debugs.
-    # A cell sees ipykernel_launcher's argv (argparse in a cell names it in its usage line, as in the logs).
-    code = ("import sys, os\nloaded = 'debugpy' in sys.modules\nimport debugpy\n"
-            "print(loaded, debugpy.__name__, hasattr(get_ipython().kernel, 'debugger'), os.path.basename(sys.argv[0]))")
+    # themisto.runtime.kernel_main: ipykernel would load debugpy (and pydevd) at start-up, IPython's completer jedi;
+    # no client here debugs or completes. A cell sees ipykernel_launcher's argv (argparse in a cell names it in its
+    # usage line, as in the logs).
+    code = ("import sys, os\nloaded = [m in sys.modules for m in ('debugpy', 'jedi', 'parso')]\nimport debugpy, jedi\n"
+            "print(loaded, debugpy.__name__, jedi.__name__, hasattr(get_ipython().kernel, 'debugger'),\n"
+            "      os.path.basename(sys.argv[0]))")
     result = session.execute(code)
     assert result.status == "ok", result
-    assert result.outputs[0]["text"] == "False debugpy False ipykernel_launcher.py\n"
+    assert result.outputs[0]["text"] == "[False, False, False] debugpy jedi False ipykernel_launcher.py\n"
 
 
 def test_limits_hold_inside_the_kernel():

@@ -3,15 +3,17 @@ own launcher, but started without the debugger.
 
 ipykernel imports debugpy, and with it all of pydevd (165 modules, about a third of a kernel's start-up CPU), at
 start-up, whether or not a client will ever debug; replay and the scorer never do, and they start a kernel per
-trajectory and again at every restart. The kernel starts as if debugpy were not installed (no debugger is offered),
-and the block is lifted before any cell runs, so a cell that imports debugpy gets it.
+trajectory and again at every restart. IPython's completer imports jedi (and parso) likewise, for completion
+requests, which no one sends here. The kernel starts as if neither were installed (no debugger is offered, the
+completer completes without jedi), and the block is lifted before any cell runs, so a cell that imports them gets
+them.
 """
 
 from __future__ import annotations
 
 import sys
 
-_NOT_AT_START = ("debugpy",)
+_NOT_AT_START = ("debugpy", "jedi")
 
 
 def main() -> None:
