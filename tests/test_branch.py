@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from themisto.runtime.branch import BranchError, BranchResult, run_branches, run_in_branch
+from themisto.runtime.branch import BranchError, BranchResult, ProbeBranches, run_branches, run_in_branch
 from themisto.runtime.kernel import KernelSession
 from themisto.runtime.snapshot import agent_call, take_snapshot
 
@@ -254,3 +254,32 @@ def test_a_previous_syntax_error_does_not_spoil_candidates_and_semicolons_are_th
         shown, hidden = run_branches(session, ["z = 3\nz", "z = 3\nz;"])
         assert shown.status == "ok" and _texts(shown) == [("execute_result", "3")]
         assert hidden.status == "ok" and _texts(hidden) == []
+
+
+def test_probe_branches_answer_before_their_state_check_and_serve_no_state_gone(session):
+    # The probe mode's branches (agent.ahead): each probe's answer comes back before its state check, which settle
+    # fills in; the branch forked ahead for the next probe serves only the state it was forked in, not one a cell has
+    # changed since (here in place: the same object under the same name).
+    before = take_snapshot(session)
+    probes = ProbeBranches(session, timeout_s=20)
+    probes.ahead()
+    looked = probes.run("print(features.shape, len(seen))")
+    changed = probes.run("seen.append(1)\nopen('probe.txt', 'w').write('x')")
+    assert probes.forked_ahead == 2  # both branches were ready before their probe came
+    assert (looked.status, _texts(looked)) == ("ok", [("stream", "stdout", "(1918, 21) 0\n")])
+    assert changed.status == "ok" and changed.changed_state is None  # not checked yet
+    results = probes.settle()
+    assert results[looked.index].changed_state is False and results[looked.index].outputs == looked.outputs
+    assert results[changed.index].changed_state is True and list(results[changed.index].changed) == ["seen"]
+    assert results[changed.index].workdir_changes == {"added": ["probe.txt"]}
+    assert take_snapshot(session).state_hash == before.state_hash and not (session.workdir / "probe.txt").exists()
+
+    probes = ProbeBranches(session, timeout_s=20)
+    assert _texts(probes.run("print(seen)")) == [("stream", "stdout", "[]\n")]  # then the next one is forked ahead
+    assert session.execute("seen.append(7)").status == "ok"
+    try:
+        assert _texts(probes.run("print(seen)")) == [("stream", "stdout", "[7]\n")]
+        assert probes.forked_ahead == 0
+        assert all(result.changed_state is False for result in probes.settle().values())
+    finally:
+        assert session.execute("seen.clear()").status == "ok"

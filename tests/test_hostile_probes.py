@@ -15,7 +15,7 @@ from _probe_release import KERNEL, NOTES
 from themisto.gate import permit
 from themisto.generation.backends.base import Sampling
 from themisto.generation.probe_protocol import STOPPED, ProbeSettings
-from themisto.generation.probing import probe_limits, unsafe_probe
+from themisto.generation.probing import StateProbes, probe_limits
 from themisto.generation.run_folder import Generation
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.release.folder import open_release
@@ -75,15 +75,18 @@ def pre_step(probe_release, tmp_path_factory):
 
 
 def _probe(pre_step, code: str):
-    """Run one hostile probe; check that the kernel's state hash is unchanged and that the next probe sees the
-    step's own state; return the hostile probe's record."""
+    """Run one hostile probe; check that the kernel's state hash is unchanged and that the next probe, whose branch
+    was forked ahead of it once the hostile one had ended, sees the step's own state; return the hostile probe's
+    record, its state check settled."""
     session, grant, _ = pre_step
     before = take_snapshot(session).state_hash
-    probe, lost = unsafe_probe(grant, session, code, SETTINGS)
+    probes = StateProbes(grant, session, SETTINGS)
+    probe, lost = probes.unsafe_probe(code)
     assert not lost and session.alive
     assert take_snapshot(session).state_hash == before
-    check, _ = unsafe_probe(grant, session, CHECK, SETTINGS)
-    assert (check.status, check.output) == ("ok", CHECKED)
+    check, _ = probes.unsafe_probe(CHECK)
+    probes.settle()
+    assert (check.status, check.output, check.changed_state) == ("ok", CHECKED, False)
     assert take_snapshot(session).state_hash == before
     return probe
 

@@ -160,11 +160,13 @@ def tool_call_code(arguments: Any) -> str | None:
 # What a probe did, as the model sees it and as its generation line records it
 
 
-@dataclass(frozen=True)
+@dataclass
 class ProbeRun:
     """One probe: the code, how it ended (a cell status, or `refused`: not run), what came back to the model (bounded;
     `truncated` when cut), whether it changed the state of its own branch (never the kernel's), its own run time and
-    the whole probe's (fork, run, report), what its branch's monitor flagged, and the raw reply that asked for it."""
+    the whole probe's until its answer came back, what its branch's monitor flagged, and the raw reply that asked
+    for it. Whether it changed its state and what the monitor flagged come after the answer (`StateProbes.settle`
+    in themisto.generation.probing fills them in)."""
 
     code: str
     status: str
@@ -178,9 +180,9 @@ class ProbeRun:
 
     def reply(self, number: int, left: int) -> str:
         """The text the model gets back for this probe (a user message, or a tool message's content)."""
+        # Whether it changed its copy of the state is not among them: the rule says that nothing a probe does is
+        # kept, and the check comes after the answer (themisto.runtime.agent.ahead), for the record only.
         facts = [self.status if self.status != "ok" else "ran", f"{self.duration_s:.2f} s"]
-        if self.changed_state:
-            facts.append("it changed its own copy of the state, not the kernel")
         if self.truncated:
             facts.append("output cut")
         remaining = f"{left} probe{'s' if left != 1 else ''} left." if left else NO_PROBES_LEFT

@@ -4,10 +4,12 @@ The states are served by one replay per trajectory (`themisto.replay.states.walk
 kernel that sees none of the host's files but its own (`Limits(view="minimal")`: no release, run folder or log to
 read the answer from). At each step with examples their conversations run to the end: the model replies; a reply
 that asks for a probe (a fenced `probe` block, or a native `run_probe` call) gets the probe run in a fresh branch of
-the live state (`themisto.runtime.branch.run_in_branch`) and its bounded output back; until the model answers, has
-used every probe allowed, or the next output would not fit the prompt budget (then it is asked for its answer). The
-only module of generation that runs model-written code (`unsafe_probe`), behind the execution permit. Each
-generation line carries the transcript (`themisto.generation.probe_protocol.Transcript`), so scoring never probes.
+the live state (`StateProbes`, through `themisto.runtime.branch.ProbeBranches`: the branch forked ahead of the probe,
+the answer back before the state check) and its bounded output back; until the model answers, has used every probe
+allowed, or the next output would not fit the prompt budget (then it is asked for its answer). The only module of
+generation that runs model-written code (`StateProbes.unsafe_probe`), behind the execution permit. Each generation
+line carries the transcript (`themisto.generation.probe_protocol.Transcript`, the state checks settled at the end of
+its step), so scoring never probes.
 """
 
 from __future__ import annotations
@@ -51,29 +53,80 @@ def _shown(result, settings: ProbeSettings) -> tuple[str, bool]:
     return text, cut or bool(result.truncated)
 
 
-def unsafe_probe(permit: ExecutionPermit, session, code: str, settings: ProbeSettings,
-                 raw: str = "") -> tuple[ProbeRun, bool]:
-    """Run one model-written probe in a fresh branch of the session's current state: its record, and whether the
-    kernel was lost (the caller rebuilds the state). The kernel's own state never changes; a probe that hangs,
-    floods, forks or kills costs only itself."""
-    from themisto.runtime.branch import BranchError, run_in_branch
-    from themisto.runtime.snapshot import AgentError
+class StateProbes:
+    """The probes of one served state, each in a fresh branch of it (`themisto.runtime.branch.ProbeBranches`: the
+    next probe's branch forked ahead of it, each one's answer back before its state check): `unsafe_probe` runs
+    one, `settle` fills in every record's state check (`changed_state`, `suspicious`); call it before the records
+    are written, and before the kernel runs anything else."""
 
-    permit.check()
-    if len(code) > MAX_PROBE_CODE_CHARS:
-        return ProbeRun(code=code[:MAX_PROBE_CODE_CHARS], status="refused", raw=raw,
-                        output=NOT_RUN.format(limit=MAX_PROBE_CODE_CHARS, length=len(code))), False
-    began = time.perf_counter()
-    try:
-        result = run_in_branch(session, code, timeout_s=settings.timeout_s, memory_bytes=settings.memory_bytes,
-                               output_bytes=max(64 * 1024, _BYTES_PER_CHAR * settings.output_chars))
-    except (BranchError, AgentError) as error:
-        return ProbeRun(code=code, status="kernel_died", raw=raw, wall_s=round(time.perf_counter() - began, 6),
-                        output=KERNEL_LOST.format(error=str(error)[:200])), True
-    text, cut = _shown(result, settings)
-    return ProbeRun(code=code, status=result.status, output=text, truncated=cut, changed_state=result.changed_state,
-                    duration_s=round(float(result.duration_s), 6), wall_s=round(time.perf_counter() - began, 6),
-                    suspicious=list(result.suspicious), raw=raw), False
+    def __init__(self, permit: ExecutionPermit, session, settings: ProbeSettings):
+        permit.check()
+        self.permit, self.session, self.settings = permit, session, settings
+        self._runs: list[tuple[object, int, ProbeRun]] = []  # each probe's branches, its number there, its record
+        self._branches = None
+
+    def _open(self):
+        from themisto.runtime.branch import ProbeBranches
+
+        if self._branches is None:
+            self._branches = ProbeBranches(self.session, timeout_s=self.settings.timeout_s,
+                                           memory_bytes=self.settings.memory_bytes,
+                                           output_bytes=max(64 * 1024, _BYTES_PER_CHAR * self.settings.output_chars))
+        return self._branches
+
+    def ahead(self) -> None:
+        """Say the state is reached: the first probe's branch is forked before the model asks (best effort)."""
+        from themisto.runtime.branch import BranchError
+
+        try:
+            self._open().ahead()
+        except BranchError:
+            pass  # the first probe forks its own branch, and says what is wrong
+
+    def unsafe_probe(self, code: str, raw: str = "") -> tuple[ProbeRun, bool]:
+        """Run one model-written probe in a fresh branch of the session's current state: its record (its state
+        check filled in by `settle`), and whether the kernel was lost (the caller rebuilds the state). The
+        kernel's own state never changes; a probe that hangs, floods, forks or kills costs only itself."""
+        from themisto.runtime.branch import BranchError
+
+        self.permit.check()
+        if len(code) > MAX_PROBE_CODE_CHARS:
+            return ProbeRun(code=code[:MAX_PROBE_CODE_CHARS], status="refused", raw=raw,
+                            output=NOT_RUN.format(limit=MAX_PROBE_CODE_CHARS, length=len(code))), False
+        began = time.perf_counter()
+        branches = self._open()
+        try:
+            result = branches.run(code)
+        except BranchError as error:
+            self._fill(branches, branches.settle(lost=True))
+            self._branches = None  # the kernel is rebuilt: its next probes start a new count
+            return ProbeRun(code=code, status="kernel_died", raw=raw, wall_s=round(time.perf_counter() - began, 6),
+                            output=KERNEL_LOST.format(error=str(error)[:200])), True
+        text, cut = _shown(result, self.settings)
+        run = ProbeRun(code=code, status=result.status, output=text, truncated=cut,
+                       changed_state=result.changed_state, duration_s=round(float(result.duration_s), 6),
+                       wall_s=round(time.perf_counter() - began, 6), suspicious=list(result.suspicious), raw=raw)
+        self._runs.append((branches, result.index, run))
+        return run, False
+
+    def _fill(self, branches, results: dict) -> None:
+        for owner, index, run in self._runs:
+            if owner is branches and index in results:
+                run.changed_state = results[index].changed_state
+                run.suspicious = list(results[index].suspicious)
+
+    def settle(self) -> None:
+        """Fill in every probe's state check: what it changed of its own branch, what its monitor flagged."""
+        from themisto.runtime.branch import BranchError
+
+        branches = self._branches
+        if branches is None:
+            return
+        try:
+            results = branches.settle()
+        except BranchError:
+            results = branches.settle(lost=True)
+        self._fill(branches, results)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -197,12 +250,14 @@ def probe_limits(info: ReleaseInfo):
 
 @dataclass(frozen=True)
 class ServedStep:
-    """The examples (task rows) of one step and what their probes need: a function that runs one probe there."""
+    """The examples (task rows) of one step and what their probes need: a function that runs one probe there, and
+    one that fills in the state checks of the probes run (`StateProbes.settle`: before their records are written)."""
 
     kernel_id: str
     step: int
     rows: list[dict]
     run_probe: Callable[[str, str], ProbeRun]
+    settle: Callable[[], None] = lambda: None
 
 
 def probe_workspace(info: ReleaseInfo, workspace: str | Path | None, tmp: Path) -> Path:
@@ -236,13 +291,19 @@ def serve_states(permit: ExecutionPermit, info: ReleaseInfo, rows: list[dict], s
         seen: set[int] = set()
 
         def at_step(state, kernel_id=kernel_id, steps=steps, seen=seen) -> None:
+            probes = StateProbes(permit, state.session, settings)
+            probes.ahead()
+
             def run(code: str, raw: str) -> ProbeRun:
-                probe, lost = unsafe_probe(permit, state.session, code, settings, raw)
+                probe, lost = probes.unsafe_probe(code, raw)
                 if lost or not state.session.alive:
                     state.rebuild()  # StateLost ends the trajectory's walk: the rest are not served
                 return probe
 
-            on_step(ServedStep(kernel_id, state.step, steps[state.step], run))
+            try:
+                on_step(ServedStep(kernel_id, state.step, steps[state.step], run, probes.settle))
+            finally:
+                probes.settle()  # nothing of a probe's branch outlives the step's state
             seen.add(state.step)  # only once every example of the step got its line
 
         failure = None

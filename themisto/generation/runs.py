@@ -299,6 +299,7 @@ def _probe_rows(permit, info: ReleaseInfo, rows: list[dict], settings: RunSettin
             conversations += [Conversation(first, s, list(first.messages)) for s in range(n)
                               if (first.id, PROBE_CONTEXT, s) not in done]
         converse(conversations, backend, settings.sampling, probe, budget, count, served.run_probe)
+        served.settle()  # the probes' state checks, for the records
         for conversation in conversations:
             final = conversation.final or Generation("", "failed", "the conversation never got a final reply")
             final = replace(final, tokens_in=conversation.tokens_in, tokens_out=conversation.tokens_out)

@@ -3,7 +3,9 @@
 The fast path forks the kernel once per candidate (`themisto.runtime.agent.branch`): the child shares the kernel's
 memory copy-on-write, so the state is exact and the kernel's own state stays as it was. Where fork is unavailable,
 or when asked, the replay fallback restarts the kernel and replays a prefix of cells before each candidate. Both
-return the same BranchResult record. Like the kernel sandbox, this is a best-effort guard, not a security boundary.
+return the same BranchResult record. The probe mode's branches (`ProbeBranches`, the kernel's side in
+`themisto.runtime.agent.ahead`) are forked ahead of their code and answer before their state check, which a later
+call brings. Like the kernel sandbox, this is a best-effort guard, not a security boundary.
 """
 
 from __future__ import annotations
@@ -287,12 +289,90 @@ def run_in_branch(session: Any, code: str, *, timeout_s: float = 30.0, memory_by
                   output_bytes: int = 2**20) -> BranchResult:
     """Run `code` in one branch of the kernel's current state: its status, its outputs (at most `output_bytes`,
     `truncated` past them) and whether it changed the state (`changed_state`); the kernel's own state and work
-    folder stay as they were. The call a probe of the live state uses (a forked branch; it needs fork)."""
-    if not fork_available():
-        raise BranchError("a branch of the current state needs fork, which this platform lacks")
-    [result] = _fork_branches(session, [[str(code)]], timeout_s=timeout_s, memory_bytes=memory_bytes,
-                              output_bytes=output_bytes, protect_workdir=True, delta="pages", state_names=None)
-    return result
+    folder stay as they were. One probe of `ProbeBranches`, its state check waited for (it needs fork)."""
+    probes = ProbeBranches(session, timeout_s=timeout_s, memory_bytes=memory_bytes, output_bytes=output_bytes)
+    index = probes.run(code).index
+    return probes.settle()[index]
+
+
+def _with_state_check(early: BranchResult, full: BranchResult) -> BranchResult:
+    """A probe's early result (what its cell did) with its state check from the full one (what it changed, what the
+    monitor saw to the end). A full report whose outcome differs from the early one is a check that failed (it ran
+    out of time, or its report was broken): its state change is then not known, and the record says why."""
+    from dataclasses import replace
+
+    suspicious = list(full.suspicious) or list(early.suspicious)
+    if (full.status, full.ename) != (early.status, early.ename):
+        suspicious.append(f"the state check failed: {full.status}: {full.ename}: {str(full.evalue)[:160]}")
+        full = BranchResult(index=full.index, status=full.status, outputs=[], workdir_changes=full.workdir_changes,
+                            workdir_restored=full.workdir_restored, walled=full.walled)
+    return replace(early, added=full.added, changed=full.changed, deleted=full.deleted,
+                   state_hash_after=full.state_hash_after, unverified=full.unverified,
+                   workdir_changes=full.workdir_changes, workdir_restored=full.workdir_restored,
+                   suspicious=suspicious, walled=full.walled, kept_by_pages=full.kept_by_pages)
+
+
+class ProbeBranches:
+    """The probes of one kernel state, each run in a fresh branch of it (the kernel's side: `agent.ahead`), with the
+    work that need not wait for a probe done before and after it: `run` returns as soon as the probe's cell has run,
+    its state check (`changed_state`, the monitor's `suspicious`) still to come, and `settle` collects them all
+    (`results`, by the order the probes ran in). The kernel's own state and work folder stay as they were. A call the
+    kernel cannot answer raises BranchError (the state may be lost: the caller rebuilds it)."""
+
+    def __init__(self, session: Any, *, timeout_s: float = 30.0, memory_bytes: int = 2**30,
+                 output_bytes: int = 2**20):
+        if not fork_available():
+            raise BranchError("a branch of the current state needs fork, which this platform lacks")
+        self.session = session
+        self.limits = {"timeout_s": float(timeout_s), "memory_bytes": int(memory_bytes),
+                       "output_bytes": int(output_bytes), "workdir": str(session.workdir)}
+        self.results: dict[int, BranchResult] = {}
+        self.pending: set[int] = set()  # probes whose state check has not come back
+        self.forked_ahead = 0  # probes whose branch was ready before they came
+
+    def _call(self, name: str, timeout: float, **arguments: Any) -> dict:
+        try:
+            answer = agent_call(self.session, name, timeout=timeout, **arguments)
+        except AgentError as error:
+            raise BranchError(f"probe branch call {name!r} failed: {error}") from error
+        if not isinstance(answer, dict) or not isinstance(answer.get("settled", []), list):
+            raise BranchError(f"probe branch call {name!r}: the kernel's answer was malformed")
+        for raw in answer.get("settled", []):
+            index = raw.get("probe") if isinstance(raw, dict) else None
+            if index in self.pending:  # a full report of a probe whose early one came back
+                self.pending.discard(index)
+                self.results[index] = _with_state_check(
+                    self.results[index], _from_agent(raw, index, self.limits["output_bytes"]))
+        return answer
+
+    def ahead(self) -> None:
+        """Tell the kernel that probes of this state may come: the first one's branch is forked before it."""
+        self._call("probe_ahead", _SLACK_PER_CALL_S, **self.limits)
+
+    def run(self, code: str) -> BranchResult:
+        """Run `code` in a fresh branch: its status, outputs and time now; its state check once `settle` ran."""
+        budget = self.limits["timeout_s"] + _SLACK_PER_CANDIDATE_S + _SLACK_PER_CALL_S
+        answer = self._call("probe", budget, code=str(code), **self.limits)
+        index = answer.get("probe")
+        if not isinstance(index, int) or index in self.results:
+            raise BranchError("probe branch call: the kernel's answer was malformed")
+        self.results[index] = _from_agent(answer.get("result"), index, self.limits["output_bytes"])
+        if not answer.get("final"):
+            self.pending.add(index)
+        self.forked_ahead += answer.get("ahead") is True
+        return self.results[index]
+
+    def settle(self, *, lost: bool = False) -> dict[int, BranchResult]:
+        """End every probe's branch; each probe's whole result, its state check included. `lost`: the kernel was
+        lost (replaced), and with it the state checks still to come."""
+        if self.pending and not lost:
+            self._call("probe_settle", _SLACK_PER_CALL_S)
+        for index in sorted(self.pending):  # the kernel ended them without a report: not known
+            self.results[index] = _with_state_check(self.results[index], BranchResult(
+                index=index, status="kernel_died", outputs=[], ename="KernelDied",
+                evalue="the branch ended without its state check"))
+        self.pending.clear()
+        return dict(self.results)
 
 
 def run_branches(session: Any, candidates: list, *, timeout_s: float = 30.0, memory_bytes: int = 2**30,

@@ -136,6 +136,11 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
         return self._uid
 
     @property
+    def kernel_pid(self) -> int | None:
+        """The kernel process's pid on this host (its /proc entry), None while none runs."""
+        return self._kernel_pid
+
+    @property
     def kernel_python(self) -> str:
         """The interpreter the kernel runs (see `kernel_environment()` for its versions)."""
         return self._python or kernel_python()
@@ -376,6 +381,11 @@ class KernelSession:
     def kernel_uid(self) -> int | None:
         """The uid the kernel runs as when it was dropped from root, else None."""
         return self._session.kernel_uid
+
+    @property
+    def kernel_pid(self) -> int | None:
+        """The kernel process's pid on this host (its /proc entry), None while none runs."""
+        return self._session.kernel_pid
 
     @property
     def kernel_python(self) -> str:

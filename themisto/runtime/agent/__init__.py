@@ -11,13 +11,15 @@ The package is split by concern: `namespace` (what every module shares: the shel
 formats), `restore` (a namespace rebuilt from them), `workdir` (the work-folder guards), `recorder` and `capture` (a
 cell's outputs), `integrity`, `delta`, `pages` and `walls` (what guards a branch), `executions` (the count of cells
 run, which says when the kernel's hashes of its state still hold), `branching` and `candidate` (the
-kernel's side of a branch call and of one candidate's life), `handoff` (the wire between the kernel and a branch's
+kernel's side of a branch call and of one candidate's life), `ahead` (a probe conversation's branches, forked ahead
+of their code and ended after their answer), `handoff` (the wire between the kernel and a branch's
 processes: the go, the monitor's messages) and `branch_child` (the monitor's and the candidate's side).
 The modules share only public names (a name with an underscore stays in its module). Every module imports only the
 standard library; this `__init__` gathers the names the host calls through user expressions
 (`themisto.runtime.snapshot.AGENT`).
 """
 
+from themisto.runtime.agent.ahead import probe, probe_ahead, probe_settle
 from themisto.runtime.agent.branching import branch, process_count, set_data_limit
 from themisto.runtime.agent.describe import describe, memory_usage, size_of
 from themisto.runtime.agent.hashing import content_hash, state_hash
@@ -28,5 +30,5 @@ from themisto.runtime.agent.snapshots import Reply, reply, snapshot, snapshot_an
 from themisto.runtime.agent.workdir import WorkdirGuard
 
 __all__ = ["HASH_CHARS", "IPYTHON_NAMES", "OUTPUT_CAP_MARKER", "REPR_CHARS", "UNHASHABLE", "Reply", "WorkdirGuard",
-           "branch", "content_hash", "describe", "finish_restore", "memory_usage", "process_count", "reply", "requested", "restore",
-           "set_data_limit", "size_of", "snapshot", "snapshot_and_store", "state_hash", "user_variables"]
+           "branch", "content_hash", "describe", "finish_restore", "memory_usage", "probe", "probe_ahead", "probe_settle",
+           "process_count", "reply", "requested", "restore", "set_data_limit", "size_of", "snapshot", "snapshot_and_store", "state_hash", "user_variables"]

@@ -24,7 +24,8 @@ from themisto.runtime.agent.integrity import (CONTINUATION_PREFIX, Guard, close_
                                               sealed_method)
 from themisto.runtime.agent.delta import Before, hash_after, namespace_delta
 from themisto.runtime.agent.handoff import await_go, send_message
-from themisto.runtime.agent.walls import become_subreaper, children_of, end_descendants, enter, seal_candidate
+from themisto.runtime.agent.walls import (become_subreaper, children_of, end_descendants, enter, seal_candidate,
+                                          set_dumpable)
 from themisto.runtime.agent.capture import BranchTimeout, install_capture, read_fd_output
 from themisto.runtime.agent.recorder import OutputRecorder
 
@@ -70,6 +71,7 @@ class BranchPlan:
     # delta="pages": the fingerprints and buffer spans of large frames and arrays (themisto.runtime.agent.delta)
     page_prints: dict[str, tuple] = field(default_factory=dict)
     hide: tuple[str, ...] = ()  # folders the candidate must not see (the kernel's connection folder and sockets)
+    early: bool = False  # write an early report (the cell's outcome and outputs) before the state check
 
 
 def value_fingerprint(value: Any) -> Any:
@@ -124,10 +126,13 @@ def _delta(shell: Any, plan: BranchPlan) -> dict:
             "unverified": sorted(unverified)}
 
 
-def _run_cell(shell: Any, code: str, plan: BranchPlan, fd_out: dict[int, int], timed_out: list[bool]) -> dict:
-    """Run one cell in the child under its own timer, outputs captured; its status, outputs, time and truncation."""
-    recorder = OutputRecorder(plan.output_bytes)
-    install_capture(shell, recorder)
+def _run_cell(shell: Any, code: str, plan: BranchPlan, fd_out: dict[int, int], timed_out: list[bool],
+              recorder: OutputRecorder | None = None) -> dict:
+    """Run one cell in the child under its own timer, outputs captured (into `recorder` when its capture is already
+    installed); its status, outputs, time and truncation."""
+    if recorder is None:
+        recorder = OutputRecorder(plan.output_bytes)
+        install_capture(shell, recorder)
 
     def on_alarm(signum: int, frame: Any) -> None:
         timed_out[0] = True
@@ -198,9 +203,12 @@ def _run_continuation(shell: Any, cells: list[str], plan: BranchPlan, fd_out: di
 
 
 # The report channel: an anonymous shared mapping the monitor makes before forking the candidate (no descriptor,
-# no module global); a length prefix written last says the report is complete.
+# no module global). Its head holds two lengths, each written after what it measures, so a length says its report is
+# complete: the report's, then the early report's (a probe's outputs, sent before its state check). The early report
+# lies right after the head, the report right after the early one.
 REPORT_BYTES = 32 * 2**20  # on top of four times the output cap
 ALARM_BYTES = 16384
+_HEAD = 16
 _AGENT = "themisto.runtime.agent."
 
 
@@ -211,23 +219,42 @@ class _SealedCache:
     kept_hash: Any
 
 
-def _write_report(channel: mmap.mmap, data: bytes) -> None:
-    if len(data) > len(channel) - 8:
+def _write_report(channel: mmap.mmap, data: bytes, early: bool = False) -> None:
+    at = _HEAD if early else _HEAD + int.from_bytes(channel[8:16], "big")
+    if len(data) > len(channel) - at:
         data = b'{"status": "error", "ename": "BranchAgentError", "evalue": "the report was over its size limit"}'
-    channel[8:8 + len(data)] = data
-    channel[:8] = len(data).to_bytes(8, "big")
+        if len(data) > len(channel) - at:  # the early report took the room (a candidate may have scribbled there)
+            return
+    channel[at:at + len(data)] = data
+    channel[8 if early else 0:16 if early else 8] = len(data).to_bytes(8, "big")
 
 
-def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channel: mmap.mmap,
+def report_written(channel: mmap.mmap, early: bool = False) -> bool:
+    """Whether the candidate's report (or its early report) is complete in `channel` (the kernel's side)."""
+    return int.from_bytes(channel[8:16] if early else channel[:8], "big") > 0
+
+
+def read_report(channel: mmap.mmap, early: bool = False) -> bytes | None:
+    """The candidate's report (or its early report) as written in `channel`; None where the lengths do not fit it
+    (the candidate's own process may have scribbled over them)."""
+    before = int.from_bytes(channel[8:16], "big")
+    length = before if early else int.from_bytes(channel[:8], "big")
+    at = _HEAD if early else _HEAD + before
+    return channel[at:at + length] if 0 < length and at + length <= len(channel) else None
+
+
+def _unsafe_run_candidate(shell: Any, cells: list[str] | None, plan: BranchPlan, channel: mmap.mmap,
                           alarm_fd: int, go_fd: int) -> None:
     """The one place a candidate runs: in the grandchild, under its own memory cap and timer, followed by its
     continuation cells (`cells[1:]`) when given. Its only descriptors: stdin, the output files, the alarm pipe and
     the go socket; it hashes and reports with code sealed before the candidate ran. It sets itself up, then waits
-    for the kernel's go on `go_fd` (at its end instead it exits without running anything), and says there when its
-    report is written. Never returns."""
+    for the kernel's go on `go_fd` (at its end instead it exits without running anything; `cells` None: they come
+    with the go), and says there when its report is written ("R"). With `plan.early` it first writes an early
+    report, the cell's outcome and outputs, and says so ("O"), then checks the state. Never returns."""
     result: dict[str, Any] = {"status": "error", "ename": "BranchAgentError", "evalue": "the child failed to start"}
     timed_out = [False]
     exit_now, encode, end, say = os._exit, None, end_descendants, os.write  # bound before the candidate runs
+    write, early_sent = _write_report, False
     try:
         os.setpgid(0, 0)  # its own process group, so the kernel can kill it with everything it forks
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -243,16 +270,25 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
         spaces = seal([module for name, module in list(sys.modules.items()) if name.startswith(_AGENT)])
         space = spaces[__name__]  # this module's sealed copy: _run_cell, _delta and _run_continuation below
         space["CACHE"] = _SealedCache(sealed_method(CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
-        seal_candidate()  # no capabilities, no new privileges, no page moving; dumpable for its own pagemap
+        seal_candidate()  # no capabilities, no new privileges, no page moving
         plan.guard = Guard(alarm_fd)
         import resource
 
         limit, _ = data_limit(plan.memory_bytes)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-        if not await_go(go_fd, plan):
+        recorder = space["OutputRecorder"](plan.output_bytes)
+        space["install_capture"](shell, recorder)  # before the go: its cost is not the cell's wait
+        go, sent = await_go(go_fd, plan)
+        if not go:
             exit_now(0)  # cancelled: the kernel never let it go, and reads no report
-        result = space["_run_cell"](shell, cells[0], plan, fd_out, timed_out)
-        plan.guard.check()
+        cells = cells if sent is None else sent
+        set_dumpable(True)  # for its own pagemap; no other candidate runs now (walls.seal_candidate)
+        result = space["_run_cell"](shell, cells[0], plan, fd_out, timed_out, recorder)
+        if plan.early:  # what the model reads goes before the state check, which only the record needs
+            write(channel, encode(result).encode("utf-8", "replace"), early=True)
+            say(go_fd, b"O")
+            early_sent = True
+        plan.guard.check()  # what its threads changed since: alarms, which the kernel reads to the end
         hashing = time.perf_counter()
         result.update(space["_delta"](shell, plan))
         result["delta_s"] = time.perf_counter() - hashing
@@ -267,13 +303,15 @@ def _unsafe_run_candidate(shell: Any, cells: list[str], plan: BranchPlan, channe
                        "evalue": f"{type(error).__name__}: {error}"[:1000]})
     finally:
         try:
+            if early_sent:  # the early report has them: the report is the state check's
+                result["outputs"] = []
             try:
                 data = encode(result) if encode is not None else json.dumps(result, default=str)
             except BaseException as error:  # noqa: BLE001 - an unencodable report is still a report
                 data = encode({"status": "error", "ename": "BranchAgentError", "outputs": [],
                                "evalue": f"the report could not be encoded: {type(error).__name__}"[:1000]})
             end()  # so the kernel can go on as soon as it is killed (branching._ended)
-            _write_report(channel, data.encode("utf-8", "replace"))
+            write(channel, data.encode("utf-8", "replace"))
             say(go_fd, b"R")  # reported
         finally:
             exit_now(0)

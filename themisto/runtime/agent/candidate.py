@@ -17,11 +17,12 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from themisto.runtime.agent.integrity import read_alarms
-from themisto.runtime.agent.branch_child import ALARM_BYTES, MONITOR_REAP_S, REPORT_BYTES, BranchPlan, run_monitor
+from themisto.runtime.agent.branch_child import (ALARM_BYTES, MONITOR_REAP_S, REPORT_BYTES, BranchPlan, read_report,
+                                                 report_written, run_monitor)
 from themisto.runtime.agent.handoff import parse_messages
 
 _GRACE_S = 2.0  # after the candidate's own timer: time to hash the delta and report before SIGKILL
@@ -72,6 +73,7 @@ def reap_later() -> None:
     which the kernel's answer need not wait for (their candidates reported and can do nothing more)."""
     monitors = _LATE_MONITORS[:]
     _LATE_MONITORS.clear()
+    _REAPERS[:] = [thread for thread in _REAPERS if thread.is_alive()]  # a probe run never joins them all
     if monitors:
         thread = threading.Thread(target=lambda: [_reap_monitor(monitor, None) for monitor in monitors],
                                   name="themisto-reaper", daemon=True)
@@ -94,63 +96,62 @@ def _reap_monitor(monitor: int, status: int | None) -> int:
     return status
 
 
-def _collect(rfd: int, alarm_r: int, monitor: int, deadline: float, messages: dict[bytes, bytes],
-             alarms: bytearray, done: int, reported: Callable[[], bool]) -> tuple[int | None, bool, bool]:
-    """Read the monitor's messages and the candidate's alarms until the candidate is done, its monitor is gone or
-    the deadline passes; the monitor's wait status (None while it runs), whether the deadline passed, and whether
-    the candidate was ended early: it said on `done` that it had reported, and `reported()` (which kills it) found
-    it could do nothing more."""
-    buffer = bytearray()
-    monitor_status: int | None = None
-    timed_out = False
+def _collect(started: Started, reported: Callable[[], bool]) -> bool:
+    """Read the monitor's messages and the candidate's alarms into `started` until the candidate is done, its monitor
+    is gone or the deadline passes (`started.timed_out`, `started.monitor_status`: None while it runs); True when
+    instead `reported()` found what was waited for once the candidate said on its go socket that it had written a
+    report (it is asked first too: the word may have come with an earlier one)."""
+    if reported():
+        return True
+    messages, monitor = started.messages, started.monitor
     try:
-        pidfd = os.pidfd_open(monitor) if hasattr(os, "pidfd_open") else None
+        pidfd = os.pidfd_open(monitor) if hasattr(os, "pidfd_open") and started.monitor_status is None else None
     except OSError:
         pidfd = None
     try:
         poller = select.poll()
-        poller.register(rfd, select.POLLIN | select.POLLHUP)
-        poller.register(alarm_r, select.POLLIN | select.POLLHUP)
+        poller.register(started.rfd, select.POLLIN | select.POLLHUP)
+        poller.register(started.alarm_r, select.POLLIN | select.POLLHUP)
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)
-        poller.register(done, select.POLLIN | select.POLLHUP)
+        poller.register(started.go, select.POLLIN | select.POLLHUP)
         eof = False
         while b"D" not in messages:
-            left = deadline - time.monotonic()
+            left = started.deadline - time.monotonic()
             if left <= 0:
-                timed_out = True
+                started.timed_out = True
                 break
             wait_ms = left * 1000 if pidfd is not None else min(left * 1000, 20)
             for fd, _ in poller.poll(max(1, int(wait_ms))):
-                if fd == done and _heard(done, poller) and reported():
-                    return monitor_status, False, True
-                if fd == alarm_r and not _read_alarms(alarm_r, alarms):
-                    poller.unregister(alarm_r)
-                if fd == rfd:
-                    chunk = os.read(rfd, 1 << 20)
+                if fd == started.go and _heard(started.go, poller) and reported():
+                    return True
+                if fd == started.alarm_r and not _read_alarms(started.alarm_r, started.alarms):
+                    poller.unregister(started.alarm_r)
+                if fd == started.rfd:
+                    chunk = os.read(started.rfd, 1 << 20)
                     if chunk:
-                        buffer += chunk
-                        parse_messages(buffer, messages)
+                        started.buffer += chunk
+                        parse_messages(started.buffer, messages)
                     else:
                         eof = True
-                        poller.unregister(rfd)
-            if monitor_status is None:
+                        poller.unregister(started.rfd)
+            if started.monitor_status is None:
                 exited, status = os.waitpid(monitor, os.WNOHANG)
                 if exited:
-                    monitor_status = status
+                    started.monitor_status = status
                     if pidfd is not None:
                         poller.unregister(pidfd)
-            if b"D" in messages or (eof and monitor_status is not None):
+            if b"D" in messages or (eof and started.monitor_status is not None):
                 break
             if eof and pidfd is None:
                 time.sleep(0.002)
-        if b"D" not in messages and b"P" in messages and not timed_out:
-            _candidate_exit(int(messages[b"P"]), deadline)  # its monitor died first: the candidate may still report
-            timed_out = time.monotonic() >= deadline
+        if b"D" not in messages and b"P" in messages and not started.timed_out:
+            _candidate_exit(int(messages[b"P"]), started.deadline)  # its monitor died first: it may still report
+            started.timed_out = time.monotonic() >= started.deadline
     finally:
         if pidfd is not None:
             os.close(pidfd)
-    return monitor_status, timed_out, False
+    return False
 
 
 def _heard(done: int, poller: Any) -> bool:
@@ -201,17 +202,25 @@ def _task_ended(folder: str) -> bool:
 
 @dataclass
 class Started:
-    """A candidate forked and ready behind its walls, blocked until the kernel writes to `go` (or closes it)."""
+    """A candidate forked and ready behind its walls, blocked until the kernel writes to `go` (or closes it); once let
+    go, when its time ends and what came back of it so far."""
 
-    cells: list[str]
+    cells: list[str] | None  # None: they come with the go (forked ahead of them)
     monitor: int
     rfd: int
     alarm_r: int
     go: int
     channel: mmap.mmap
+    begun: float = 0.0
+    deadline: float = 0.0
+    messages: dict[bytes, bytes] = field(default_factory=dict)
+    alarms: bytearray = field(default_factory=bytearray)
+    buffer: bytearray = field(default_factory=bytearray)
+    monitor_status: int | None = None
+    timed_out: bool = False
 
 
-def start(shell: Any, cells: list[str], plan: BranchPlan) -> Started:
+def start(shell: Any, cells: list[str] | None, plan: BranchPlan) -> Started:
     """Fork the monitor, which raises the walls and forks the candidate; the candidate sets itself up and waits.
 
     The kernel holds the candidate's channels itself (the report's shared mapping, the alarm pipe), so a candidate
@@ -240,17 +249,60 @@ def start(shell: Any, cells: list[str], plan: BranchPlan) -> Started:
     return Started(cells, monitor, rfd, alarm_r, go_ours, channel)
 
 
+def still_waiting(started: Started) -> bool:
+    """Whether a candidate forked ahead still waits for its go: its monitor runs and has not said that it ended (a
+    fork storm of the candidate before may have left it no process to fork)."""
+    readable, _, _ = select.select([started.rfd], [], [], 0)
+    if readable:
+        chunk = os.read(started.rfd, 1 << 20)
+        started.buffer += chunk
+        parse_messages(started.buffer, started.messages)
+        if not chunk:
+            return False
+    if started.monitor_status is None:
+        exited, status = os.waitpid(started.monitor, os.WNOHANG)
+        if exited:
+            started.monitor_status = status
+    return started.monitor_status is None and b"D" not in started.messages
+
+
 def cancel(started: Started) -> None:
     """End a candidate that was never let go: it reads the end of its go socket and exits; its monitor is killed."""
     os.close(started.go)
-    try:
-        os.kill(started.monitor, signal.SIGKILL)
-    except OSError:
-        pass
-    os.waitpid(started.monitor, 0)
+    if started.monitor_status is None:
+        try:
+            os.kill(started.monitor, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(started.monitor, 0)
     for fd in (started.rfd, started.alarm_r):
         os.close(fd)
     started.channel.close()
+
+
+def let_go(started: Started, go: bytes, plan: BranchPlan, cells: int) -> None:
+    """Let the candidate go (`go`: handoff.go_message): its `cells` each have the plan's time, then the grace."""
+    started.begun = time.monotonic()
+    started.deadline = started.begun + plan.timeout_s * cells + _GRACE_S
+    try:
+        view = memoryview(go)
+        while view:
+            view = view[os.write(started.go, view):]
+    except OSError:
+        pass  # the candidate is gone already: its monitor says how
+
+
+def early_result(started: Started, plan: BranchPlan, index: int) -> dict | None:
+    """Wait for a candidate let go with `plan.early` to write its early report (its cell's outcome and outputs): that
+    report with what the kernel saw so far, as `finish` gives a result; None when it ended or ran out of time without
+    one (`collect` then says how). It runs on: `collect` ends it."""
+    if not _collect(started, lambda: report_written(started.channel, early=True)):
+        return None
+    data = read_report(started.channel, early=True)
+    if data is None:
+        return None
+    return _result(_decode_report(data), plan, index, time.monotonic() - started.begun, False, None,
+                   started.messages, started.alarms)
 
 
 def finish(started: Started, go: bytes, plan: BranchPlan, index: int,
@@ -258,58 +310,54 @@ def finish(started: Started, go: bytes, plan: BranchPlan, index: int,
     """Let the candidate go (`go`: handoff.go_message), then (`then()` first: the next candidate's fork overlaps
     this one's run) collect its alarms and report until its deadline, and kill and reap everything. Its result, and
     what `then` gave."""
-    rfd, alarm_r, monitor, channel = started.rfd, started.alarm_r, started.monitor, started.channel
-    begun = time.monotonic()
-    deadline = begun + plan.timeout_s * len(started.cells) + _GRACE_S
-    try:
-        view = memoryview(go)
-        while view:
-            view = view[os.write(started.go, view):]
-    except OSError:
-        pass  # the candidate is gone already: its monitor says how
+    let_go(started, go, plan, len(started.cells or [None]))
     following = then() if then is not None else None
-    messages: dict[bytes, bytes] = {}
-    alarms = bytearray()
-    monitor_status: int | None = None
-    timed_out = early = False
+    try:
+        return collect(started, plan, index), following
+    except BaseException:
+        if following is not None:
+            cancel(following)
+        raise
+
+
+def collect(started: Started, plan: BranchPlan, index: int) -> dict:
+    """Collect a candidate's alarms and report until its deadline, and kill and reap everything: its result."""
+    messages, channel, monitor = started.messages, started.channel, started.monitor
+    early = False
 
     def reported() -> bool:
         # Its report is complete and it ran behind its walls: kill it, and go on once it can do nothing more,
         # without waiting for its exit to unmap its copy of the kernel (the monitor reaps it).
-        if b"P" not in messages or messages.get(b"W") != b"" or int.from_bytes(channel[:8], "big") <= 0:
+        if b"P" not in messages or messages.get(b"W") != b"" or not report_written(channel):
             return False
         _kill(int(messages[b"P"]))
         return _ended(int(messages[b"P"]), time.monotonic() + _EARLY_END_S)
 
     try:
-        monitor_status, timed_out, early = _collect(rfd, alarm_r, monitor, deadline, messages, alarms, started.go,
-                                                    reported)
-    except BaseException:
-        if following is not None:
-            cancel(following)
-        raise
+        early = _collect(started, reported)
     finally:
         os.close(started.go)
         child = int(messages[b"P"]) if b"P" in messages else None
+        monitor_status, timed_out = started.monitor_status, started.timed_out
         if child is not None and not early and (timed_out or b"D" not in messages or monitor_status is not None):
             _kill(child)
         if (monitor_status is None and not timed_out and (early or b"D" in messages)
-                and messages.get(b"W") == b"" and int.from_bytes(channel[:8], "big") > 0):
+                and messages.get(b"W") == b"" and report_written(channel)):
             # The candidate reported and is gone (or can do nothing more), and with it its whole pid namespace: the
             # monitor has nothing left to do that matters, and its exit need not be waited for here.
             _LATE_MONITORS.append(monitor)
         else:
             monitor_status = _reap_monitor(monitor, monitor_status)
-        os.set_blocking(alarm_r, False)
-        while len(alarms) < ALARM_BYTES and _read_alarms(alarm_r, alarms):
+        os.set_blocking(started.alarm_r, False)
+        while len(started.alarms) < ALARM_BYTES and _read_alarms(started.alarm_r, started.alarms):
             pass
-        os.close(rfd)
-        os.close(alarm_r)
-    elapsed = time.monotonic() - begun
-    length = int.from_bytes(channel[:8], "big")
-    result = _decode_report(channel[8:8 + length]) if 0 < length <= len(channel) - 8 else None
+        os.close(started.rfd)
+        os.close(started.alarm_r)
+    elapsed = time.monotonic() - started.begun
+    data = read_report(channel)
+    result = _decode_report(data) if data is not None else None
     channel.close()
-    return _result(result, plan, index, elapsed, timed_out, monitor_status, messages, alarms), following
+    return _result(result, plan, index, elapsed, timed_out, monitor_status, messages, started.alarms)
 
 
 def _kill(pid: int) -> None:
@@ -321,7 +369,7 @@ def _kill(pid: int) -> None:
             pass
 
 
-def try_start(shell: Any, cells: list[str], plan: BranchPlan) -> Started | None:
+def try_start(shell: Any, cells: list[str] | None, plan: BranchPlan) -> Started | None:
     """`start`, or None where the fork fails (the candidate before may hold every process the uid may have)."""
     try:
         return start(shell, cells, plan)

@@ -39,12 +39,14 @@ def parse_messages(buffer: bytearray, messages: dict[bytes, bytes]) -> None:
         del buffer[:MESSAGE_HEADER.size + length]
 
 
-def go_message(plan: Any) -> bytes:
+def go_message(plan: Any, cells: list[str] | None = None) -> bytes:
     """The go a candidate waits for, with what it needs of the kernel's hashes: a candidate forked while the kernel
-    was still hashing has none of them in its copy of the plan. Values marshal cannot carry are dropped from the
-    identity fingerprints (those names are then rehashed)."""
+    was still hashing has none of them in its copy of the plan; and its `cells` where it was forked before they were
+    known (a probe's branch forked ahead, `themisto.runtime.agent.ahead`). Values marshal cannot carry are dropped
+    from the identity fingerprints (those names are then rehashed)."""
     prints = {name: found if _marshals(found) else None for name, found in plan.pre_prints.items()}
-    payload = marshal.dumps((plan.pre_hashes, plan.page_prints, plan.pre_ids, prints))
+    payload = marshal.dumps((plan.pre_hashes, plan.page_prints, plan.pre_ids, prints,
+                             None if cells is None else [str(cell) for cell in cells]))
     return b"g" + len(payload).to_bytes(8, "big") + payload
 
 
@@ -66,11 +68,12 @@ def _read_exactly(fd: int, count: int) -> bytes:
     return data
 
 
-def await_go(fd: int, plan: Any) -> bool:
-    """Block until the kernel lets this candidate go (True, the plan's hashes filled in) or cancels it (False)."""
+def await_go(fd: int, plan: Any) -> tuple[bool, list[str] | None]:
+    """Block until the kernel lets this candidate go (True, the plan's hashes filled in, and its cells when they came
+    with the go) or cancels it (False)."""
     head = _read_exactly(fd, 9)
     if len(head) != 9 or head[:1] != b"g":
-        return False
+        return False, None
     payload = _read_exactly(fd, int.from_bytes(head[1:], "big"))
-    plan.pre_hashes, plan.page_prints, plan.pre_ids, plan.pre_prints = marshal.loads(payload)
-    return True
+    plan.pre_hashes, plan.page_prints, plan.pre_ids, plan.pre_prints, cells = marshal.loads(payload)
+    return True, cells

@@ -136,8 +136,9 @@ def _seccomp_program() -> bytes | None:
 
 
 def seal_candidate() -> None:
-    """In the candidate's process, before its code: no capabilities, no new privileges, no page moving, the subreaper
-    of its own processes, and dumpable again (it reads its own pagemap)."""
+    """In the candidate's process, before its code: no capabilities, no new privileges, no page moving, and the
+    subreaper of its own processes. It stays not dumpable until its go (then `set_dumpable(True)`: it reads its own
+    pagemap): a candidate forked ahead waits while another runs, whose code must not reach its memory."""
     libc = _libc()
     header = struct.pack("=Ii", _CAPABILITY_V3, 0)
     data = bytes(24)  # effective, permitted, inheritable: none, in both 32-bit halves
@@ -149,7 +150,6 @@ def seal_candidate() -> None:
         filters = ctypes.create_string_buffer(program)
         fprog = struct.pack("@HP", len(program) // 8, ctypes.addressof(filters))
         _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0), "seccomp")
-    set_dumpable(True)
 
 
 def become_subreaper() -> None:
