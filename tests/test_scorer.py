@@ -436,4 +436,14 @@ def test_cli_score_refuses_then_scores_and_resumes(release, workspace, tmp_path,
     written = sc.json.loads(out.read_text())
     assert [p["id"] for p in written["predictions"]] == [_id(5), _id(6)]
     assert all(p["outcome"] == "ok" for p in written["predictions"])
+    # A finished run's verdicts are kept: the same scoring again (another table over the same records, as
+    # `--cluster participant` is) executes nothing and gives the same records; other predictions start over.
+    verdicts = out.with_name(out.name + ".verdicts.jsonl")
+    assert len(verdicts.read_text().splitlines()) == 2
+    assert main(argv + ["--execute"]) == 0
+    again = sc.json.loads(capsys.readouterr().out)
+    assert again["resumed"] == [KERNEL] and sc.json.loads(out.read_text())["predictions"] == written["predictions"]
+    _write_predictions(predictions, release, [5])
+    assert main(argv + ["--execute"]) == 0
+    assert sc.json.loads(capsys.readouterr().out)["resumed"] == []
     env_settings.cache_clear()

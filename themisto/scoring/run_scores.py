@@ -32,7 +32,8 @@ EXECUTION_METRICS: tuple[str, ...] = ("continuation_match", "functional_match", 
                                       "state_match")
 RESULTS_FORMAT = 1
 RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
-# The scorer's own per-prediction records of a run (its resume file lies beside: SCORER_RECORDS.partial.jsonl).
+# The scorer's own per-prediction records of a run (beside them: SCORER_RECORDS.partial.jsonl while it runs, then
+# SCORER_RECORDS.verdicts.jsonl, which a rerun with the same settings and predictions reuses instead of executing).
 SCORER_RECORDS = "scorer_records.json"
 HARD_RULES = {
     "next_cell": "no baseline's prediction is an exact match (whitespace-normalised)",

@@ -194,6 +194,12 @@ def _partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial.jsonl")
 
 
+def _verdicts_path(out: Path) -> Path:
+    """Where a finished execution run keeps its header and every trajectory's verdicts: a later run with the same
+    header (another `--cluster`, another table over the same records) reuses them instead of executing again."""
+    return out.with_name(out.name + ".verdicts.jsonl")
+
+
 def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> dict[str, TrajectoryScore]:
     """Trajectories an interrupted run with the same header finished (themisto.resume); otherwise say which setting
     differs and start over. A torn last line is cut off."""
@@ -258,7 +264,8 @@ def score_texts_to_file(release: str | Path | ReleaseInfo, ids: list[str], texts
 
     With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
     same settings, predictions, release and workspace keeps those trajectories; `out` appears whole when everything
-    is scored. A text-only run never touches the partial file.
+    is scored, and the partial file becomes `<out>.verdicts.jsonl`, which a later run with the same header reuses
+    whole (it executes nothing). A text-only run touches neither file.
     """
     started = time.perf_counter()
     out = Path(out)
@@ -277,7 +284,8 @@ def score_texts_to_file(release: str | Path | ReleaseInfo, ids: list[str], texts
     writer, done = None, {}
     if execute:
         header = resume_header(info, ids, texts, settings, workspace, out)
-        done = _load_partial(partial, header, say) if resume else {}
+        earlier = partial if partial.exists() or not _verdicts_path(out).exists() else _verdicts_path(out)
+        done = _load_partial(earlier, header, say) if resume else {}
         kept = [json.dumps(header, sort_keys=True)] + [json.dumps(t.to_dict(), ensure_ascii=False)
                                                        for t in done.values()]
         write_text_atomic(partial, "\n".join(kept) + "\n")
@@ -291,7 +299,7 @@ def score_texts_to_file(release: str | Path | ReleaseInfo, ids: list[str], texts
         if writer is not None:
             writer.close()
     write_text_atomic(out, json.dumps(result.to_dict(), ensure_ascii=False, indent=1) + "\n")
-    if execute:  # only an execution run owns the partial file; a text-only run leaves an earlier one alone
-        partial.unlink(missing_ok=True)
+    if execute:  # only an execution run owns these files; a text-only run leaves earlier ones alone
+        partial.replace(_verdicts_path(out))
     return ScoreRun(result, out, sorted(done), time.perf_counter() - started)
 
