@@ -284,8 +284,8 @@ def score_texts_to_file(release: str | Path | ReleaseInfo, ids: list[str], texts
     writer, done = None, {}
     if execute:
         header = resume_header(info, ids, texts, settings, workspace, out)
-        earlier = partial if partial.exists() or not _verdicts_path(out).exists() else _verdicts_path(out)
-        done = _load_partial(earlier, header, say) if resume else {}
+        # An interrupted run's partial file, else a finished run's verdicts (a missing file reads as empty).
+        done = _load_partial(partial if partial.exists() else _verdicts_path(out), header, say) if resume else {}
         kept = [json.dumps(header, sort_keys=True)] + [json.dumps(t.to_dict(), ensure_ascii=False)
                                                        for t in done.values()]
         write_text_atomic(partial, "\n".join(kept) + "\n")
