@@ -340,6 +340,12 @@ def test_execution_scores_lead_and_a_functional_match_leaves_the_hard_subset(exe
     try:
         folder = write_run(tmp_path / "exec", release, "next_cell", _first_baseline("next_cell"))
         results = score_run(folder, execute=True, workspace=workspace)
+        # Scoring the run again reuses its verdicts (nothing executed); --no-resume executes everything again.
+        again, fresh = [], []
+        score_run(folder, execute=True, workspace=workspace, progress=again.append)
+        score_run(folder, execute=True, workspace=workspace, progress=fresh.append, resume=False)
+        assert any("kept from the earlier run" in m for m in again)
+        assert not any("kept from the earlier run" in m for m in fresh)
     finally:
         monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
         env_settings.cache_clear()

@@ -21,7 +21,8 @@ def _score_run_folder(args: argparse.Namespace) -> int:
 
     results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output,
                         runner=scoring_runner(args), workspace=args.workspace,
-                        settings=IntervalSettings(cluster=args.cluster), restore=args.restore)
+                        settings=IntervalSettings(cluster=args.cluster), restore=args.restore,
+                        resume=not args.no_resume)
     if args.json:
         print(json.dumps(results, ensure_ascii=False, sort_keys=True))
     else:

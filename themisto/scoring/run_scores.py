@@ -82,14 +82,14 @@ def _candidates(run: RunFolder, baselines: dict[str, list[str]]) -> list[list[st
 
 def _run_scorer(run: RunFolder, release, candidates: list[list[str]], execute: bool,
                 progress: Callable[[str], None], runner=None, workspace: str | Path | None = None,
-                restore: bool = False):
+                restore: bool = False, resume: bool = True):
     """Score every candidate with the scorer (resumable per trajectory when executing); records by id and text."""
     from themisto.scoring.records import ScoreSettings
     from themisto.scoring.scorer import score_texts_to_file
 
     scored = score_texts_to_file(release, run.ids, candidates, run.folder / SCORER_RECORDS,
                                  ScoreSettings(task=run.task, restore=restore), execute=execute,
-                                 workspace=workspace,
+                                 workspace=workspace, resume=resume,
                                  progress=progress, runner=runner).result
     records: dict[str, dict[str, object]] = {}
     for record in scored.predictions:
@@ -262,7 +262,7 @@ def prompt_kept(run: RunFolder) -> list[dict]:
 def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute: bool = False,
               out: str | Path | None = None, settings: IntervalSettings = IntervalSettings(),
               progress: Callable[[str], None] | None = None, runner=None,
-              workspace: str | Path | None = None, restore: bool = False) -> dict:
+              workspace: str | Path | None = None, restore: bool = False, resume: bool = True) -> dict:
     """Score every context of a run folder and the baselines, and write results.json and results.md (to `out`'s
     folder, by default the run folder); returns the results. Execution needs the gate's opt-in (next_cell only);
     `runner` runs its trajectories elsewhere (themisto.distributed.ray_scoring: on Ray); `workspace` is the folder
@@ -292,7 +292,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
     say(f"scoring {len(run.ids)} example(s) x {len(run.contexts)} context(s) x {run.samples} sample(s) and "
         f"{len(names)} baseline(s)" + (" with execution" if executed else ""))
     records, examples, scorer_notes = _run_scorer(run, info, _candidates(run, baselines), executed, say, runner,
-                                                  workspace, restore)
+                                                  workspace, restore, resume)
     metrics = metrics_for(run.task, executed)
     systems = _per_example(run, baselines, records, examples, metrics)
     solved = {name: [_solved(run.task, records[i][t], examples[i]) for i, t in zip(run.ids, baselines[name])]
