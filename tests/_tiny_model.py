@@ -75,8 +75,18 @@ TOOL_RESPONSE_TEMPLATE = {
 }
 
 
+def _greedy_reply(model, prompt_ids, length: int) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=length,
+                             do_sample=False)
+    return out[0, prompt_ids.shape[1]:].tolist()
+
+
 def build_scripted_model(folder: str | Path, reply: str, prompts, *, tools: list[dict] | None = None,
-                         steps: int = 150, lr: float = 3e-3, seed: int = 0) -> Path:
+                         steps: int = 150, lr: float = 3e-3, seed: int = 0,
+                         max_rounds: int = 5) -> Path:
     """The tiny model, its chat template able to carry tools, trained here (a few hundred steps on the CPU) to
     answer `reply` to each of `prompts(folder)` (chat messages; offered `tools` when given; called once the folder
     holds the tokenizer, so prompts can be counted with it) and to whatever looks like them: a real model whose
@@ -106,16 +116,24 @@ def build_scripted_model(folder: str | Path, reply: str, prompts, *, tools: list
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small trains faster on one thread than on a busy machine's many
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    for step in range(steps):
-        ids, start = examples[step % len(examples)]
-        labels = ids.clone()
-        labels[:, :start] = -100  # the loss is on the reply alone
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    # The prompts carry the replay's timings, so they differ between builds and so does how fast the model learns
+    # them: train in rounds until greedy decoding gives the reply on every prompt (a test then checks the harness,
+    # not how well this build's prompts happened to train), and say so plainly when it never does.
+    for _ in range(max_rounds):
+        model.train()
+        for step in range(steps):
+            ids, start = examples[step % len(examples)]
+            labels = ids.clone()
+            labels[:, :start] = -100  # the loss is on the reply alone
+            loss = model(input_ids=ids, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        if all(_greedy_reply(model, ids[:, :start], len(target)) == target for ids, start in examples):
+            break
+    else:
+        raise RuntimeError(f"the scripted model did not learn its reply in {max_rounds} x {steps} steps")
     torch.set_num_threads(threads)
-    model.eval()
     model.save_pretrained(folder)
     return folder
