@@ -181,13 +181,15 @@ class _Writer:
         if module == "numpy" and type(value).__name__ == "ndarray" and not value.dtype.hasobject:
             import numpy as np
 
+            if value.nbytes > self.caps.value_bytes:  # its file would be larger still: refused before it is copied
+                raise Unstorable(f"{value.nbytes:,} bytes of data, over the per-value cap of {self.caps.value_bytes:,}")
             buffer = io.BytesIO()
             np.save(buffer, value, allow_pickle=False)
             return "npy", buffer.getvalue(), None
         if _is_sparse(value):
             return "npz", _sparse_bytes(value), None
         if _is_estimator(value):
-            return ("skops", *_skops_bytes(value))
+            return ("skops", *_skops_bytes(value, self.caps.value_bytes))
         if is_user_defined(value):
             try:
                 source = (function_source(value) if isinstance(value, types.FunctionType)
@@ -373,17 +375,80 @@ def _canonical_skops(data: bytes) -> bytes:
     return _fixed_zip(rewritten, compression)
 
 
-def _skops_bytes(value: Any) -> tuple[bytes, list[str]]:
+# A skops archive holding more members than this is refused while it is written: skops asks the archive for its
+# list of names before each array it adds, so writing n arrays costs n^2 (a bagging of 50 forests of 300 trees,
+# step 132 of a real task-2 log, held 30,000 and was still being written after two minutes).
+SKOPS_MEMBERS = 10_000
+
+
+class _OverCap(Exception):
+    """The value's file passed a cap while it was being written."""
+
+
+class _CappedFile(io.BytesIO):
+    """An in-memory file that refuses to grow past `cap` bytes, so that a model too large to store costs about the
+    cap to refuse, not its whole encoding (689 MB for the bagging of step 129 of that log, refused only once it was
+    all written)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def write(self, data: Any) -> int:
+        if self.tell() + memoryview(data).nbytes > self.cap:
+            raise _OverCap(f"more than {self.cap:,} bytes as skops, over the per-value cap (refused while written)")
+        return super().write(data)
+
+
+class _CappedZip(zipfile.ZipFile):
+    """A zip archive that refuses its `members`+1-th member."""
+
+    def __init__(self, file: Any, members: int) -> None:
+        super().__init__(file, "w")
+        self.members = members
+
+    def writestr(self, name: Any, data: Any, *args: Any, **kwargs: Any) -> None:
+        if len(self.filelist) >= self.members:
+            raise _OverCap(f"more than {self.members:,} arrays and parts as skops (refused while written)")
+        super().writestr(name, data, *args, **kwargs)
+
+
+def _skops_dump(value: Any, cap: int) -> bytes:
+    """skops.io.dumps (skops 0.6, requirements-kernel.txt: its own steps, in this order) into a capped archive."""
+    import skops
+    import skops.io  # noqa: F401 - registers the types' get_state functions
+    from skops.io._utils import SaveContext, get_state
+
+    buffer = _CappedFile(cap)
+    archive = _CappedZip(buffer, SKOPS_MEMBERS)
+    try:
+        context = SaveContext(zip_file=archive)
+        state = get_state(value, context)
+        context.clear_memo()
+        state["protocol"] = context.protocol
+        state["_skops_version"] = skops.__version__
+        archive.writestr("schema.json", json.dumps(state, indent=2))
+        archive.close()
+    except BaseException:
+        archive.fp = None  # nothing more is written into a refused archive (close() would write its directory)
+        raise
+    return buffer.getvalue()
+
+
+def _skops_bytes(value: Any, cap: int) -> tuple[bytes, list[str]]:
     """The model as a canonical skops file, and the types beyond skops's own that loading it trusts (all of them
-    in SKOPS_TRUSTED: a model needing others raises Unstorable); renumbering does not change which types it holds."""
+    in SKOPS_TRUSTED: a model needing others raises Unstorable); renumbering does not change which types it holds.
+    Writing stops as soon as the file passes `cap` bytes or SKOPS_MEMBERS members."""
     try:
         import skops.io as sio
     except ImportError:
         raise Unstorable("a fitted scikit-learn model, and skops is not installed in the kernel") from None
     try:
-        data = sio.dumps(value)
+        data = _skops_dump(value, cap)
         needs = sio.get_untrusted_types(data=data)
         untrusted = [t for t in needs if t not in SKOPS_TRUSTED]
+    except _OverCap as over:
+        raise Unstorable(str(over)) from None
     except Exception as error:  # noqa: BLE001 - skops refuses what it cannot represent
         raise Unstorable(f"skops cannot store it ({type(error).__name__}: {str(error)[:200]})") from None
     if untrusted:
