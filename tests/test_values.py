@@ -174,8 +174,8 @@ print(json.dumps(report))
 
 def test_a_value_over_a_cap_is_refused_while_it_is_written():
     """A model whose skops file would pass the per-value cap, or hold more members than SKOPS_MEMBERS, is refused as
-    the file passes it, not once all of it is encoded (a real task-2 log held a 689 MB bagging and one 30,000
-    members long, whose snapshots each ran past their timeout); an array is refused by its size before it is copied;
+    the file passes it, not once all of it is encoded (a real task-2 log held a bagging 689 MB long as skops, and one
+    whose snapshots each ran past their time); an array is refused by its size before it is copied;
     a model within the caps is written exactly as skops writes it."""
     cap = 200_000
     with KernelSession() as session:
