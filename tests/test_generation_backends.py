@@ -74,7 +74,7 @@ def test_describe_names_the_weights_and_their_number_format(tiny, tiny_model_dir
 
 
 def test_an_unknown_dtype_is_refused_with_the_choices(tiny_model_dir):
-    with pytest.raises(BackendError, match="unknown dtype 'fp8'.*auto, float32, bfloat16, float16"):
+    with pytest.raises(BackendError, match="unknown dtype 'fp8'.*auto, float32, bfloat16, float16, int8"):
         make_backend("transformers", str(tiny_model_dir), device="cpu", dtype="fp8")
 
 
@@ -139,3 +139,16 @@ def test_importing_the_stage_imports_no_model_library():
             "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'openai', 'datasets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_int8_quantizes_the_linear_layers_generates_and_says_so(tiny_model_dir, rows):
+    import torch
+
+    int8 = make_backend("transformers", str(tiny_model_dir), device="cpu", batch_size=4, dtype="int8")
+    linear = [m for m in int8.model.modules() if type(m) is torch.nn.Linear]
+    assert linear == [] and int8.describe()["dtype"] == "int8"
+    prompt = render_prompt(rows["next_cell"][0], "next_cell", "none")
+    (g,), = int8.generate([prompt], Sampling(max_new_tokens=3))
+    assert g.status == "ok" and g.tokens_out >= 1
+    with pytest.raises(BackendError, match="int8 .* runs on the CPU only"):
+        hf._check_dtype("int8", "cuda", torch)

@@ -15,8 +15,10 @@ INSTALL = "pip install 'transformers==5.23.0' 'torch==2.13.0' accelerate gguf"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 # The number formats `--dtype` offers the weights and activations: `auto` keeps the checkpoint's own (a GGUF file is
 # dequantized to float32). bfloat16 runs on the GPUs that have it and on every CPU (natively only with AVX512-BF16 or
-# AMX, see native_bfloat16).
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+# AMX, see native_bfloat16). int8 (CPU only) loads float32 and quantizes every Linear layer's weights to int8 per
+# output channel, its activations on the fly (torch's dynamic quantization): a GGUF file's 4-bit weights lose little
+# more, and its own runtime (llama.cpp) also multiplies them with 8-bit activations.
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "int8")
 
 
 def split_model_path(model: str, gguf_file: str | None) -> tuple[str, str | None]:
@@ -46,6 +48,8 @@ def _check_dtype(dtype: str, device: str, torch) -> None:
             raise BackendError("this GPU has no bfloat16: use --dtype float16 or float32")
         warnings.warn("this CPU has no native bfloat16 (AVX512-BF16 or AMX): torch emulates it, slower than float32",
                       stacklevel=3)
+    if dtype == "int8" and not device.startswith("cpu"):
+        raise BackendError("--dtype int8 (dynamic quantization) runs on the CPU only: use --device cpu")
 
 
 class TransformersBackend:
@@ -67,11 +71,15 @@ class TransformersBackend:
         kwargs = {"revision": revision, "gguf_file": self.gguf_file}
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.source, **kwargs)
-            torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+            torch_dtype = {"auto": "auto", "int8": torch.float32}.get(dtype) or getattr(torch, dtype)
             self.model = transformers.AutoModelForCausalLM.from_pretrained(self.source, dtype=torch_dtype, **kwargs)
         except OSError as exc:
             raise BackendError(f"cannot load model {model!r} with transformers: {exc}") from exc
         self.model.to(self.device).eval()
+        self.dtype = str(self.model.dtype).removeprefix("torch.")
+        if dtype == "int8":
+            self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
+            self.dtype = "int8"
         # Decoder-only models continue the last token: pad on the left so every prompt ends where generation starts.
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
@@ -154,7 +162,7 @@ class TransformersBackend:
         import transformers
 
         info = {"backend": "transformers", "version": transformers.__version__, "model": self.model_name,
-                "device": self.device, "dtype": str(self.model.dtype).removeprefix("torch."),
+                "device": self.device, "dtype": self.dtype,
                 "chat_template": self.has_chat_template}
         local = Path(self.source)
         if local.is_dir():
