@@ -145,8 +145,8 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="auto", help="transformers: cpu, cuda, auto (default)")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="transformers: the weights' number format (default auto: the checkpoint's own; a GGUF "
-                             "is dequantized to float32); bfloat16 on a CPU or a GPU that has it, float16 on a GPU; int8 on "
-                             "a CPU: float32 with every Linear layer dynamically quantized")
+                             "is dequantized to float32); bfloat16 on a CPU or a GPU that has it, float16 on a GPU; "
+                             "int8 on a CPU: float32 with every Linear layer dynamically quantized")
     parser.add_argument("--base-url", help="openai: the endpoint (default: OPENAI_BASE_URL); key from OPENAI_API_KEY")
     parser.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight (default 8)")
     parser.add_argument("--max-retries", type=int, default=4, help="openai: retries on 429/5xx/timeouts")

@@ -76,10 +76,9 @@ class TransformersBackend:
         except OSError as exc:
             raise BackendError(f"cannot load model {model!r} with transformers: {exc}") from exc
         self.model.to(self.device).eval()
-        self.dtype = str(self.model.dtype).removeprefix("torch.")
         if dtype == "int8":
             self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
-            self.dtype = "int8"
+        self.dtype = "int8" if dtype == "int8" else str(self.model.dtype).removeprefix("torch.")
         # Decoder-only models continue the last token: pad on the left so every prompt ends where generation starts.
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
