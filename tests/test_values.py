@@ -191,6 +191,50 @@ def test_a_value_over_a_cap_is_refused_while_it_is_written():
     assert small["stored"] == ["skops", True] and small["skops_bytes"] < cap and small["same_bytes"]
 
 
+_NAMES_CELLS = """
+import json, sys
+import numpy as np
+from sklearn.preprocessing import StandardScaler
+before = set(sys.modules)
+scaler = StandardScaler().fit(np.arange(8.0).reshape(4, 2))
+"""
+_NAMES_AFTER = """
+table = sys.modules["skops.io._trusted_types"]
+print(json.dumps({"seeded": getattr(table, "__file__", None) is None,
+                  "names": {n: list(getattr(table, n)) for n in ("PRIMITIVE_TYPE_NAMES", "SKLEARN_ESTIMATOR_TYPE_NAMES",
+                                                                 "SCIPY_UFUNC_TYPE_NAMES")},
+                  "imported": sorted(m for m in set(sys.modules) - before if m.startswith("sklearn."))}))
+"""
+
+
+def _stored_model(workspace: Path | None = None, extra_env: dict | None = None) -> tuple[dict, list]:
+    with KernelSession(workspace, extra_env=extra_env) as session:
+        assert session.execute(_NAMES_CELLS, timeout=120).status == "ok"
+        snap = take_snapshot(session, store=True)
+        result = session.execute(_NAMES_AFTER, timeout=60)
+        assert result.status == "ok", result.traceback
+    return json.loads(result.outputs[-1]["text"]), [w for w in snap.values.written if w.format == "skops"]
+
+
+def test_a_kernel_imports_skops_with_the_hosts_table_of_trusted_names(tmp_path):
+    """The first model a kernel life stores imports skops.io with skops's table of trusted type names computed once
+    per environment by the host, not by importing every module of scikit-learn into the user's kernel (1.3-2.8 s a
+    life, and modules the developer never imported); the table is skops's own and the stored file the same. A table
+    computed for other versions is not used."""
+    seeded, files = _stored_model()
+    assert seeded["seeded"] and "sklearn.ensemble._forest" not in seeded["imported"]
+    from themisto.runtime.sandbox import kernel_python, skops_names
+
+    table = json.loads(skops_names(kernel_python()))
+    table["versions"]["scikit-learn"] = "0.0.1"
+    (tmp_path / "names.json").write_text(json.dumps(table))  # in the kernel's work folder, which it reads from
+    own, own_files = _stored_model(tmp_path, {"THEMISTO_SKOPS_NAMES": "names.json"})
+    assert not own["seeded"] and "sklearn.ensemble._forest" in own["imported"]  # skops computed its own
+    assert seeded["names"] == own["names"] and len(own["names"]["SKLEARN_ESTIMATOR_TYPE_NAMES"]) > 100
+    assert [(f.hash, f.bytes, f.exact) for f in files] == [(f.hash, f.bytes, f.exact) for f in own_files]
+    assert files and files[0].exact
+
+
 def test_reading_a_value_runs_no_code(stored, tmp_path):
     _, _, folder = stored
     marker = tmp_path / "ran"

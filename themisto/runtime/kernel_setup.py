@@ -14,9 +14,10 @@ import warnings
 from pathlib import Path
 
 from themisto.runtime import launcher as kernel_launcher
+from themisto.runtime.agent import skops_names as skops_table
 from themisto.runtime.agent.values import VALUES_DIR_ENV
 from themisto.runtime.sandbox import (SandboxWarning, bwrap_works, choose_uid, interpreter_paths, kernel_python,
-                                      remove_tree)
+                                      remove_tree, skops_names)
 from themisto.settings import settings
 
 KERNEL_NAME = "themisto-sandbox"
@@ -65,6 +66,9 @@ class KernelSetup:
         # the kernel environment's own.
         (root / "lib").mkdir()
         (root / "lib" / "themisto").symlink_to(Path(kernel_launcher.__file__).resolve().parents[1])
+        names = skops_names(self.kernel_python)  # skops's trusted names, read by the kernel's agent (why: there)
+        if names is not None:
+            (root / "lib" / skops_table.FILE).write_text(names, encoding="utf-8")
         if self._uid is not None:
             os.chmod(root / "lib", 0o755)
             os.chmod(root, 0o711)  # the kernel's uid traverses the root but cannot write in it
@@ -89,6 +93,7 @@ class KernelSetup:
             "PYTHONPATH": str(self._paths.root / "lib"),  # the themisto package alone (see _prepare_folders)
             "PYTHONNOUSERSITE": "1",
             VALUES_DIR_ENV: str(self._paths.root / VALUES_FOLDER),
+            skops_table.ENV: str(self._paths.root / "lib" / skops_table.FILE),
             **kernel_launcher.KERNEL_ENV,
         }
         if self._bwrap is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import random
@@ -103,6 +104,51 @@ def kernel_environment(python: str | None = None) -> dict[str, str | None]:
     probe = _probe(python)
     return {"interpreter": python, "python": probe["python"], "hash_seed": KERNEL_ENV["PYTHONHASHSEED"],
             **probe["packages"]}
+
+
+def _cache_folder() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "themisto"
+
+
+@functools.lru_cache(maxsize=8)
+def skops_names(python: str) -> str | None:
+    """skops's table of trusted type names as the kernel interpreter `python` computes it (JSON; None without skops
+    there): run once per environment, kept in the user's cache folder under the versions it holds for
+    (themisto.runtime.agent.skops_names says why)."""
+    from themisto.runtime.agent.skops_names import COMPUTE, parse
+
+    probe = _probe(python)
+    key = hashlib.sha256(json.dumps([os.path.realpath(python), probe["python"], probe["packages"]],
+                                    sort_keys=True).encode()).hexdigest()[:24]
+    cached = _cache_folder() / f"skops-names-{key}.json"
+    try:
+        info = cached.stat()
+        # only a file of our own that no one else may have written
+        if info.st_uid == os.geteuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            text = cached.read_text(encoding="utf-8")
+            if parse(text) is not None:
+                return text
+    except OSError:
+        pass
+    if probe["packages"].get("skops") is None:
+        return None
+    try:
+        done = subprocess.run([python, "-I", "-c", COMPUTE], capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    table = parse(done.stdout) if done.returncode == 0 else None
+    if table is None:
+        return None
+    text = json.dumps(table, sort_keys=True)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+        partial.write_text(text, encoding="utf-8")
+        os.chmod(partial, 0o644)
+        os.replace(partial, cached)
+    except OSError:
+        pass  # computed again by the next process
+    return text
 
 
 def interpreter_paths(python: str) -> list[Path]:
