@@ -154,3 +154,33 @@ def test_a_bad_workers_option_is_refused_before_anything_runs(short_logs, tmp_pa
     assert main(["replay", *map(str, short_logs), "-o", str(out), *extra]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "--workers" in error[0] and not out.exists()
+
+
+def test_a_sequential_run_starts_the_next_kernel_ahead_and_a_stop_leaves_none(short_logs, tmp_path):
+    """One worker replays the trajectories one after the other, the next one's kernel started while the current one
+    replays (its start hides behind the cells); stopped midway, it leaves neither kernel behind."""
+    import time
+
+    trajectories = read_june_logs(short_logs)
+    workspace = write_workspace(tmp_path / "ws", seed=0, size="small").root
+    results = workers_runner(1)(trajectories, workspace, ReplaySettings(), lambda message: None)
+    first_id, steps = next(results)
+    assert first_id == trajectories[0].id and next(iter(steps)).step == 0
+    deadline = time.monotonic() + 60
+    while len(_ipykernels()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_ipykernels()) == 2  # the first trajectory's kernel, and the second's, ready before its turn
+    results.close()
+    assert not _kernels()
+
+
+def _ipykernels() -> list[psutil.Process]:
+    """The kernel processes themselves (not their sandboxes) started from this test process."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "themisto.runtime.kernel_main" in proc.cmdline():
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

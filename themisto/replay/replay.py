@@ -263,3 +263,48 @@ def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
     with KernelSession(workspace, kernel_limits(settings)) as session:
         yield from replay(trajectory, session, settings, before_step=before_step,
                           values=values if settings.values else None)
+
+
+def replay_in_turn(trajectories: list[Trajectory], workspace: str | Path | None,
+                   settings: ReplaySettings = ReplaySettings(), *,
+                   values: ValueFolder | None = None) -> Iterator[tuple[Trajectory, Iterator[Step]]]:
+    """`replay_trajectory` for each of `trajectories`, one after the other, with the next one's kernel started while
+    the current one replays: its start (the workspace copied, about 0.7 s to a ready kernel) hides behind the
+    current one's cells. Each kernel is its own session (its own uid, folders and copy of the workspace), so one
+    started early shares nothing with the one replaying. Consume (or drop) each steps iterator before the next."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from themisto.runtime.kernel import KernelSession
+
+    def started() -> KernelSession:
+        session = KernelSession(workspace, kernel_limits(settings))
+        session.start()  # closes what it began when it fails
+        return session
+
+    def steps(trajectory: Trajectory, session: KernelSession) -> Iterator[Step]:
+        try:
+            yield from replay(trajectory, session, settings, values=values if settings.values else None)
+        finally:
+            session.close()
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="themisto-kernel-ahead")
+    ahead: Future | None = None
+    current: KernelSession | None = None
+    try:
+        for index, trajectory in enumerate(trajectories):
+            future, ahead = ahead or pool.submit(started), None
+            current = future.result()  # a start that failed raises here, at its own trajectory
+            if index + 1 < len(trajectories):
+                ahead = pool.submit(started)
+            yield trajectory, steps(trajectory, current)
+            current.close()  # already closed when its steps were consumed
+    finally:
+        if current is not None:
+            current.close()
+        if ahead is not None:
+            try:
+                ahead.result().close()
+            except Exception:  # noqa: BLE001 - a start that failed has nothing left to close
+                pass
+        pool.shutdown(wait=True)
+

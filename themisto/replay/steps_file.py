@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from themisto.ingest.trajectory import Trajectory
-from themisto.replay.replay import ReplaySettings, Step, replay_trajectory
+from themisto.replay.replay import ReplaySettings, Step, replay_in_turn
 from themisto.replay.values import ValueFolder, values_folder
 from themisto.resume import LineWriter, write_json_atomic
 
@@ -55,9 +55,9 @@ def longest_first(pending: list[Trajectory]) -> list[Trajectory]:
 def local_runner(pending: list[Trajectory], workspace: str | Path | None, settings: ReplaySettings,
                  say: Callable[[str], None], *,
                  values: ValueFolder | None = None) -> Iterator[tuple[str, Iterable[Step]]]:
-    """Replay the trajectories one after the other in this process, streaming each one's steps."""
-    for trajectory in pending:
-        steps = replay_trajectory(trajectory, workspace, settings, values=values)
+    """Replay the trajectories one after the other in this process, streaming each one's steps (the next one's
+    kernel starting meanwhile)."""
+    for trajectory, steps in replay_in_turn(pending, workspace, settings, values=values):
         yield trajectory.id, with_progress(trajectory, steps, say)
 
 
