@@ -119,12 +119,14 @@ class _StopAfterFirst:
             results.close()
 
 
-def _kernels() -> list[psutil.Process]:
-    """Kernel processes (and their sandboxes) still started from this test process."""
+def _kernels(sandboxes: bool = True) -> list[psutil.Process]:
+    """Kernel processes (and, with `sandboxes`, their sandboxes) still started from this test process."""
     found = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if any("ipykernel" in part or part.endswith("bwrap") for part in proc.cmdline()):
+            kernel = ("ipykernel", "themisto.runtime.kernel_main")
+            if any(any(name in part for name in kernel) or (sandboxes and part.endswith("bwrap"))
+                   for part in proc.cmdline()):
                 found.append(proc)
         except psutil.Error:
             continue
@@ -167,20 +169,9 @@ def test_a_sequential_run_starts_the_next_kernel_ahead_and_a_stop_leaves_none(sh
     first_id, steps = next(results)
     assert first_id == trajectories[0].id and next(iter(steps)).step == 0
     deadline = time.monotonic() + 60
-    while len(_ipykernels()) < 2 and time.monotonic() < deadline:
+    while len(_kernels(sandboxes=False)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(_ipykernels()) == 2  # the first trajectory's kernel, and the second's, ready before its turn
+    assert len(_kernels(sandboxes=False)) == 2  # the first trajectory's kernel, and the second's, ready before its turn
     results.close()
     assert not _kernels()
 
-
-def _ipykernels() -> list[psutil.Process]:
-    """The kernel processes themselves (not their sandboxes) started from this test process."""
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if "themisto.runtime.kernel_main" in proc.cmdline():
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found

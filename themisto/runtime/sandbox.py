@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from themisto.resume import write_text_atomic
 from themisto.settings import settings
 
 
@@ -142,10 +143,7 @@ def skops_names(python: str) -> str | None:
     text = json.dumps(table, sort_keys=True)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
-        partial.write_text(text, encoding="utf-8")
-        os.chmod(partial, 0o644)
-        os.replace(partial, cached)
+        write_text_atomic(cached, text)
     except OSError:
         pass  # computed again by the next process
     return text
