@@ -19,6 +19,7 @@ from _processes import live_children
 
 from themisto import settings as settings_module
 from themisto.runtime.kernel import KernelSession, Limits
+from themisto.runtime import sandbox
 from themisto.runtime.sandbox import SandboxWarning, sandbox_available
 
 pytestmark = pytest.mark.slow
@@ -119,6 +120,35 @@ def test_limits_hold_inside_the_kernel():
             assert int(uid) == kernel.kernel_uid != 0
             nproc = kernel.execute("print(resource.getrlimit(resource.RLIMIT_NPROC)[0])").outputs[0]["text"]
             assert int(nproc) == 100
+
+
+_CORES = "import os, joblib; print(sorted(os.sched_getaffinity(0)), joblib.cpu_count())"
+
+
+def _cores_seen(session) -> tuple[list[int], int]:
+    result = session.execute(_CORES)
+    assert result.status == "ok", result.traceback
+    cores, joblib_count = result.outputs[0]["text"].rsplit(" ", 1)
+    return eval(cores), int(joblib_count)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two kernels on cores apart need two cores")
+def test_each_kernel_runs_on_a_core_of_its_own(tmp_path, monkeypatch):
+    # Lock files of this test's own: kernels that other processes run on this host do not change the answer.
+    monkeypatch.setattr(sandbox, "_CORE_LOCKS", tmp_path / "cores")
+    with KernelSession() as first, KernelSession() as second:
+        (core_a,), jobs_a = _cores_seen(first)
+        (core_b,), jobs_b = _cores_seen(second)
+        assert core_a != core_b
+        assert jobs_a == jobs_b == 1  # n_jobs=-1 means one worker, whatever the host has
+        first.restart()
+        assert _cores_seen(first)[0] == [core_a]  # a restarted kernel keeps its core
+    for core in (core_a, core_b):  # given back on close
+        lock = sandbox._lock_core(core)
+        assert lock is not None
+        os.close(lock)
+    with KernelSession(limits=Limits(cores=None)) as unpinned:
+        assert _cores_seen(unpinned) == (sorted(os.sched_getaffinity(0)), len(os.sched_getaffinity(0)))
 
 
 def test_the_kernels_heap_asks_for_huge_pages(session):

@@ -109,6 +109,10 @@ class Trajectory:
     logged_events: dict[str, int] = field(default_factory=dict)
     sources: list[SourceFile] = field(default_factory=list)
 
+    def digest(self) -> str:
+        """The sha256 of everything the trajectory holds: equal digests, the same replay."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
     def errors_by_ename(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for ex in self.executions:

@@ -35,6 +35,7 @@ class ReplaySettings:
     interrupted_timeout_s: float = 10.0
     memory_bytes: int = 4 * 2**30
     output_bytes: int = 2**20
+    cores: int | None = 1  # per kernel (`Limits.cores`): a cell's results and time the same on any host
 
 
 @dataclass
@@ -249,7 +250,7 @@ def kernel_limits(settings: ReplaySettings):
     from themisto.runtime.kernel import Limits
 
     return Limits(memory_bytes=settings.memory_bytes, cell_timeout_s=settings.cell_timeout_s,
-                  output_bytes=settings.output_bytes)
+                  output_bytes=settings.output_bytes, cores=settings.cores)
 
 
 def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,

@@ -47,9 +47,14 @@ class ReplayIncomplete(RuntimeError):
 
 
 def longest_first(pending: list[Trajectory]) -> list[Trajectory]:
-    """The order a runner that replays several trajectories at once starts them in: longest first, so that no long
-    trajectory starts last and keeps one worker busy alone at the end (the final file's order does not depend on it)."""
-    return sorted(pending, key=lambda t: len(t.executions), reverse=True)
+    """The order a runner that replays several trajectories at once starts them in: costliest first, so that no long
+    trajectory starts last and keeps one worker busy alone at the end (the final file's order does not depend on it).
+    The cost is the replay time this user's last replay of the same trajectory took (themisto.replay.costs), else
+    its step count at the known trajectories' seconds per step."""
+    from themisto.replay.costs import estimated_costs
+
+    costs = estimated_costs(pending)
+    return sorted(pending, key=lambda t: costs[t.id], reverse=True)
 
 
 def local_runner(pending: list[Trajectory], workspace: str | Path | None, settings: ReplaySettings,
@@ -62,12 +67,17 @@ def local_runner(pending: list[Trajectory], workspace: str | Path | None, settin
 
 
 def with_progress(trajectory: Trajectory, steps: Iterable[Step], say: Callable[[str], None]) -> Iterator[Step]:
-    """`steps` as they come, saying every 25 steps how far the trajectory is."""
+    """`steps` as they come, saying every 25 steps how far the trajectory is; the time of a whole replay is kept as
+    its cost for the next run's order (`longest_first`)."""
+    from themisto.replay.costs import remember_cost
+
     n, t0 = len(trajectory.executions), time.perf_counter()
     for step in steps:
         yield step
         if (step.step + 1) % 25 == 0 or step.step + 1 == n:
             say(f"{trajectory.id}: {step.step + 1}/{n} steps ({time.perf_counter() - t0:.1f} s)")
+        if step.step + 1 == n:
+            remember_cost(trajectory, time.perf_counter() - t0)
 
 
 @dataclass
@@ -87,12 +97,6 @@ def _progress_path(out: Path) -> Path:
 
 def _partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
-
-
-def _digest(trajectory: Trajectory) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(asdict(trajectory), sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
 def _resume_header(workspace: str | Path | None, settings: ReplaySettings, out: Path) -> dict:
@@ -154,7 +158,7 @@ def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspac
     started = time.perf_counter()
     trajectories = list(trajectories)
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    header, digests = _resume_header(workspace, settings, out), {t.id: _digest(t) for t in trajectories}
+    header, digests = _resume_header(workspace, settings, out), {t.id: t.digest() for t in trajectories}
     done, steps = _load_progress(out, header, digests, say) if resume else ([], 0)
     if not resume:
         _partial_path(out).unlink(missing_ok=True)

@@ -45,6 +45,9 @@ class Limits:
     max_processes: int = 256  # RLIMIT_NPROC for the kernel's own uid (threads count too)
     file_size_bytes: int = 2**30  # RLIMIT_FSIZE
     cpu_seconds: int | None = None  # RLIMIT_CPU counts the kernel's whole life: off by default
+    # Cores the kernel is pinned to, its own while there are free ones (themisto.runtime.sandbox.claim_cores says
+    # why one); None: all of this process's cores.
+    cores: int | None = 1
     cell_timeout_s: float = 120.0
     output_bytes: int = 2**20  # per cell; beyond it outputs are cut with a visible marker
     network: bool = False
@@ -93,6 +96,7 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
         self._bwrap: str | None = None
         self._uid: int | None = None
         self._gid: int | None = None
+        self._cpus: list[int] | None = None  # the cores it is pinned to; None: all
         self._stderr = bytearray()
         self._stderr_fd: int | None = None
         self._python: str | None = None

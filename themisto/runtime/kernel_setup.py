@@ -16,8 +16,8 @@ from pathlib import Path
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.agent import skops_names as skops_table
 from themisto.runtime.agent.values import VALUES_DIR_ENV
-from themisto.runtime.sandbox import (SandboxWarning, bwrap_works, choose_uid, interpreter_paths, kernel_python,
-                                      remove_tree, skops_names)
+from themisto.runtime.sandbox import (SandboxWarning, bwrap_works, choose_uid, claim_cores, interpreter_paths,
+                                      kernel_python, remove_tree, skops_names)
 from themisto.settings import settings
 
 KERNEL_NAME = "themisto-sandbox"
@@ -28,7 +28,7 @@ VALUES_FOLDER = "values"
 
 class KernelSetup:
     """The setup steps of a kernel session; they read and set the session's `limits`, `workspace`, `extra_env`,
-    `kernel_python`, `_resources`, `_paths`, `_bwrap`, `_python`, `_uid` and `_gid`."""
+    `kernel_python`, `_resources`, `_paths`, `_bwrap`, `_python`, `_uid`, `_gid` and `_cpus`."""
 
     def _plan_sandbox(self) -> None:
         self._python = kernel_python()
@@ -43,6 +43,8 @@ class KernelSetup:
                           "without filesystem, network and pid isolation; only rlimits apply", SandboxWarning,
                           stacklevel=3)
         self._bwrap = bwrap
+        # Claimed once per session: a restarted kernel keeps its cores.
+        self._cpus = claim_cores(self.limits.cores, self._resources)
         if is_root and bwrap is not None and self.limits.isolate_fs:
             self._uid = choose_uid(self._resources)
             self._gid = self._uid
@@ -110,7 +112,7 @@ class KernelSetup:
         launcher = kernel_launcher.launcher_argv(
             memory_bytes=limits.memory_bytes, max_processes=limits.max_processes,
             file_size_bytes=limits.file_size_bytes, cpu_seconds=limits.cpu_seconds, uid=self._uid, gid=self._gid,
-            output_bytes=limits.output_bytes)
+            output_bytes=limits.output_bytes, cpus=self._cpus)
         # The launcher is written for the interpreter that runs it; the kernel's own interpreter runs it here (it
         # imports the standard library only) and execs ipykernel from the same environment.
         assert launcher[0] == sys.executable, launcher

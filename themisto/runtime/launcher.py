@@ -144,6 +144,7 @@ def launcher_argv(
     uid: int | None,
     gid: int | None,
     output_bytes: int | None = None,
+    cpus: list[int] | None = None,
 ) -> list[str]:
     """The command that runs this module with the given limits; `{connection_file}` is filled in by jupyter_client."""
     argv = [sys.executable, "-m", "themisto.runtime.launcher", "--memory-bytes", str(memory_bytes),
@@ -154,6 +155,8 @@ def launcher_argv(
         argv += ["--uid", str(uid), "--gid", str(gid)]
     if output_bytes is not None:
         argv += ["--output-bytes", str(output_bytes)]
+    if cpus is not None:
+        argv += ["--cpus", ",".join(map(str, cpus))]
     return argv + ["-f", "{connection_file}"]
 
 
@@ -188,6 +191,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--uid", type=int, default=None)
     parser.add_argument("--gid", type=int, default=None)
     parser.add_argument("--output-bytes", type=int, default=None)
+    parser.add_argument("--cpus", type=lambda text: {int(core) for core in text.split(",")}, default=None)
     parser.add_argument("-f", dest="connection_file", required=True)
     return parser.parse_args(argv)
 
@@ -200,6 +204,10 @@ def main(argv: list[str] | None = None) -> None:
         os.setsid()
     except OSError:
         pass
+    if args.cpus is not None:
+        # Before anything starts: every thread and process the kernel makes inherits it, and thread pools (BLAS,
+        # joblib, catboost) size themselves by it.
+        os.sched_setaffinity(0, args.cpus)
     _set_limit(resource.RLIMIT_DATA, args.memory_bytes)
     _set_limit(resource.RLIMIT_FSIZE, args.file_size_bytes)
     if args.cpu_seconds is not None:

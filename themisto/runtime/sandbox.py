@@ -1,11 +1,12 @@
 """What the sandbox needs from the host: whether bubblewrap works, the kernel's interpreter and its
-versions, an unprivileged uid of its own, and killing and removing what a kernel leaves behind.
+versions, an unprivileged uid and cores of its own, and killing and removing what a kernel leaves behind.
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import itertools
 import hashlib
 import json
 import os
@@ -111,6 +112,29 @@ def _cache_folder() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "themisto"
 
 
+def read_cache(name: str) -> str | None:
+    """The text of the user's cache file `name`, or None when there is none or it is not a file of our own that no
+    one else may have written."""
+    cached = _cache_folder() / name
+    try:
+        info = cached.stat()
+        if info.st_uid == os.geteuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return cached.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+    return None
+
+
+def write_cache(name: str, text: str) -> None:
+    """Write the user's cache file `name` whole; a cache that cannot be written is computed again next time."""
+    cached = _cache_folder() / name
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(cached, text)
+    except OSError:
+        pass
+
+
 @functools.lru_cache(maxsize=8)
 def skops_names(python: str) -> str | None:
     """skops's table of trusted type names as the kernel interpreter `python` computes it (JSON; None without skops
@@ -121,16 +145,10 @@ def skops_names(python: str) -> str | None:
     probe = _probe(python)
     key = hashlib.sha256(json.dumps([os.path.realpath(python), probe["python"], probe["packages"]],
                                     sort_keys=True).encode()).hexdigest()[:24]
-    cached = _cache_folder() / f"skops-names-{key}.json"
-    try:
-        info = cached.stat()
-        # only a file of our own that no one else may have written
-        if info.st_uid == os.geteuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            text = cached.read_text(encoding="utf-8")
-            if parse(text) is not None:
-                return text
-    except OSError:
-        pass
+    cached = f"skops-names-{key}.json"
+    text = read_cache(cached)
+    if text is not None and parse(text) is not None:
+        return text
     if probe["packages"].get("skops") is None:
         return None
     try:
@@ -141,11 +159,7 @@ def skops_names(python: str) -> str | None:
     if table is None:
         return None
     text = json.dumps(table, sort_keys=True)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(cached, text)
-    except OSError:
-        pass  # computed again by the next process
+    write_cache(cached, text)
     return text
 
 
@@ -216,6 +230,58 @@ def choose_uid(resources: KernelResources) -> int:
     raise RuntimeError("no free uid found for the kernel (50 tries)")
 
 
+# One lock file per core a kernel is pinned to: kernels of this user, in this process or another (two scorers, a
+# build beside a scorer), take cores no other holds while there are some. The files stay (one per core).
+_CORE_LOCKS = Path(tempfile.gettempdir()) / "themisto-kernel-cores"
+# Where the next kernel that finds every core taken shares one: round the cores, not all on the first.
+_shared_core = itertools.count()
+
+
+def _lock_core(core: int) -> int | None:
+    """An open, exclusively locked lock file for `core`, or None when another kernel holds it (or none can be made:
+    the folder another user's)."""
+    try:
+        _CORE_LOCKS.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(_CORE_LOCKS / f"{core}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def claim_cores(count: int | None, resources: KernelResources) -> list[int] | None:
+    """`count` of this process's cores for one kernel (`Limits.cores`), those no other kernel holds first, locked
+    for the session (`resources`); None when the kernel may use them all (count None, or no fewer than there are).
+
+    Why one core by default: a cell's results and time must not depend on how many cores the host has or how many
+    kernels share it (joblib's n_jobs=-1, catboost and LightGBM size their thread pools by the cores they may use),
+    and kernels that run at once must not slow each other down. Pinning is an affinity, which a process may widen
+    again (os.sched_setaffinity): it makes runs repeatable and fair, it is not a limit against a hostile cell.
+    """
+    available = sorted(os.sched_getaffinity(0))
+    if count is None or count >= len(available):
+        return None
+    if count < 1:
+        raise ValueError(f"a kernel needs at least one core, got cores={count}")
+    chosen: list[int] = []
+    for core in available:
+        fd = _lock_core(core)
+        if fd is not None:
+            chosen.append(core)
+            resources.core_locks.append(fd)
+            if len(chosen) == count:
+                return chosen
+    # More kernels than cores: share, taking turns so that they spread over the cores.
+    rest = [core for core in available if core not in chosen]
+    start = next(_shared_core)
+    chosen += [rest[(start + i) % len(rest)] for i in range(count - len(chosen))]
+    return sorted(chosen)
+
+
 def processes_of_uid(uid: int) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["uids"]):
@@ -274,6 +340,7 @@ class KernelResources:
     pgids: set[int] = field(default_factory=set)
     uid: int | None = None
     uid_lock: int | None = None  # the open lock file that makes `uid` this session's own
+    core_locks: list[int] = field(default_factory=list)  # the open lock files of the cores it is pinned to
 
 
 def release_resources(resources: KernelResources) -> None:
@@ -294,6 +361,9 @@ def release_resources(resources: KernelResources) -> None:
             pass
         os.close(resources.uid_lock)
         resources.uid_lock = None
+    # Its processes are gone: its cores are free for the next kernel.
+    while resources.core_locks:
+        os.close(resources.core_locks.pop())
     if resources.root is not None and resources.root.exists():
         remove_tree(resources.root)
     resources.root = None
