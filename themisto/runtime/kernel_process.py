@@ -22,6 +22,10 @@ _STOP_S = 10.0
 _STDERR_TAIL_BYTES = 8192
 # How long a kernel that answered on its shell channel gets to be heard on IOPub before it is asked again.
 _IOPUB_HEARD_S = 0.5
+# Meanwhile it is asked again this often: the status messages of a request the kernel answered before our IOPub
+# subscription had joined are lost, and a start waited out the whole half second for most kernels (a restart
+# 0.80 s instead of 0.31 s).
+_IOPUB_ASK_AGAIN_S = 0.02
 
 
 async def _until_ready(kc, timeout: float) -> None:
@@ -44,9 +48,10 @@ async def _until_ready(kc, timeout: float) -> None:
             heard_by = loop.time() + _IOPUB_HEARD_S
             while (left := heard_by - loop.time()) > 0:
                 try:
-                    message = await kc.iopub_channel.get_msg(timeout=left)
+                    message = await kc.iopub_channel.get_msg(timeout=min(left, _IOPUB_ASK_AGAIN_S))
                 except Empty:
-                    break
+                    asked.add(kc.kernel_info())
+                    continue
                 if message["parent_header"].get("msg_id") in asked:
                     return
         if not await kc.is_alive():
