@@ -6,7 +6,10 @@ workspace: one trajectory after the other (`--workers 1`), then one worker per c
 (`themisto.replay.workers`), alternating which goes first over `--rounds`. For each run it prints the wall time,
 the sum of the cells' own run times (each step's `execution_time`), their ratio, and the load average before and
 after; then the speed-up of the parallel run, beside the most the trajectories' lengths allow (no trajectory can be
-split: the longest one's cells bound the parallel run's wall time). Never asserted on; one JSON line at the end.
+split: the longest one's cells bound the parallel run's wall time). The parallel run starts the costliest
+trajectories first by what their last replay took (themisto.replay.costs; the sequential run before it records
+them), else by step count: each run says for how many the cost was known. Never asserted on; one JSON line at the
+end.
 
     python bench/replay_speed.py [--limit STEPS] [--rounds 1] [--workers N] [--keep DIR]
 """
@@ -39,11 +42,13 @@ def real_trajectories(limit: int | None) -> tuple[list, int]:
 
 def one_run(trajectories: list, ws: Path, out: Path, workers: int) -> dict:
     """Replay everything into `out` with `workers` at once: wall time, the cells' own time, per-trajectory cells."""
+    from themisto.replay.costs import known_costs
     from themisto.replay.replay import ReplaySettings
     from themisto.replay.steps_file import read_steps, replay_to_file
     from themisto.replay.workers import workers_runner
 
     out.unlink(missing_ok=True)
+    costs_known = len(known_costs(trajectories))
     before = load()
     started = time.perf_counter()
     run = replay_to_file(trajectories, out, ws, ReplaySettings(), resume=False, runner=workers_runner(workers),
@@ -55,6 +60,7 @@ def one_run(trajectories: list, ws: Path, out: Path, workers: int) -> dict:
     total = sum(cells.values())
     return {"workers": workers, "steps": run.steps, "wall_s": round(wall, 1), "cells_s": round(total, 1),
             "wall_over_cells": round(wall / total, 3) if total else None, "load_before": before, "load_after": load(),
+            "costs_known": costs_known,
             "longest_cells_s": round(max(cells.values(), default=0.0), 1)}
 
 
@@ -107,7 +113,7 @@ def main() -> int:
     report("replay_speed", figures, runs, [("round", "round"), ("workers", "workers"), ("steps", "steps"),
                                            ("wall_s", "wall s"), ("cells_s", "cells s"),
                                            ("wall_over_cells", "wall/cells"), ("load_before", "load before"),
-                                           ("load_after", "load after")])
+                                           ("load_after", "load after"), ("costs_known", "costs known")])
     return 0
 
 
