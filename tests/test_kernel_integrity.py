@@ -13,6 +13,10 @@ from themisto.runtime.sandbox import KernelResources, KernelStartError, release_
 from themisto.settings import settings
 
 
+# With a single core a kernel gets the whole machine: there is nothing to pin it to.
+_PINNED = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores or more")
+
+
 @pytest.fixture
 def kernel_uid(monkeypatch):
     """Set THEMISTO_KERNEL_UID for one test (settings are read once per process, so the cache is cleared)."""
@@ -44,6 +48,33 @@ def test_a_uid_with_running_processes_is_refused(kernel_uid):
     finally:
         other.kill()
         other.wait()
+
+
+@_PINNED
+def test_cores_are_shared_round_the_cores_once_all_are_held(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_CORE_LOCKS", tmp_path / "cores")
+    cores = sorted(os.sched_getaffinity(0))
+    holders = [KernelResources() for _ in cores]
+    assert sorted(c for h in holders for c in sandbox.claim_cores(1, h)) == cores  # each its own while they last
+    extra = [sandbox.claim_cores(1, KernelResources()) for _ in cores]
+    assert sorted(c for claimed in extra for c in claimed) == cores  # then each core once more, not all on one
+    assert sandbox.claim_cores(None, KernelResources()) is None  # unpinned: every core
+    for holder in holders:
+        release_resources(holder)
+    again = KernelResources()
+    assert sandbox.claim_cores(1, again) == cores[:1] and again.core_locks  # held again once let go
+    release_resources(again)
+
+
+@_PINNED
+def test_a_planted_link_for_the_core_locks_is_not_followed(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "cores").symlink_to(elsewhere)
+    monkeypatch.setattr(sandbox, "_CORE_LOCKS", tmp_path / "cores")
+    resources = KernelResources()
+    assert len(sandbox.claim_cores(1, resources)) == 1  # the kernel still runs, on a shared core
+    assert resources.core_locks == [] and list(elsewhere.iterdir()) == []
 
 
 def test_a_configured_uid_belongs_to_one_session_at_a_time(kernel_uid):

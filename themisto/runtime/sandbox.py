@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import itertools
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -238,11 +238,14 @@ _shared_core = itertools.count()
 
 
 def _lock_core(core: int) -> int | None:
-    """An open, exclusively locked lock file for `core`, or None when another kernel holds it (or none can be made:
-    the folder another user's)."""
+    """An open, exclusively locked lock file for `core`, or None when another kernel holds it (or none can be made
+    in a folder of this user's own: one another user made, or a link planted in its place)."""
     try:
         _CORE_LOCKS.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(_CORE_LOCKS / f"{core}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        info = os.lstat(_CORE_LOCKS)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        fd = os.open(_CORE_LOCKS / f"{core}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         return None
     try:
