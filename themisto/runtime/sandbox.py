@@ -185,16 +185,21 @@ def _uid_in_use(uid: int) -> bool:
 _UID_LOCKS = Path(tempfile.gettempdir()) / "themisto-kernel-uids"
 
 
-def _lock_uid(uid: int) -> int | None:
-    """An open, exclusively locked lock file for `uid`, or None when another session holds it."""
-    _UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(_UID_LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def _locked(path: Path, flags: int = 0) -> int | None:
+    """The lock file at `path`, open and exclusively locked, or None when another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return None
     return fd
+
+
+def _lock_uid(uid: int) -> int | None:
+    """An open, exclusively locked lock file for `uid`, or None when another session holds it."""
+    _UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    return _locked(_UID_LOCKS / f"{uid}.lock")
 
 
 def _claim(uid: int, resources: KernelResources) -> str | None:
@@ -245,15 +250,9 @@ def _lock_core(core: int) -> int | None:
         info = os.lstat(_CORE_LOCKS)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             return None
-        fd = os.open(_CORE_LOCKS / f"{core}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        return _locked(_CORE_LOCKS / f"{core}.lock", os.O_NOFOLLOW)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def claim_cores(count: int | None, resources: KernelResources) -> list[int] | None:
