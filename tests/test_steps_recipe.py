@@ -33,7 +33,8 @@ def test_replay_build_generate_and_score_need_no_workspace(tmp_path, allow_execu
     assert main(["replay", str(log), "-o", str(steps), "--workspace-seed", "3", "--json"]) == 0
     recipe = {"look_alike_seed": 3, "size": "small", "tasks": ["task1", "task2"]}
     header = read_steps_header(steps)
-    assert header["workspace"] == recipe and header["replay"]["cell_timeout_s"] == 60.0
+    assert header["workspace"] == recipe and header["replay"]["cell_timeout_s"] == 120.0
+    assert header["replay"]["cores"] == 1  # scoring replays on one core a kernel too
     assert len(read_steps(steps)) == len(steps.read_text().splitlines()) - 1  # the header is no step
     release = tmp_path / "release"
     assert main(["build", "--steps", str(steps), "--test-fraction", "1.0", "-o", str(release), "--json"]) == 0

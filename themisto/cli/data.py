@@ -170,6 +170,7 @@ def _add_workers_option(parser: argparse.ArgumentParser) -> None:
 def replay_command(args: argparse.Namespace) -> int:
     """Replay trajectories in sandboxed kernels, write one step record per execution, print the fidelity report."""
     import tempfile
+    from dataclasses import replace
 
     from themisto.ingest.workspace import TASKS, write_workspace
     from themisto.replay.fidelity import fidelity_report
@@ -179,8 +180,9 @@ def replay_command(args: argparse.Namespace) -> int:
 
     runner = _replay_runner(args)
     trajectories = read_inputs(args).trajectories
-    settings = ReplaySettings(snapshots=not args.no_snapshots, values=not args.no_values,
-                              cell_timeout_s=args.cell_timeout)
+    settings = ReplaySettings(snapshots=not args.no_snapshots, values=not args.no_values)
+    if args.cell_timeout is not None:
+        settings = replace(settings, cell_timeout_s=args.cell_timeout)
     with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
         workspace, recipe = args.workspace, None  # a given folder is recorded by its name and hash
         if workspace is None:
@@ -212,8 +214,8 @@ def add_replay(subparsers: argparse._SubParsersAction) -> None:
                         help="input files (default: look-alike inputs made from --workspace-seed)")
     parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
     parser.add_argument("--size", choices=SIZE_CHOICES, default="small", help="size of the look-alike inputs")
-    parser.add_argument("--cell-timeout", type=float, default=60.0,
-                        help="seconds each replayed cell may run before the watchdog interrupts it")
+    parser.add_argument("--cell-timeout", type=float, default=None,
+                        help="seconds each replayed cell may run before the watchdog interrupts it (default: 120)")
     parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
     parser.add_argument("--no-values", action="store_true",
                         help="snapshots without the variables' values (default: stored in OUTPUT.values/)")
@@ -280,8 +282,8 @@ def add_build(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workspace", type=Path, help="replay input files (default: look-alike inputs)")
     parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
     parser.add_argument("--steps-out", type=Path, help="where replay writes steps (default: DIR.steps.jsonl)")
-    parser.add_argument("--cell-timeout", type=float, default=60.0,
-                        help="seconds each replayed cell may run before the watchdog interrupts it")
+    parser.add_argument("--cell-timeout", type=float, default=None,
+                        help="seconds each replayed cell may run before the watchdog interrupts it (default: 120)")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split and the output sample")
     parser.add_argument("--test-fraction", type=float, default=0.5, help="share of steps for `test`")
     parser.add_argument("--all-outputs", action="store_true", help="output_prediction test: all eligible rows")

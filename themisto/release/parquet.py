@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -187,7 +187,7 @@ class BuildInputs:
     workspace_seed: int = 0
     workspace_size: str = "small"
     steps_out: Path | None = None  # where replay writes its steps (and resumes from)
-    cell_timeout_s: float = 60.0
+    cell_timeout_s: float | None = None  # None: the replay's own (themisto.replay.replay.CELL_TIMEOUT_S)
     values: bool = True  # store the variables' values (replay) and build the `values` config from them
 
 
@@ -251,7 +251,9 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
         if unknown:
             raise ReleaseError(f"{inputs.steps}: trajectories {unknown[:3]} are not in the given logs/table/notebooks")
     else:
-        replay = ReplaySettings(cell_timeout_s=inputs.cell_timeout_s, values=inputs.values)
+        replay = ReplaySettings(values=inputs.values)
+        if inputs.cell_timeout_s is not None:
+            replay = replace(replay, cell_timeout_s=inputs.cell_timeout_s)
         settings["replay"] = asdict(replay)
         out = inputs.steps_out or steps_default
         with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:

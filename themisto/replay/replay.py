@@ -24,13 +24,19 @@ if TYPE_CHECKING:
 BeforeStep = Callable[[Trajectory, int, "KernelSession"], None]  # noqa: F821 (imported lazily)
 
 
+# How long a replayed cell may run. Each kernel has one core (`cores`): a model fit that took 37 s with two cores takes
+# about 70 s on one (real logs, 69be72c3), and a 60 s budget turned two completed cells into timeouts; searches that
+# ran 288 s and 619 s for their developers stop here whatever the budget.
+CELL_TIMEOUT_S = 120.0
+
+
 @dataclass(frozen=True)
 class ReplaySettings:
     """How a trajectory is replayed."""
 
     snapshots: bool = True  # read a runtime snapshot after every step
     values: bool = True  # and store the variables' values with it (replay_to_file: `<steps>.values/`)
-    cell_timeout_s: float = 60.0
+    cell_timeout_s: float = CELL_TIMEOUT_S
     # A cell the developer interrupted gets this long before replay interrupts it too.
     interrupted_timeout_s: float = 10.0
     memory_bytes: int = 4 * 2**30

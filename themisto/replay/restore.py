@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
+from themisto.replay.replay import CELL_TIMEOUT_S
 from themisto.runtime.agent import valuejson
 from themisto.runtime.agent.values import file_name
 
@@ -208,7 +209,7 @@ def _agent_restore(session: Any, folder: Path, plan: RestorePlan) -> dict:
 
 
 def restore_step(session: Any, rows: Sequence[dict], plan: RestorePlan, source: ValueSource, *,
-                 cell_timeout_s: float = 60.0) -> RestoreResult:
+                 cell_timeout_s: float = CELL_TIMEOUT_S) -> RestoreResult:
     """Carry out `plan` in the started `session` (its namespace is replaced) and check the state hash."""
     from themisto.runtime.agent.delta import namespace_delta
     from themisto.runtime.snapshot import agent_call, take_snapshot
@@ -265,7 +266,7 @@ class Restored:
 
 
 def restore_before(session: Any, rows: Sequence[dict], step: int, source: ValueSource, *,
-                   cell_timeout_s: float = 60.0) -> Restored:
+                   cell_timeout_s: float = CELL_TIMEOUT_S) -> Restored:
     """In `session`, the state before `rows`' step `step` restored from `source` where its state hash matches the
     replay's; otherwise the kernel is restarted (fresh), so the caller replays the prefix. The session may be fresh
     or hold another step's state (its namespace is replaced; the modules it imported stay imported, so a second
