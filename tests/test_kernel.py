@@ -4,6 +4,7 @@ timeouts, and cleanup (no process, connection file or temporary folder left behi
 from __future__ import annotations
 
 import gc
+import json
 import os
 import resource
 import signal
@@ -129,7 +130,7 @@ def _cores_seen(session) -> tuple[list[int], int]:
     result = session.execute(_CORES)
     assert result.status == "ok", result.traceback
     cores, joblib_count = result.outputs[0]["text"].rsplit(" ", 1)
-    return eval(cores), int(joblib_count)
+    return json.loads(cores), int(joblib_count)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two kernels on cores apart need two cores")

@@ -48,8 +48,8 @@ def estimated_costs(trajectories: list[Trajectory]) -> dict[str, float]:
     """Every trajectory's cost by id: its known one, else its step count at the known ones' seconds per step (one
     when none is known)."""
     known = known_costs(trajectories)
-    steps = sum(len(t.executions) for t in trajectories if t.id in known)
-    per_step = sum(known.values()) / steps if steps and sum(known.values()) > 0 else 1.0
+    seconds, steps = sum(known.values()), sum(len(t.executions) for t in trajectories if t.id in known)
+    per_step = seconds / steps if steps and seconds > 0 else 1.0
     return {t.id: known.get(t.id, per_step * len(t.executions)) for t in trajectories}
 
 
