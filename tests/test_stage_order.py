@@ -23,10 +23,13 @@ def _diagram() -> tuple[list[str], dict[str, list[str]]]:
     chain = re.findall(r"(\w+) ─▶", lines[0]) + re.findall(r"─▶ (\w+)(?!.*─▶)", lines[0])
     assert len(chain) >= 5, f"the README's diagram is not a chain of stages: {lines[0]!r}"
     sides = {}
-    for name, note in re.findall(r"(\w+) \(([^)]*)\)", " ".join(lines)):
+    notes = re.findall(r"(\w+) \(([^)]*)\)", " ".join(lines))
+    for name, note in notes:
         named = [stage for stage in chain if re.search(rf"\b{stage}\b", note)]
-        # "from release + generation": up to the latest stage named; "over the stages": every stage.
+        # "from release + generation": up to the latest stage named; "over the stages": every stage; "training +
+        # scoring": up to scoring, and the side stage training.
         sides[name] = chain[: chain.index(named[-1]) + 1] if named else list(chain)
+        sides[name] += [side for side, _ in notes if side != name and re.search(rf"\b{side}\b", note)]
     return chain, sides
 
 

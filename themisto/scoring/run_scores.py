@@ -97,20 +97,21 @@ def _run_scorer(run: RunFolder, release, candidates: list[list[str]], execute: b
     return records, {e.id: e for e in scored.examples}, scored.notes
 
 
-def _value(record, example, metric: str) -> float | None:
+def metric_value(record, example, metric: str) -> float | None:
+    """A scored prediction's value on `metric` (an execution metric is None where its example was not scored)."""
     if metric in EXECUTION_METRICS:  # None where not judged (continuation_match of an undefined continuation)
         value = getattr(record, metric) if example.status == "scored" else None
         return None if value is None else float(bool(value))
     return float(getattr(record, metric))
 
 
-def _generation_value(records: dict, examples: dict) -> Callable[[Generation, str], float | None]:
+def generation_value(records: dict, examples: dict) -> Callable[[Generation, str], float | None]:
     """A generation's score on a metric: its record's, 0 where it was skipped or failed (None where the metric does
     not apply to its example)."""
     def value(g: Generation, metric: str) -> float | None:
         example = examples[g.id]
         if g.status == "ok":
-            return _value(records[g.id][g.prediction], example, metric)
+            return metric_value(records[g.id][g.prediction], example, metric)
         return 0.0 if metric not in EXECUTION_METRICS or example.status == "scored" else None
 
     return value
@@ -120,7 +121,7 @@ def _per_example(run: RunFolder, baselines: dict[str, list[str]], records: dict,
                  metrics: tuple[str, ...]) -> dict[str, dict[str, list[float | None]]]:
     """Per system (context, or `baseline:<name>`) and metric, each example's score (mean over samples)."""
     systems: dict[str, dict[str, list[float | None]]] = {}
-    value = _generation_value(records, examples)
+    value = generation_value(records, examples)
     for context in run.contexts:
         table = systems[context] = {m: [] for m in metrics}
         for example_id in run.ids:
@@ -130,7 +131,7 @@ def _per_example(run: RunFolder, baselines: dict[str, list[str]], records: dict,
                 table[metric].append(fmean(kept) if kept else None)
     for name, predictions in baselines.items():
         systems[f"baseline:{name}"] = {
-            metric: [_value(records[i][text], examples[i], metric) for i, text in zip(run.ids, predictions)]
+            metric: [metric_value(records[i][text], examples[i], metric) for i, text in zip(run.ids, predictions)]
             for metric in metrics}
     return systems
 
@@ -312,7 +313,7 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
                 "limit": meta.get("limit"), "split": meta.get("split")},
         "release_hash": info.content_hash, "executed": executed, "metrics": list(metrics),
         **_tables(run, systems, hard, rows, lengths, metrics, settings, clusters, [split_of[i] for i in run.ids],
-                  _generation_value(records, examples)),
+                  generation_value(records, examples)),
         "hard_subset": {"rule": HARD_RULES[run.task + ("+executed" if executed else "")], "examples": sum(hard),
                         "solved_by": {name: sum(v) for name, v in solved.items()}},
         "counts": _counts(run, examples), "kept": prompt_kept(run), "notes": notes + scorer_notes,

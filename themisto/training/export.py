@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 from themisto.errors import InputError
 from themisto.generation.prompts import render_prompt, template_sha256
@@ -53,7 +53,10 @@ class ExportSettings:
     mix: str = "all"
     seed: int = 0
     verify: bool = True  # False keeps targets the replay did not reproduce (the manifest says so)
-    max_prompt_tokens: int | None = None  # counted with the generation prompts' estimate (UTF-8 bytes / 3)
+    # Counted as generation counts them: with the model's tokenizer where the export is given its counter
+    # (`export_sft(count_tokens=...)`, e.g. `prompt_token_counter` of the base model), else the estimate UTF-8
+    # bytes / 3 that generation uses for backends without a tokenizer. The manifest says which.
+    max_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name, values, known in (("task", self.tasks, TASKS), ("context mode", self.contexts, STATIC_CONTEXT_MODES)):
@@ -143,11 +146,13 @@ class _Collected:
     seen: set[str] = field(default_factory=set)
 
 
-def _add(collected: _Collected, row: dict, task: str, context: str, settings: ExportSettings) -> None:
+def _add(collected: _Collected, row: dict, task: str, context: str, settings: ExportSettings,
+         count_tokens: Callable[[str], int] | None) -> None:
     if context != "none" and not has_snapshot(row):
         collected.dropped.append({"id": row["id"], "task": task, "context": context, "reason": "no_snapshot"})
         return
-    prompt = render_prompt(row, task, context, max_prompt_tokens=settings.max_prompt_tokens)
+    prompt = render_prompt(row, task, context, count_tokens=count_tokens,
+                           max_prompt_tokens=settings.max_prompt_tokens)
     if prompt.skipped_reason:
         collected.dropped.append({"id": row["id"], "task": task, "context": context, "reason": "prompt_over_budget"})
         return
@@ -162,18 +167,24 @@ def _add(collected: _Collected, row: dict, task: str, context: str, settings: Ex
 
 
 def collect_examples(release: _Release, settings: ExportSettings,
-                     progress: Callable[[str], None] | None = None) -> _Collected:
-    """Verify, render and de-duplicate the examples of every task and context mode asked for."""
+                     progress: Callable[[str], None] | None = None, *,
+                     count_tokens: Callable[[str], int] | None = None,
+                     only: Collection[tuple[str, str]] | None = None) -> _Collected:
+    """Verify, render and de-duplicate the examples of every task and context mode asked for; `only`: the (task,
+    id) pairs to consider (others are not read), `count_tokens`: the prompt budget's counter."""
     verifier = Verifier(release.trajectories) if release.trajectories is not None else None
     collected = _Collected()
+    wanted = set(only) if only is not None else None
     for task, rows in release.rows.items():
         for row in rows:
+            if wanted is not None and (task, row["id"]) not in wanted:
+                continue
             reason = verifier.problem(row, task) if verifier else None
             if reason is not None:
                 collected.dropped.append({"id": row["id"], "task": task, "context": None, "reason": reason})
                 continue
             for context in _contexts_for(row, settings):
-                _add(collected, row, task, context, settings)
+                _add(collected, row, task, context, settings, count_tokens)
         if progress:
             progress(f"{task}: {len(rows)} rows read")
     if not collected.examples:
@@ -216,7 +227,8 @@ def _counts(collected: _Collected, settings: ExportSettings) -> tuple[dict, dict
     return by_task_context, dropped
 
 
-def build_manifest(release: _Release, settings: ExportSettings, collected: _Collected) -> dict:
+def build_manifest(release: _Release, settings: ExportSettings, collected: _Collected,
+                   counted_with: str = "estimate") -> dict:
     """The manifest: release and its hash, templates, settings, counts, dropped rows with reasons, augmentation."""
     import datasets
     import transformers
@@ -228,6 +240,7 @@ def build_manifest(release: _Release, settings: ExportSettings, collected: _Coll
         "release": {"path": str(release.path.resolve()), "content_hash": release.content_hash},
         "split": settings.split,
         "settings": asdict(settings),
+        "prompt_tokens_counted_with": counted_with,
         "templates": {t: {c: template_sha256(t, c) for c in settings.contexts} for t in settings.tasks},
         "completion": "the target in the fenced block the prompt asks for (```python for next_cell, ``` for output)",
         "verification": ("execution-verified: a row is kept when replay ended its step as logged, so did every "
@@ -267,13 +280,17 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def export_sft(release: str | Path, out: str | Path, settings: ExportSettings = ExportSettings(), *,
-               overwrite: bool = False, progress: Callable[[str], None] | None = None) -> ExportReport:
-    """Export `settings.split` of `release` into `out` (examples.jsonl, dataset/, manifest.json), whole or nothing."""
+               overwrite: bool = False, progress: Callable[[str], None] | None = None,
+               count_tokens: Callable[[str], int] | None = None, counted_with: str = "estimate",
+               only: Collection[tuple[str, str]] | None = None) -> ExportReport:
+    """Export `settings.split` of `release` into `out` (examples.jsonl, dataset/, manifest.json), whole or nothing.
+    `count_tokens` counts the prompt budget (named `counted_with` in the manifest; default: generation's estimate);
+    `only` keeps just these (task, id) rows (the fine-tuning study's rows common to every mode)."""
     release, out = Path(release), Path(out)
     _check_out(out, overwrite)
     read = read_release(release, settings)
-    collected = collect_examples(read, settings, progress)
-    manifest = build_manifest(read, settings, collected)
+    collected = collect_examples(read, settings, progress, count_tokens=count_tokens, only=only)
+    manifest = build_manifest(read, settings, collected, counted_with)
     if out.exists() and not out.is_dir():
         out.unlink()  # _check_out allowed replacing it
     with folder_written_whole(out) as tmp:

@@ -8,8 +8,10 @@ Checkpoints go to `OUT.checkpoints/`; a run started again with the same settings
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -184,12 +186,20 @@ def _precision(settings: FinetuneSettings) -> dict:
     return {"use_cpu": not cuda, "bf16": bf16, "fp16": False}
 
 
+def example_tokens(example: dict, tokenizer, format: str = "chat") -> int:
+    """Tokens an export example (prompt and completion messages) takes in training, in `format` (FORMATS)."""
+    if format == "chat":
+        return len(tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True,
+                                                 return_dict=False))
+    text = plain_text_example(example)
+    return len(tokenizer(text["prompt"] + text["completion"])["input_ids"]) + 1  # + the EOS TRL appends
+
+
 def _within_length(dataset, tokenizer, settings: FinetuneSettings):
     """Examples whose prompt and completion fit `max_length` tokens (SFTTrainer would cut the completion's end)."""
     def length(example: dict) -> int:
         if settings.format == "chat":
-            return len(tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True,
-                                                     return_dict=False))
+            return example_tokens(example, tokenizer, "chat")
         return len(tokenizer(example["prompt"] + example["completion"])["input_ids"]) + 1  # + the EOS TRL appends
 
     kept = dataset.filter(lambda example: length(example) <= settings.max_length)
@@ -260,7 +270,10 @@ def finetune(settings: FinetuneSettings, *, overwrite: bool = False, callbacks: 
                          processing_class=tokenizer, callbacks=list(callbacks),
                          peft_config=_lora_config(settings) if settings.method == "lora" else None)
     started = time.monotonic()
-    trainer.train(resume_from_checkpoint=resume)
+    # The trainer prints its log dictionaries; stdout belongs to the caller (eval/finetune.py --json prints one JSON
+    # object there), so they go to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        trainer.train(resume_from_checkpoint=resume)
     losses = _losses(trainer.state.log_history)
     if not losses or not all(math.isfinite(x) for x in losses):
         raise FinetuneError(f"training diverged (losses {losses[-5:]}); lower --learning-rate (was {settings.lr}); "

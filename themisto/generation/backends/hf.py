@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from pathlib import Path
+from typing import Callable
 
 from themisto.generation.backends.base import (BackendError, Sampling, parse_tool_calls, require, template_messages,
                                                tokenizer_tools_problem, weights_sha256)
@@ -52,6 +53,31 @@ def _check_dtype(dtype: str, device: str, torch) -> None:
         raise BackendError("--dtype int8 (dynamic quantization) runs on the CPU only: use --device cpu")
 
 
+def _encode(tokenizer, text: str) -> list[int]:
+    # The chat template already wrote the special tokens; adding them again would double a BOS.
+    return tokenizer(text, add_special_tokens=not getattr(tokenizer, "chat_template", None))["input_ids"]
+
+
+def _template_text(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(template_messages(messages), tools=tools, tokenize=False,
+                                             add_generation_prompt=True)
+    return messages_text(messages) + "\n"
+
+
+def chat_overhead(tokenizer) -> int:
+    """Tokens the chat template (or the plain-text form) adds around empty system and user messages."""
+    return len(_encode(tokenizer, _template_text(tokenizer, [{"role": "system", "content": ""},
+                                                             {"role": "user", "content": ""}])))
+
+
+def prompt_token_counter(tokenizer) -> Callable[[str], int]:
+    """The prompt budget's token count under `tokenizer`, as this backend counts it: the messages' text plus what
+    the chat template adds. `themisto sft-export` takes it so training prompts are cut by the same rule."""
+    overhead = chat_overhead(tokenizer)
+    return lambda text: len(_encode(tokenizer, text)) + overhead
+
+
 class TransformersBackend:
     """Greedy or sampled generation with `model.generate`; the tokenizer counts tokens for the prompt budget."""
 
@@ -85,14 +111,10 @@ class TransformersBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.has_chat_template = bool(getattr(self.tokenizer, "chat_template", None))
         self.context_length = getattr(self.model.config, "max_position_embeddings", None)
-        self._overhead = len(self._encode(self._text([{"role": "system", "content": ""},
-                                                      {"role": "user", "content": ""}])))
+        self._overhead = chat_overhead(self.tokenizer)
 
     def _text(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        if self.has_chat_template:
-            return self.tokenizer.apply_chat_template(template_messages(messages), tools=tools, tokenize=False,
-                                                      add_generation_prompt=True)
-        return messages_text(messages) + "\n"
+        return _template_text(self.tokenizer, messages, tools)
 
     def native_tools_problem(self) -> str | None:
         """Why this model cannot take native tool calls (None: it can)."""
@@ -101,17 +123,22 @@ class TransformersBackend:
         return tokenizer_tools_problem(self.tokenizer)
 
     def _encode(self, text: str) -> list[int]:
-        # The chat template already wrote the special tokens; adding them again would double a BOS.
-        return self.tokenizer(text, add_special_tokens=not self.has_chat_template)["input_ids"]
+        return _encode(self.tokenizer, text)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of the messages' text under this model's tokenizer, plus what the chat template adds."""
         return len(self._encode(text)) + self._overhead
 
     def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]:
-        out: list[list[Generation]] = []
-        for start in range(0, len(prompts), self.batch_size):
-            out += self._generate_batch(prompts[start:start + self.batch_size], sampling)
+        # Prompts of like length share a batch (less padding: each batch runs as long as its longest prompt); the
+        # answers come back in the order asked. Greedy answers do not depend on the batch's other prompts beyond
+        # the numerical noise of padding, which this only reduces.
+        order = sorted(range(len(prompts)), key=lambda i: len(messages_text(prompts[i].messages)))
+        out: list[list[Generation] | None] = [None] * len(prompts)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            for i, generated in zip(chunk, self._generate_batch([prompts[i] for i in chunk], sampling)):
+                out[i] = generated
         return out
 
     def _generate_batch(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]:

@@ -1,0 +1,169 @@
+"""The fine-tuning study (`themisto study`): on the sample trajectories (cut short, replayed in real kernels) with the
+tiny local model, two modes x two seeds with execution; the same rows in every mode, no test kernel in any export,
+results with seed-aware intervals, resume and refusal; and the interval's own arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from themisto.cli import main
+from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
+from themisto.study.effects import seeded_interval, seeded_paired
+
+REPO = Path(__file__).resolve().parents[1]
+# Two trajectories the build puts in train and two in test, each cut to its first 40 log lines (about 16 steps).
+SAMPLE_LOGS = ("07eaff00-25ed-4330-8ff3-a87cc639a862", "359cb2f2-cec2-4a7a-93b5-c30607c0b518",
+               "2851258b-9d31-4a50-b2ec-a96ac55e075c", "e50c32e4-ef80-44d3-9535-36a5662816af")
+STUDY_ARGS = ("--contexts", "variables", "--seeds", "2", "--max-steps", "1", "--batch-size", "2", "--max-length", "1024",
+              "--max-prompt-tokens", "600", "--max-new-tokens", "12", "--test-limit", "4", "--train-limit", "6",
+              "--execute", "--execute-limit", "2", "--device", "cpu", "--generation-batch", "8", "--resamples", "200",
+              "--json")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sample_release(tmp_path_factory) -> Path:
+    logs = tmp_path_factory.mktemp("sample-logs")
+    for name in SAMPLE_LOGS:
+        lines = (REPO / "data" / "sample" / f"{name}.log").read_text(encoding="utf-8").splitlines(keepends=True)
+        (logs / f"{name}.log").write_text("".join(lines[:40]), encoding="utf-8")
+    release = tmp_path_factory.mktemp("sample-release") / "release"
+    assert main(["build", str(logs), "-o", str(release), "--json"]) == 0
+    return release
+
+
+@pytest.fixture(scope="module")
+def opted_in():
+    from themisto.settings import settings
+
+    before = os.environ.get("HF_ALLOW_CODE_EVAL")
+    os.environ["HF_ALLOW_CODE_EVAL"] = "1"
+    settings.cache_clear()
+    yield
+    if before is None:
+        del os.environ["HF_ALLOW_CODE_EVAL"]
+    else:
+        os.environ["HF_ALLOW_CODE_EVAL"] = before
+    settings.cache_clear()
+
+
+def _study(release: Path, model: Path, out: Path, *extra: str) -> int:
+    return main(["study", "--release", str(release), "--model", str(model), "-o", str(out), *STUDY_ARGS, *extra])
+
+
+@pytest.fixture(scope="module")
+def study(sample_release, tiny_model_dir, opted_in, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("study") / "study"
+    assert _study(sample_release, tiny_model_dir, out) == 0
+    return out
+
+
+def _examples(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "examples.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_every_mode_trains_on_the_same_rows_steps_and_completions(study):
+    none, variables = _examples(study / "exports" / "none"), _examples(study / "exports" / "variables")
+    assert [(e["task"], e["id"]) for e in none] == [(e["task"], e["id"]) for e in variables]
+    assert len(none) == json.loads((study / "rows.json").read_text())["rows"] == 6
+    assert [e["completion"] for e in none] == [e["completion"] for e in variables]
+    assert all(a["prompt"] != b["prompt"] for a, b in zip(none, variables))  # only the prompt differs
+    units = [json.loads(p.read_text()) for p in sorted((study / "units").glob("*.json"))]
+    assert [u["unit"] for u in units] == ["none-s0", "none-s1", "variables-s0", "variables-s1"]
+    assert {(u["steps"], u["trained_on"]) for u in units} == {(1, 6)}
+    tokens = json.loads((study / "results.json").read_text())["rows"]["tokens"]
+    assert tokens["variables"]["prompt_mean"] > tokens["none"]["prompt_mean"]  # runtime modes see more: said
+    assert tokens["variables"]["completion_mean"] == tokens["none"]["completion_mean"]
+    # the prompt budget was counted with the base model's tokenizer, in training as in generation
+    manifest = json.loads((study / "exports" / "variables" / "manifest.json").read_text())
+    assert manifest["prompt_tokens_counted_with"].startswith("tokenizer of ")
+
+
+def test_no_kernel_of_the_test_split_appears_in_any_export(study, sample_release):
+    import datasets
+
+    kernels = {split: set() for split in ("train", "test")}
+    ids = {}
+    for config in ("next_cell", "output_prediction"):
+        for split in kernels:
+            rows = datasets.load_dataset(str(sample_release), config, split=split)
+            kernels[split] |= set(rows["kernel_id"])
+            ids.update({(config, i): k for i, k in zip(rows["id"], rows["kernel_id"])})
+    assert kernels["test"] and not kernels["test"] & kernels["train"]
+    for mode in ("none", "variables"):
+        exported = {ids[(e["task"], e["id"])] for e in _examples(study / "exports" / mode)}
+        assert exported and not exported & kernels["test"], f"{mode}: a test kernel was trained on"
+
+
+def test_results_hold_each_cell_with_seeds_and_the_paired_effects(study):
+    results = json.loads((study / "results.json").read_text())
+    assert results["path_check"] is None and results["steps"] == 1
+    next_cell = results["tasks"]["next_cell"]
+    assert next_cell["executed"] == 2 and next_cell["headline"] == "functional_match"
+    cells = {(c["system"], c["metric"]): c for c in next_cell["cells"]}
+    own = cells[("trained:variables@variables", "functional_match")]
+    assert own["seeds"] == 2 and own["n"] <= 2 and len(own["seed_means"]) == 2
+    assert cells[("trained:variables@variables", "chrf")]["n"] == 4  # text scores cover every generated example
+    assert cells[("baseline:previous-cell", "functional_match")]["seeds"] == 1
+    assert ("base@variables", "chrf") in cells and ("trained:variables@none", "chrf") in cells
+    kinds = {(e["effect"], e["mode"]) for e in next_cell["effects"] if e["metric"] == "functional_match"}
+    assert kinds == {("fine-tuning", "none"), ("runtime", "variables"), ("reliance", "variables"),
+                     ("transfer", "variables"), ("untrained", "variables")}
+    assert results["tasks"]["output_prediction"]["headline"] == "output_equivalent"
+    text = (study / "results.md").read_text()
+    assert "## next_cell (4 test examples, 2 executed)" in text and "| runtime | `variables` |" in text
+    assert (study / "effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_rerun_trains_nothing_and_a_study_with_other_settings_is_refused(study, sample_release, tiny_model_dir,
+                                                                          capsys):
+    weights = sorted((study / "models").rglob("*.safetensors"))
+    stamps = [p.stat().st_mtime_ns for p in weights]
+    assert len(weights) == 4
+    assert _study(sample_release, tiny_model_dir, study) == 0
+    assert [p.stat().st_mtime_ns for p in weights] == stamps
+    capsys.readouterr()
+    assert _study(sample_release, tiny_model_dir, study, "--seeds", "3") == 2
+    err = capsys.readouterr().err
+    assert "other settings" in err and "seeds is 2 there, 3 here" in err
+
+
+def _plan(n: int = 60, clusters: int = 12, resamples: int = 2000):
+    return plan_resamples([f"k{i % clusters}" for i in range(n)], list(range(n)),
+                          IntervalSettings(resamples=resamples))
+
+
+def test_one_seed_gives_the_scorers_own_interval_and_copies_of_a_seed_change_nothing():
+    rng = np.random.default_rng(7)
+    plan = _plan()
+    treated, control = rng.integers(0, 2, plan.size).astype(float), rng.integers(0, 2, plan.size).astype(float)
+    one = seeded_paired([treated], [control], plan)
+    scorer = paired_interval(list(treated), list(control), plan)
+    assert (one.mean, one.low, one.high, one.n) == (scorer.mean, scorer.low, scorer.high, scorer.n)
+    assert seeded_interval([treated], plan).low == mean_interval(list(treated), plan).low
+    copies = seeded_paired([treated] * 3, [control] * 3, plan)
+    assert (copies.low, copies.high) == pytest.approx((one.low, one.high), abs=1e-12) and copies.seed_sd == pytest.approx(0.0, abs=1e-12)
+
+
+def test_seeds_that_disagree_widen_the_paired_interval():
+    rng = np.random.default_rng(11)
+    plan = _plan()
+    control = rng.integers(0, 2, plan.size).astype(float)
+    treated = control.copy()
+    treated[rng.choice(plan.size, 8, replace=False)] = 1.0  # a small true effect, the same for both seeds
+    agree = seeded_paired([treated, treated], [control, control], plan)
+    lucky = treated.copy()
+    lucky[rng.choice(plan.size, 20, replace=False)] = 1.0  # one seed's model answers many more by chance
+    unlucky = treated.copy()
+    unlucky[rng.choice(plan.size, 20, replace=False)] = 0.0
+    disagree = seeded_paired([lucky, unlucky], [control, control], plan)
+    assert disagree.seed_sd > 0.1 and agree.seed_sd == pytest.approx(0.0, abs=1e-12)
+    assert disagree.high - disagree.low > (agree.high - agree.low) * 1.3
+    # the point estimate is the mean over seeds: the two seeds' effects average out
+    assert disagree.mean == pytest.approx(np.mean([np.mean(lucky - control), np.mean(unlucky - control)]))

@@ -1,0 +1,137 @@
+"""What a fine-tuning study is: its modes, seeds, training and generation settings, and the presets that fill them.
+
+A study folder records its settings in `study.json`; a rerun with other settings is refused, naming what differs
+(`what_differs`), except `parallel` and `progress`, which change how it runs, not what it computes.
+
+>>> StudySettings(release="r", model="m", contexts=("variables",)).contexts
+('none', 'variables')
+>>> what_differs(StudySettings(release="r", model="m").to_dict(),
+...              StudySettings(release="r", model="m", seeds=2, parallel=3).to_dict())
+'seeds is 3 there, 2 here'
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from themisto.errors import InputError
+from themisto.vocabulary import BASELINE_CONTEXT, CLUSTER_UNITS, STATIC_CONTEXT_MODES, TASKS
+
+STUDY_CONTEXT_MODES: tuple[str, ...] = ("none", "variables", "full", "trace")
+# Settings that do not change a study's results: a folder may be resumed with other values of these.
+NOT_RESULTS: tuple[str, ...] = ("parallel", "progress")
+
+
+class StudyError(InputError):
+    """A study that cannot run as asked; the message names the setting, folder or file concerned."""
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """One study: release and base model, modes and seeds, the fine-tuning and generation settings, what is scored."""
+
+    release: str
+    model: str  # the base model: a folder, a Hub id or a .gguf file
+    contexts: tuple[str, ...] = STUDY_CONTEXT_MODES  # `none` is always in (the paired effects' control), first
+    seeds: int = 3
+    tasks: tuple[str, ...] = TASKS
+    preset: str = "custom"
+    # Fine-tuning (eval/finetune.py's settings, the same for every mode and seed but the seed).
+    method: str = "full"
+    epochs: float = 2.0
+    max_steps: int = -1  # -1: `epochs` epochs (every mode trains on the same rows, so the same steps)
+    learning_rate: float = 5e-5
+    batch_size: int = 16
+    grad_accum: int = 1
+    max_length: int = 2600  # tokens of prompt and completion; a row longer in any mode is left out of every mode
+    train_limit: int | None = None  # train on this many of the common rows (evenly spread); None: all
+    # Generation and the prompt budget, one rule for training and test prompts: the base model's tokenizer.
+    max_prompt_tokens: int = 2048
+    max_new_tokens: int = 128
+    test_limit: int | None = None  # test examples per task (evenly spread); None: all
+    generation_batch: int = 64
+    device: str = "auto"
+    dtype: str = "auto"  # the transformers backend's number format for generation
+    # Scoring.
+    execute: bool = False  # next_cell predictions run in the exact pre-cell state (needs HF_ALLOW_CODE_EVAL=1)
+    execute_limit: int | None = None  # how many next_cell test examples are executed (evenly spread); None: all
+    cluster: str = "trajectory"
+    resamples: int = 2000
+    # How the work runs (not what it computes).
+    parallel: int = 1  # (mode, seed) models trained and generated at once: on one GPU several small ones fit
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        contexts = tuple(dict.fromkeys((BASELINE_CONTEXT, *self.contexts)))
+        object.__setattr__(self, "contexts", contexts)
+        unknown = [c for c in contexts if c not in STATIC_CONTEXT_MODES]
+        if unknown:
+            raise StudyError(f"context mode {unknown[0]!r} cannot be trained on (expected some of "
+                             f"{', '.join(STATIC_CONTEXT_MODES)})")
+        bad_tasks = [t for t in self.tasks if t not in TASKS]
+        if bad_tasks or not self.tasks:
+            raise StudyError(f"unknown or missing task {bad_tasks or self.tasks} (expected some of {', '.join(TASKS)})")
+        for name in ("seeds", "batch_size", "grad_accum", "max_length", "max_prompt_tokens", "max_new_tokens",
+                     "generation_batch", "parallel", "resamples"):
+            if getattr(self, name) < 1:
+                raise StudyError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("train_limit", "test_limit", "execute_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise StudyError(f"{name} must be at least 1 (or unset), got {getattr(self, name)}")
+        if self.max_prompt_tokens >= self.max_length:
+            raise StudyError(f"max_prompt_tokens ({self.max_prompt_tokens}) must leave room for the completion "
+                             f"within max_length ({self.max_length})")
+        if self.cluster not in CLUSTER_UNITS:
+            raise StudyError(f"cluster must be one of {', '.join(CLUSTER_UNITS)}, got {self.cluster!r}")
+
+    @property
+    def runtime_modes(self) -> tuple[str, ...]:
+        return tuple(c for c in self.contexts if c != BASELINE_CONTEXT)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["contexts"], data["tasks"] = list(self.contexts), list(self.tasks)
+        return data
+
+
+# The presets: `gpu` is the study (every verified row, full fine-tuning in bf16 on one GPU, several models at once);
+# `cpu-check` runs the same code path on a reduced configuration that ends in minutes on a laptop's CPU. Its figures
+# check the path; they are not a result (results.md says so).
+PRESETS: dict[str, dict] = {
+    "gpu": {"method": "full", "epochs": 2.0, "max_steps": -1, "learning_rate": 5e-5, "batch_size": 16,
+            "max_length": 2600, "max_prompt_tokens": 2048, "max_new_tokens": 128, "generation_batch": 64,
+            "device": "cuda", "dtype": "bfloat16", "parallel": 4},
+    "cpu-check": {"contexts": ("none", "variables"), "seeds": 2, "method": "full", "max_steps": 1,
+                  "learning_rate": 5e-5, "batch_size": 2, "max_length": 1024, "max_prompt_tokens": 768,
+                  "max_new_tokens": 24, "train_limit": 8, "test_limit": 4, "execute_limit": 4,
+                  "generation_batch": 8, "device": "cpu", "dtype": "auto", "parallel": 1},
+}
+PRESET_NAMES: tuple[str, ...] = ("custom", *PRESETS)
+PATH_CHECK_NOTE = ("a path check (--preset cpu-check: {steps} optimizer step(s) on {rows} rows, {tests} test "
+                   "examples per task): these figures check that the study runs end to end; they are not a result")
+
+
+def with_preset(preset: str, given: dict) -> StudySettings:
+    """The settings of `preset` (custom: the defaults), with every option the user gave explicitly on top."""
+    if preset not in PRESET_NAMES:
+        raise StudyError(f"unknown preset {preset!r} (expected one of {', '.join(PRESET_NAMES)})")
+    known = {f.name for f in fields(StudySettings)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise StudyError(f"unknown study setting(s): {', '.join(unknown)}")
+    base = PRESETS.get(preset, {})
+    return StudySettings(**{**base, **given, "preset": preset})
+
+
+def is_path_check(settings: StudySettings) -> bool:
+    return settings.preset == "cpu-check"
+
+
+def what_differs(recorded: dict, asked: dict) -> str | None:
+    """The first setting that differs between a folder's recorded study and the one asked for, as a sentence."""
+    from themisto.resume import settings_difference
+
+    def results_only(data: dict) -> dict:
+        return {k: v for k, v in data.items() if k not in NOT_RESULTS}
+
+    return settings_difference(results_only(recorded), results_only(asked))
