@@ -146,6 +146,7 @@ def refused_here(result: tuple[int, str, str], path: Path, pid: int) -> None:
     refused(subprocess.CompletedProcess([], result[0], result[1], result[2]), path, pid)
 
 
+@pytest.mark.slow
 def test_two_generates_into_one_run_folder(small_release, tmp_path, capsys):
     run = tmp_path / "run"
     args = [*GENERATE, "--release", small_release, "-o", run]
@@ -154,6 +155,8 @@ def test_two_generates_into_one_run_folder(small_release, tmp_path, capsys):
     refused_here(cli(capsys, *args), run, first.pid)
     assert (run / "generations.jsonl").read_bytes() == written  # the second wrote nothing
     refused_here(cli(capsys, "score", run), run, first.pid)  # a reader of the unfinished folder: being written
+    code, out, _ = cli(capsys, "leaderboard", run, "--release", small_release, "-o", tmp_path / "board")
+    assert code == 2 and f"being written by another process (pid {first.pid})" in out  # a submission, refused
     done = first.finish()
     assert done.returncode == 0, done.stderr
     lines = (run / "generations.jsonl").read_text().splitlines()
@@ -172,3 +175,156 @@ def test_two_generates_into_one_run_folder(small_release, tmp_path, capsys):
     code, out, err = cli(capsys, *args, "--json")
     assert code == 0 and json.loads(out)["resumed"] == 1 and json.loads(out)["written"] == len(keys) - 1, err
     assert cli(capsys, "score", killed)[0] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# replay -o
+
+
+def _notebook(path: Path, cells: list[str]) -> Path:
+    cells = [{"cell_type": "code", "execution_count": i + 1, "id": f"c{i}", "metadata": {}, "outputs": [],
+              "source": code} for i, code in enumerate(cells)]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+@pytest.mark.slow
+def test_two_replays_into_one_steps_file(tmp_path, capsys):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    notebook = _notebook(tmp_path / "task1.ipynb", ["x = 1", "y = x + 1", "print(y)"])
+    steps = tmp_path / "out" / "steps.jsonl"
+    args = ["replay", notebook, "--workspace", workspace, "--no-values", "-o", steps]
+    first = Paused(tmp_path, *args)  # paused after its first step's line
+    partial = steps.with_name("steps.jsonl.partial")
+    written = partial.read_bytes()
+    refused_here(cli(capsys, *args), steps, first.pid)
+    assert partial.read_bytes() == written and len(written.splitlines()) == 1
+    done = first.finish()
+    assert done.returncode == 0 and "wrote 3 steps" in done.stdout, done.stderr
+    assert len(steps.read_text().splitlines()) == 1 + 3 and not partial.exists()  # the header and three steps
+    assert not lock_path(steps, folder=False).exists()
+
+    victim = Paused(tmp_path, *args, "--no-resume")
+    victim.kill()  # mid-write: one step in the partial file, the trajectory unfinished
+    assert lock_path(steps, folder=False).exists() and writer_of(steps, folder=False) is None
+    code, out, err = cli(capsys, *args)
+    assert code == 0 and "wrote 3 steps" in out, err
+    assert len(steps.read_text().splitlines()) == 1 + 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# score RUN/ --execute
+
+
+@pytest.mark.slow
+def test_two_executing_scorers_into_one_run_folder(probe_release, tmp_path, capsys, allow_execution):
+    from themisto.generation.runs import RunSettings, generate_run
+
+    release, workspace = probe_release
+    run = tmp_path / "run"
+    generate_run(release, run, RunSettings(task="next_cell", contexts=("none",), backend="baseline",
+                                           model="previous-cell"), progress=False)
+    args = ["score", run, "--execute", "--workspace", workspace]
+    first = Paused(tmp_path, *args, HF_ALLOW_CODE_EVAL="1")  # paused after its trajectory's verdicts line
+    partial = run / "scorer_records.json.partial.jsonl"
+    written = partial.read_bytes()
+    refused_here(cli(capsys, *args), run, first.pid)
+    refused_here(cli(capsys, *GENERATE[:-4], "--backend", "baseline", "--model", "previous-cell", "--release",
+                     release, "-o", run), run, first.pid)  # nor may generate write into it meanwhile
+    assert partial.read_bytes() == written
+    done = first.finish()
+    assert done.returncode == 0, done.stderr
+    executed = json.loads((run / "results.json").read_text())
+    assert executed["executed"] is True and not partial.exists() and not (run / LOCK_FILE).exists()
+
+    victim = Paused(tmp_path, *args, "--no-resume", HF_ALLOW_CODE_EVAL="1")
+    victim.kill()  # its trajectory's line written, results not yet
+    assert writer_of(run) is None
+    code, out, err = cli(capsys, *args, "--json")
+    assert code == 0 and "kept from the earlier run" in err, err
+    assert json.loads(out)["scores"] == executed["scores"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# leaderboard -o
+
+
+@pytest.mark.slow
+def test_two_leaderboards_into_one_board_folder(small_release, tmp_path, capsys):
+    from _leaderboard import write_run
+
+    good = write_run(tmp_path / "subs" / "good", small_release, model="org/good")
+    board = tmp_path / "board"
+    args = ["leaderboard", good, "--release", small_release, "-o", board]
+    first = Paused(tmp_path, *args, where="hold")  # paused with the board folder held, nothing written yet
+    refused_here(cli(capsys, *args), board, first.pid)
+    assert sorted(p.name for p in board.iterdir()) == [LOCK_FILE]
+    done = first.finish()
+    assert done.returncode == 0 and "1 submission(s) on the board, 0 refused" in done.stdout, done.stderr
+    assert not (board / LOCK_FILE).exists()
+
+    victim = Paused(tmp_path, *args, where="hold")
+    victim.kill()
+    code, out, err = cli(capsys, *args)
+    assert code == 0 and "1 submission(s) on the board, 0 refused" in out, err
+    assert "scores from the cache" in err  # the first one's cached scores, reused
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text that is not Unicode
+
+SURROGATE = "x = 1  # \ud800"  # valid JSON once written (json.dumps escapes it), not text UTF-8 can encode
+
+
+def test_a_lone_surrogate_costs_only_its_submission(small_release, tmp_path, capsys):
+    from _leaderboard import task_rows, write_run
+
+    bad_id = task_rows(small_release, "next_cell")[2]["id"]
+    good = write_run(tmp_path / "subs" / "good", small_release, model="org/good")
+    bad = write_run(tmp_path / "subs" / "surrogate", small_release, model="org/surrogate",
+                    predict=lambda row, context, sample: SURROGATE if row["id"] == bad_id else "x")
+    line = next(n for n, text in enumerate((bad / "generations.jsonl").read_text().splitlines(), start=1)
+                if "\\ud800" in text)
+    code, out, err = cli(capsys, "leaderboard", good, bad, "--release", small_release, "-o", tmp_path / "board")
+    assert code == 2 and "1 submission(s) on the board, 1 refused" in out, err
+    refusal = f"refused: surrogate/generations.jsonl:{line}: text that is not Unicode: a lone surrogate U+D800 in " \
+              "prediction, character 10 (UTF-8 cannot encode it)"
+    assert refusal in out.splitlines()
+    entries = json.loads((tmp_path / "board" / "leaderboard.json").read_text())
+    assert "org/good" in json.dumps(entries) and "Traceback" not in err
+
+    code, out, err = cli(capsys, "score", bad)  # the run folder: one line, exit 2
+    assert code == 2 and err.strip().splitlines() == [
+        f"themisto score: error: {bad}/generations.jsonl:{line}: text that is not Unicode: a lone surrogate U+D800 "
+        "in prediction, character 10 (UTF-8 cannot encode it)"]
+    predictions = tmp_path / "predictions.jsonl"
+    predictions.write_text(json.dumps({"id": bad_id, "prediction": ["ok", SURROGATE]}) + "\n")
+    code, out, err = cli(capsys, "score", "--release", small_release, "--predictions", predictions, "-o",
+                         tmp_path / "results.json")
+    assert code == 2 and err.strip().splitlines() == [
+        f"themisto score: error: {predictions}:1: text that is not Unicode: a lone surrogate U+D800 in "
+        "prediction[1], character 10 (UTF-8 cannot encode it)"]
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_a_backend_answering_a_lone_surrogate_fails_that_generation_only(small_release, tmp_path):
+    from test_generation_openai import FlakyEndpointStandIn
+
+    from themisto.generation.backends import make_backend
+    from themisto.generation.run_folder import read_run
+    from themisto.generation.runs import RunSettings, generate_run
+    from themisto.scoring.run_scores import score_run
+
+    settings = RunSettings(task="next_cell", contexts=("none",), backend="openai", model="stand-in-model", limit=2)
+    with FlakyEndpointStandIn([200], content="```python\n" + SURROGATE + "\n```") as endpoint:
+        report = generate_run(small_release, tmp_path / "run", settings, progress=False,
+                              backend=make_backend("openai", "stand-in-model", base_url=endpoint.url))
+    assert report.counts == {"generations": 2, "failed": 2}
+    records = list(read_run(tmp_path / "run").generations.values())  # the file is UTF-8 and reads back
+    for record in records:
+        assert record.status == "failed" and record.prediction == ""
+        assert record.reason.startswith("the backend's text is not Unicode: a lone surrogate U+D800 in raw")
+        assert record.raw == "```python\nx = 1  # \\ud800\n```"  # kept, the surrogate escaped
+    results = score_run(tmp_path / "run")
+    assert results["counts"]["by_context"]["none"]["failed"] == 2

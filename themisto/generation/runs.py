@@ -165,7 +165,7 @@ def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_
     record = replace(generation, id=prompt.id, task=task, context=prompt.context, sample=sample,
                      prediction=prediction, kept=prompt.kept.to_dict() if prompt.kept else None,
                      probes=probes.to_dict() if probes is not None else None)
-    problem = not_unicode(record.to_dict())
+    problem = not_unicode({"raw": record.raw, **record.to_dict()})  # named by the backend's own text first
     if problem is None:
         return record
     # A backend can return text no UTF-8 file holds (an API's JSON may carry a lone "\ud800"): the sample fails
