@@ -224,7 +224,7 @@ def test_two_executing_scorers_into_one_run_folder(probe_release, tmp_path, caps
     release, workspace = probe_release
     run = tmp_path / "run"
     generate_run(release, run, RunSettings(task="next_cell", contexts=("none",), backend="baseline",
-                                           model="previous-cell"), progress=False)
+                                           model="previous-cell", limit=2), progress=False)
     args = ["score", run, "--execute", "--workspace", workspace]
     first = Paused(tmp_path, *args, HF_ALLOW_CODE_EVAL="1")  # paused after its trajectory's verdicts line
     partial = run / "scorer_records.json.partial.jsonl"
@@ -328,3 +328,16 @@ def test_a_backend_answering_a_lone_surrogate_fails_that_generation_only(small_r
         assert record.raw == "```python\nx = 1  # \\ud800\n```"  # kept, the surrogate escaped
     results = score_run(tmp_path / "run")
     assert results["counts"]["by_context"]["none"]["failed"] == 2
+
+
+def test_a_stored_value_keeps_its_lone_surrogate_and_a_yaml_escape_is_refused():
+    from themisto.bounded import BoundError, loads_yaml
+    from themisto.release.values import check_value
+    from themisto.runtime.agent.values import read_value
+
+    # A developer's `s = "\ud800"` is a Python str: its value document (ASCII JSON) is read back as it was.
+    data = b'{"themisto_value": 1, "type": "builtins.str", "value": "\\ud800"}'
+    check_value("json", data)
+    assert read_value(data, "json", lambda digest: None) == "\ud800"
+    with pytest.raises(BoundError, match=r"card.md:3: text that is not Unicode: a lone surrogate U\+DC00 in b"):
+        loads_yaml('a: 1\nb: "x\\udc00"\n', path="card.md", first_line=2)

@@ -12,7 +12,9 @@ with `str.replace` and `str.split`, brackets kept with `bytes.translate`, innerm
 `bytes.replace`), and only for a text with more opening brackets than the depth bound; `python bench/bounded_reader.py`
 prints what it costs against `json.loads`. YAML goes through a safe loader that refuses every anchor and alias (the
 "billion laughs": a few aliases that expand exponentially, which `yaml.safe_load` happily expands) and bounds the
-depth and the number of nodes as it composes them.
+depth and the number of nodes as it composes them. A string UTF-8 cannot encode (a lone surrogate such as
+`"\\ud800"`, which `json.loads` accepts) is refused too, naming the file, the line and the key: whatever reads it
+would fail later, writing it back.
 
 >>> loads_json('{"a": [1, 2]}', path="x.json")
 {'a': [1, 2]}
@@ -138,13 +140,15 @@ def _deep_offset(text: str, limit: int) -> int:
     return 0
 
 
-def loads_json(text: str, bounds: Bounds = Bounds(), *, path: str | os.PathLike, line: int | None = None) -> Any:
-    """One JSON text parsed within `bounds` (depth, items); BoundError names `path` and `line`."""
+def loads_json(text: str, bounds: Bounds = Bounds(), *, path: str | os.PathLike, line: int | None = None,
+               keep_surrogates: bool = False) -> Any:
+    """One JSON text parsed within `bounds` (depth, items); BoundError names `path` and `line`. A lone surrogate is
+    refused unless `keep_surrogates` (a stored Python value, which may hold one and is never written as UTF-8)."""
     check_json_text(text, bounds, path=path, line=line)
-    return _decode(text, path, line)
+    return _decode(text, path, line, keep_surrogates)
 
 
-def _decode(text: str, path: str | os.PathLike, line: int | None) -> Any:
+def _decode(text: str, path: str | os.PathLike, line: int | None, keep_surrogates: bool = False) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -154,7 +158,7 @@ def _decode(text: str, path: str | os.PathLike, line: int | None) -> Any:
         raise BoundError(path, line, f"not JSON ({exc})") from None
     # Only a \uD800-\uDFFF escape (or such a character in a text not decoded from UTF-8) can make one; the value is
     # walked only then.
-    if "\\u" in text or not text.isascii():
+    if not keep_surrogates and ("\\u" in text or not text.isascii()):
         _refuse_not_unicode(value, text, path, line)
     return value
 

@@ -4,6 +4,8 @@ A long run records the settings that change its results (a header), appends one 
 flushes each line. A later run compares its own header with the recorded one field by field (`settings_difference`
 names the first that differs, so the caller can refuse or start over and say why), keeps the complete lines, and cuts
 a torn last line (the process died mid-write). Whole files are written to a temp file beside them and renamed.
+One process writes a resumable folder or file at a time (`hold_folder`, `hold_file`): a second is refused with the
+first one's pid (`FolderBusy`), and a reader of an unfinished one can ask who is writing it (`writer_of`).
 
 >>> settings_difference({"timeout_s": 30, "workspace": "/a"}, {"timeout_s": 30, "workspace": "/b"})
 'workspace is "/a" there, "/b" here'
