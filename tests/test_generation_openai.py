@@ -33,10 +33,11 @@ def test_generates_against_a_real_transformers_serve_process(served, tiny_model_
 
 class FlakyEndpointStandIn:
     """A loopback HTTP server that plays a failing OpenAI-compatible endpoint: each request takes the next status
-    from `script` (the last one repeats); 200 answers a chat completion; `delay_s` holds every answer."""
+    from `script` (the last one repeats); 200 answers a chat completion with `content` (sent as JSON with
+    `\\uXXXX` escapes, as Python's json writes it); `delay_s` holds every answer."""
 
-    def __init__(self, script: list[int], delay_s: float = 0.0) -> None:
-        self.script, self.delay_s = list(script), delay_s
+    def __init__(self, script: list[int], delay_s: float = 0.0, content: str = "```python\ndf.shape\n```") -> None:
+        self.script, self.delay_s, self.content = list(script), delay_s, content
         self.requests: list[dict] = []
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
@@ -60,7 +61,7 @@ class FlakyEndpointStandIn:
                 if status == 200:
                     payload = {"id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
                                "choices": [{"index": 0, "finish_reason": "stop",
-                                            "message": {"role": "assistant", "content": "```python\ndf.shape\n```"}}],
+                                            "message": {"role": "assistant", "content": stand_in.content}}],
                                "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}}
                 data = json.dumps(payload).encode()
                 try:

@@ -12,7 +12,9 @@ with `str.replace` and `str.split`, brackets kept with `bytes.translate`, innerm
 `bytes.replace`), and only for a text with more opening brackets than the depth bound; `python bench/bounded_reader.py`
 prints what it costs against `json.loads`. YAML goes through a safe loader that refuses every anchor and alias (the
 "billion laughs": a few aliases that expand exponentially, which `yaml.safe_load` happily expands) and bounds the
-depth and the number of nodes as it composes them.
+depth and the number of nodes as it composes them. A string UTF-8 cannot encode (a lone surrogate such as
+`"\\ud800"`, which `json.loads` accepts) is refused too, naming the file, the line and the key: whatever reads it
+would fail later, writing it back.
 
 >>> loads_json('{"a": [1, 2]}', path="x.json")
 {'a': [1, 2]}
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,20 +140,106 @@ def _deep_offset(text: str, limit: int) -> int:
     return 0
 
 
-def loads_json(text: str, bounds: Bounds = Bounds(), *, path: str | os.PathLike, line: int | None = None) -> Any:
-    """One JSON text parsed within `bounds` (depth, items); BoundError names `path` and `line`."""
+def loads_json(text: str, bounds: Bounds = Bounds(), *, path: str | os.PathLike, line: int | None = None,
+               keep_surrogates: bool = False) -> Any:
+    """One JSON text parsed within `bounds` (depth, items); BoundError names `path` and `line`. A lone surrogate is
+    refused unless `keep_surrogates` (a stored Python value, which may hold one and is never written as UTF-8)."""
     check_json_text(text, bounds, path=path, line=line)
-    return _decode(text, path, line)
+    return _decode(text, path, line, keep_surrogates)
 
 
-def _decode(text: str, path: str | os.PathLike, line: int | None) -> Any:
+def _decode(text: str, path: str | os.PathLike, line: int | None, keep_surrogates: bool = False) -> Any:
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         where = line if line is not None else exc.lineno
         raise BoundError(path, where, f"not JSON ({exc.msg}, column {exc.colno})") from None
     except (ValueError, RecursionError) as exc:  # an integer of more than 4,300 digits; recursion cannot pass depth
         raise BoundError(path, line, f"not JSON ({exc})") from None
+    if not keep_surrogates and _may_hold_surrogates(text):
+        _refuse_not_unicode(value, text, path, line)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text that UTF-8 cannot encode
+#
+# JSON's \uXXXX escapes can name half of a surrogate pair alone ("\ud800"): `json.loads` accepts it and gives a
+# string that no UTF-8 file can hold, so whoever writes it back (a run's records, a board's copy, a results file)
+# fails with UnicodeEncodeError. Such a string is refused where it is read, naming the file, the line and the key.
+
+_SURROGATE_START = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _may_hold_surrogates(text: str) -> bool:
+    """Whether parsing `text` can give a lone surrogate: only a \\uD800-\\uDFFF escape makes one, or such a character
+    in a text not decoded from UTF-8. Both checks run at C speed (a few µs a line, against tens for json.loads); the
+    value is walked only where one holds (a pair, an emoji written with escapes, is walked and passes)."""
+    if "\\u" in text and _SURROGATE_START.search(text):
+        return True
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+_SURROGATE_ESCAPE = re.compile(r"(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                               r"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}|[\ud800-\udfff]")
+
+
+def not_unicode(value: Any) -> str | None:
+    """Where the first string of a JSON-like value (keys included) that UTF-8 cannot encode lies, and what it holds
+    there, as a phrase; None when every string encodes.
+
+    >>> not_unicode({"id": "k/1", "prediction": "x = 1  # \\ud800"})
+    'a lone surrogate U+D800 in prediction, character 10'
+    >>> not_unicode(["ok", "\\ud83d\\ude00", "\\U0001F600"])
+    'a lone surrogate U+D83D in [1], character 1'
+    """
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return (f"a lone surrogate U+{ord(item[exc.start]):04X} in {where or 'the value'}, "
+                        f"character {exc.start + 1}")
+        elif isinstance(item, dict):
+            for key, inner in reversed(list(item.items())):
+                named = f"{where}.{key}" if where else str(key)
+                stack.append((inner, named))
+                if isinstance(key, str):
+                    stack.append((key, f"a key of {where or 'the object'}"))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((inner, f"{where}[{i}]") for i, inner in reversed(list(enumerate(item))))
+    return None
+
+
+def escaped_surrogates(value: Any) -> Any:
+    """The value with every lone surrogate in its strings written as a visible `\\udXXX` escape (text UTF-8 can
+    hold), so what cannot be kept as it is is kept as a record of what it was."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {escaped_surrogates(k): escaped_surrogates(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(escaped_surrogates(v) for v in value)
+    return value
+
+
+def _refuse_not_unicode(value: Any, text: str, path: str | os.PathLike, line: int | None,
+                        first_line: int = 1) -> None:
+    problem = not_unicode(value)
+    if problem is None:
+        return
+    if line is None:  # a whole document: the line of the first lone surrogate (a pair is one character)
+        lone = next((m for m in _SURROGATE_ESCAPE.finditer(text) if m.group(1) is None), None)
+        line = first_line + text.count("\n", 0, lone.start()) if lone is not None else None
+    raise BoundError(path, line, f"text that is not Unicode: {problem} (UTF-8 cannot encode it)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -275,7 +364,10 @@ def loads_yaml(text: str, bounds: Bounds = Bounds(), *, path: str | os.PathLike,
     loader = _bounded_loader(yaml)(text)
     loader.bounded = (bounds, path, first_line)
     try:
-        return loader.get_single_data()
+        value = loader.get_single_data()
+        if "\\" in text:  # a double-quoted scalar's \u escape can name a lone surrogate, as in JSON
+            _refuse_not_unicode(value, text, path, None, first_line)
+        return value
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = first_line + mark.line if mark is not None else None

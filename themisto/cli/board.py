@@ -68,13 +68,21 @@ def add_submit(subparsers: argparse._SubParsersAction) -> None:
 def leaderboard_command(args: argparse.Namespace) -> int:
     """Re-score every submission against the release and write the board: Markdown, CSV, JSON, PNG, Space; exit 2
     when a submission was refused (the board lists it, the rest are on it)."""
-    from themisto.leaderboard.board import build_board
-    from themisto.leaderboard.board_files import SPACE_DIR, write_board
-    from themisto.release.folder import open_release
     from themisto.gate import permit
+    from themisto.resume import hold_folder
 
     if args.execute:
         permit(execute=True)  # refuse before reading any submission
+    # One writer per board folder (its score cache and its files): another is refused with its pid.
+    with hold_folder(args.output, "board folder"):
+        return _write_board(args)
+
+
+def _write_board(args: argparse.Namespace) -> int:
+    from themisto.leaderboard.board import build_board
+    from themisto.leaderboard.board_files import SPACE_DIR, write_board
+    from themisto.release.folder import open_release
+
     release = open_release(args.release)
     with ray_held(args):
         board = build_board(args.submissions, release, execute=args.execute, cache_dir=args.output / "cache",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from themisto.bounded import escaped_surrogates, not_unicode
 from themisto.errors import InputError
 from themisto.gate import permit as gate_permit
 from themisto.generation.backends import BACKENDS, BackendError, Sampling, make_backend
@@ -37,7 +38,7 @@ from themisto.generation.run_folder import (
     read_run_json,
 )
 from themisto.release.folder import ReleaseInfo
-from themisto.resume import write_json_atomic
+from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
 from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, PROBE_CONTEXT, RUN_SPLITS, TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -161,9 +162,17 @@ def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_
     # A probe-mode answer is read from the final reply with any probe block taken out (it asked for no more).
     text = without_probes(generation.raw) if prompt.context == PROBE_CONTEXT else generation.raw
     prediction = (text if raw_is_answer else extract_answer(text, task)) if ok else ""
-    return replace(generation, id=prompt.id, task=task, context=prompt.context, sample=sample, prediction=prediction,
-                   kept=prompt.kept.to_dict() if prompt.kept else None,
-                   probes=probes.to_dict() if probes is not None else None)
+    record = replace(generation, id=prompt.id, task=task, context=prompt.context, sample=sample,
+                     prediction=prediction, kept=prompt.kept.to_dict() if prompt.kept else None,
+                     probes=probes.to_dict() if probes is not None else None)
+    problem = not_unicode({"raw": record.raw, **record.to_dict()})  # named by the backend's own text first
+    if problem is None:
+        return record
+    # A backend can return text no UTF-8 file holds (an API's JSON may carry a lone "\ud800"): the sample fails
+    # with the reason, its text kept with the surrogate escaped, and the run goes on.
+    return replace(record, status="failed", prediction="", raw=escaped_surrogates(record.raw),
+                   reason=f"the backend's text is not Unicode: {problem} (UTF-8 cannot encode it; kept in `raw` "
+                          "escaped)", probes=escaped_surrogates(record.probes))
 
 
 def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
@@ -178,7 +187,7 @@ def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
 def _check_folder(out: Path, header: dict) -> dict | None:
     """The folder's earlier run.json, if any; a folder of another run, or of something else, is refused."""
     existing = read_run_json(out, missing_ok=True) if out.exists() else None
-    if existing is None and out.exists() and any(out.iterdir()):
+    if existing is None and out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise RunFolderError(f"{out}: not empty and has no {RUN_FILE}; give a new or empty output folder")
     if existing is not None:
         check_same_run(existing, header, out)
@@ -206,19 +215,21 @@ def backend_options(settings: RunSettings) -> dict:
 def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *, backend=None,
                  progress: bool = True, execute_probes: bool = False,
                  workspace: str | Path | None = None) -> RunReport:
-    """Generate every missing (example, context, sample) of `settings` into the run folder `out`.
+    """Generate every missing (example, context, sample) of `settings` into the run folder `out`, held as its one
+    writer (`themisto.resume.hold_folder`: another process writing it is refused with its pid).
 
     The `probe` mode runs the model's probes in branches of each example's pre-cell state: it needs the execution
     opt-in (`execute_probes=True` and HF_ALLOW_CODE_EVAL=1, `themisto.gate`) and the release's workspace (`workspace`,
     else made again from the build's record)."""
-    with tempfile.TemporaryDirectory(prefix="themisto-probe-") as tmp:
-        return _generate(release, Path(out), settings, backend, progress, execute_probes, workspace, Path(tmp))
-
-
-def _generate(release: str | Path, out: Path, settings: RunSettings, backend, progress: bool, execute_probes: bool,
-              workspace: str | Path | None, tmp: Path) -> RunReport:
     started = time.perf_counter()
     permit = gate_permit(execute=execute_probes) if settings.probing else None  # refused before anything runs
+    # One writer per run folder: a second `generate` into it is refused here, before it reads or writes a line.
+    with hold_folder(out, "run folder") as out, tempfile.TemporaryDirectory(prefix="themisto-probe-") as tmp:
+        return _generate(release, out, settings, backend, progress, permit, workspace, Path(tmp), started)
+
+
+def _generate(release: str | Path, out: Path, settings: RunSettings, backend, progress: bool, permit,
+              workspace: str | Path | None, tmp: Path, started: float) -> RunReport:
     info = release_info(release, settings.task, settings.split)
     rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit, split=settings.split)
     _check_folder(out, run_header(settings, info, {}))  # refuse a mismatched folder before loading a model

@@ -22,7 +22,7 @@ from themisto.errors import InputError
 from themisto.generation.run_folder import (GENERATIONS_BOUNDS, GENERATIONS_FILE, RUN_FILE, Generation,
                                             read_generations, read_run_json)
 from themisto.release.folder import ReleaseInfo
-from themisto.resume import folder_written_whole
+from themisto.resume import LOCK_FILE, folder_written_whole, refuse_if_written
 from themisto.vocabulary import BENCHMARK_SPLIT
 
 SUBMISSION_FILE = "submission.json"
@@ -169,8 +169,12 @@ def read_submission(folder: str | Path, release: ReleaseInfo, name: str | None =
         raise SubmissionError(f"{folder}: a link; a submission is a folder of plain files, read where it lies")
     if not folder.is_dir():
         raise SubmissionError(f"{folder}: no such submission folder")
+    # A run still being generated (or scored) into: refused with the writer's pid, not read half-written.
+    refuse_if_written(folder, "run folder")
     ignored: list[str] = []
     for entry in sorted(folder.iterdir()):
+        if entry.name == LOCK_FILE and entry.is_file() and not entry.is_symlink():
+            continue  # the lock file a killed writer left: its writer's, not the submitter's
         # A link could point the board at any file it can read (a key, another submission) and print what it
         # finds in a refusal on the public page.
         if entry.is_symlink() or (entry.name in SUBMITTED_FILES and not entry.is_file()):

@@ -65,7 +65,9 @@ def _json_document(data: bytes, bound: int) -> dict:
     except UnicodeDecodeError:
         raise ValueFormatError("not an ASCII JSON document") from None
     try:
-        document = loads_json(text, Bounds(file_bytes=bound, depth=valuejson.MAX_DEPTH + 8), path="value")
+        # A developer's str may hold a lone surrogate ('\ud800' is a Python string): kept, as the value was.
+        document = loads_json(text, Bounds(file_bytes=bound, depth=valuejson.MAX_DEPTH + 8), path="value",
+                              keep_surrogates=True)
     except BoundError as error:
         raise ValueFormatError(f"not a JSON value document ({error.problem})") from None
     if not isinstance(document, dict) or document.get(DOCUMENT_KEY) != DOCUMENT_VERSION or \

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator
 from themisto.ingest.trajectory import Trajectory
 from themisto.replay.replay import ReplaySettings, Step, replay_in_turn
 from themisto.replay.values import ValueFolder, values_folder
-from themisto.resume import LineWriter, write_json_atomic
+from themisto.resume import LineWriter, hold_file, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -152,9 +152,15 @@ def replay_to_file(trajectories: Iterable[Trajectory], out: str | Path, workspac
     A run with other settings or another workspace replays everything anew and says which setting differs.
     Trajectories may finish in any order (`runner`); the final file lists them in input order, so it is the same
     whichever runner wrote it. A trajectory the runner reports failed raises ReplayIncomplete once the rest is done.
+    One process writes `out` and its files at a time (`themisto.resume.hold_file`): another is refused with its pid.
     """
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    with hold_file(out, "steps file") as out:
+        return _replay_held(trajectories, out, workspace, settings, resume, progress, runner, recipe)
+
+
+def _replay_held(trajectories: Iterable[Trajectory], out: Path, workspace: str | Path | None,
+                 settings: ReplaySettings, resume: bool, progress: Callable[[str], None] | None, runner: Runner | None,
+                 recipe: dict | None) -> ReplayRun:
     started = time.perf_counter()
     trajectories = list(trajectories)
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -21,7 +21,7 @@ from statistics import fmean
 from typing import Callable
 
 from themisto.generation.run_folder import Generation, RunFolder, RunFolderError, find_release, read_run
-from themisto.resume import write_text_atomic
+from themisto.resume import hold_folder, write_text_atomic
 from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
 from themisto.scoring.probe_scores import probe_summary
 from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS, PROBE_BASE_CONTEXT, PROBE_CONTEXT
@@ -268,15 +268,27 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
     folder, by default the run folder); returns the results. Execution needs the gate's opt-in (next_cell only);
     `runner` runs its trajectories elsewhere (themisto.distributed.ray_scoring: on Ray); `workspace` is the folder
     the release was replayed over, where its build names a given one; `restore`: ScoreSettings.restore."""
-    from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.gate import permit
+
+    if execute:
+        permit(execute=True)  # refuse before reading anything
+    if not Path(run_dir).is_dir():
+        raise RunFolderError(f"{run_dir}: no such run folder")
+    # It writes into the run folder (the scorer's records, results): one writer at a time, and a folder that
+    # `generate` is still writing is refused with that process's pid rather than read half-written.
+    with hold_folder(run_dir, "run folder", create=False):
+        return _score_held(run_dir, release, execute, out, settings, progress, runner, workspace, restore, resume)
+
+
+def _score_held(run_dir: str | Path, release: str | Path | None, execute: bool, out: str | Path | None,
+                settings: IntervalSettings, progress: Callable[[str], None] | None, runner,
+                workspace: str | Path | None, restore: bool, resume: bool) -> dict:
+    from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.scoring.results_table import render_markdown
     from themisto.scoring.release_state import load_release
 
     started = time.perf_counter()
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if execute:
-        permit(execute=True)  # refuse before reading anything
     run = read_run(run_dir)
     info = find_release(run, release)
     loaded = load_release(info, run.task)

@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from themisto.bounded import Bounds, iter_json_lines
 from themisto.release.folder import ReleaseInfo, open_release
-from themisto.resume import (LineWriter, ResumeError, folder_fingerprint, read_lines, settings_difference,
-                             write_text_atomic)
+from themisto.resume import (LineWriter, ResumeError, folder_fingerprint, hold_file, read_lines,
+                             settings_difference, write_text_atomic)
 from themisto.scoring.execution import TrajectoryRunner, execute_examples
 from themisto.gate import permit as gate_permit
 from themisto.scoring.records import (
@@ -265,13 +265,21 @@ def score_texts_to_file(release: str | Path | ReleaseInfo, ids: list[str], texts
     With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
     same settings, predictions, release and workspace keeps those trajectories; `out` appears whole when everything
     is scored, and the partial file becomes `<out>.verdicts.jsonl`, which a later run with the same header reuses
-    whole (it executes nothing). A text-only run touches neither file.
+    whole (it executes nothing). A text-only run touches neither file. One process writes `out` and the files
+    beside it at a time (`themisto.resume.hold_file`): another is refused with its pid before it reads anything.
     """
-    started = time.perf_counter()
-    out = Path(out)
-    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if execute:
         gate_permit(execute=True)  # refuse before reading anything
+    with hold_file(out, "results file") as out:
+        return _score_held(release, ids, texts, out, settings, execute, workspace, resume, progress, workers, runner,
+                           source)
+
+
+def _score_held(release: str | Path | ReleaseInfo, ids: list[str], texts: list, out: Path, settings: ScoreSettings,
+                execute: bool, workspace: str | Path | None, resume: bool, progress: Callable[[str], None] | None,
+                workers: int | None, runner: TrajectoryRunner | None, source: str) -> ScoreRun:
+    started = time.perf_counter()
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     info = release if isinstance(release, ReleaseInfo) else open_release(release)
     loaded = load_release(info, settings.task)
     unknown = [i for i in ids if i not in loaded.task_rows]
