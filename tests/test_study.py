@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -121,11 +124,29 @@ def test_results_hold_each_cell_with_seeds_and_the_paired_effects(study):
     assert (study / "effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_rerun_trains_nothing_and_a_study_with_other_settings_is_refused(study, sample_release, tiny_model_dir,
-                                                                          capsys):
+def test_one_writer_then_a_rerun_trains_nothing_and_other_settings_are_refused(study, sample_release,
+                                                                              tiny_model_dir, tmp_path, capsys):
     weights = sorted((study / "models").rglob("*.safetensors"))
     stamps = [p.stat().st_mtime_ns for p in weights]
     assert len(weights) == 4
+    # A second study into the folder while one holds it (the real command, paused once it took the folder's lock)
+    # is refused at once, naming the holder; the holder killed there, a rerun is not blocked.
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    holder = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "_paused_writer.py"), str(ready), str(go), "hold", "--", "study",
+         "--release", str(sample_release), "--model", str(tiny_model_dir), "-o", str(study), *STUDY_ARGS],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, "the first study never took its folder"
+            time.sleep(0.05)
+        capsys.readouterr()
+        assert _study(sample_release, tiny_model_dir, study) == 2
+        assert f"pid {holder.pid}" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
     assert _study(sample_release, tiny_model_dir, study) == 0
     assert [p.stat().st_mtime_ns for p in weights] == stamps
     capsys.readouterr()

@@ -331,3 +331,23 @@ def test_finetune_json_prints_exactly_one_json_object_on_stdout(exported, tiny_m
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(done.stdout)  # the whole of stdout: the trainer's logs went to stderr
     assert record["steps"] == 1 and "'loss'" in done.stderr
+
+
+def test_export_counts_the_prompt_budget_with_the_models_tokenizer_as_generation_does(release, tiny_model_dir,
+                                                                                       tmp_path):
+    from themisto.generation.backends.hf import load_tokenizer, prompt_token_counter
+
+    out = tmp_path / "counted"
+    assert main(["sft-export", "--release", str(release), "--count-with", str(tiny_model_dir),
+                 "--max-prompt-tokens", "300", "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["prompt_tokens_counted_with"] == f"tokenizer of {tiny_model_dir}"
+    count = prompt_token_counter(load_tokenizer(str(tiny_model_dir)))
+    examples = _lines(out / "examples.jsonl")
+    tokens = [count(messages_text(e["prompt"])) for e in examples]
+    assert examples and max(tokens) <= 300
+    # the estimate (UTF-8 bytes / 3) cuts otherwise: the same budget keeps other prompts whole
+    estimated = tmp_path / "estimated"
+    assert main(["sft-export", "--release", str(release), "--max-prompt-tokens", "300", "-o", str(estimated)]) == 0
+    assert json.loads((estimated / "manifest.json").read_text())["prompt_tokens_counted_with"] == "estimate"
+    assert [e["prompt"] for e in _lines(estimated / "examples.jsonl")] != [e["prompt"] for e in examples]

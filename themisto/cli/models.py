@@ -18,7 +18,13 @@ def sft_export_command(args: argparse.Namespace) -> int:
 
     settings = ExportSettings(split=args.split, tasks=tuple(args.task), contexts=tuple(args.context), mix=args.mix,
                               seed=args.mix_seed, verify=not args.no_verify, max_prompt_tokens=args.max_prompt_tokens)
-    report = export_sft(args.release, args.output, settings, overwrite=args.overwrite)
+    counter = {}
+    if args.count_with:  # the prompt budget counted as generation counts it for that model
+        from themisto.generation.backends.hf import load_tokenizer, prompt_token_counter
+
+        counter = {"count_tokens": prompt_token_counter(load_tokenizer(args.count_with)),
+                   "counted_with": f"tokenizer of {args.count_with}"}
+    report = export_sft(args.release, args.output, settings, overwrite=args.overwrite, **counter)
     if args.json:
         print(json.dumps({"output": str(args.output), **report.manifest["counts"], "dropped": report.dropped},
                          ensure_ascii=False, sort_keys=True))
@@ -43,7 +49,12 @@ def add_sft_export(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--mix", choices=("all", "one"), default="all",
                         help="all: each row once per context mode; one: each row once, in a seeded context mode")
     parser.add_argument("--mix-seed", type=int, default=0, help="seed of --mix one (which context each row gets)")
-    parser.add_argument("--max-prompt-tokens", type=int, help="drop examples over this estimated prompt length")
+    parser.add_argument("--max-prompt-tokens", type=int,
+                        help="cut prompts to this budget as generation does (drop those that cannot fit): counted "
+                             "with --count-with's tokenizer, else estimated (UTF-8 bytes / 3)")
+    parser.add_argument("--count-with", metavar="MODEL",
+                        help="count the prompt budget with this model's tokenizer (a folder, Hub id or .gguf file), "
+                             "as `themisto generate --backend transformers` counts it for the same model")
     parser.add_argument("--no-verify", action="store_true",
                         help="keep targets the replay did not reproduce (the manifest says so)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")

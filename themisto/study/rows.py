@@ -37,16 +37,13 @@ class CommonRows:
 
 def load_tokenizer(model: str):
     """The base model's tokenizer (a .gguf file's own), as fine-tuning and the transformers backend load it."""
-    import transformers
+    from themisto.generation.backends import BackendError
+    from themisto.generation.backends.hf import load_tokenizer as load
 
-    from themisto.generation.backends.hf import split_model_path
-
-    source, gguf_file = split_model_path(model, None)
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf_file} if gguf_file
-                                                                            else {}))
-    except OSError as exc:
-        raise StudyError(f"cannot load the tokenizer of base model {model!r}: {exc}") from exc
+        tokenizer = load(model)
+    except BackendError as exc:
+        raise StudyError(f"base model: {exc}") from exc
     if not getattr(tokenizer, "chat_template", None):
         raise StudyError(f"base model {model!r} has no chat template: the study trains and prompts in the chat "
                          "format")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from themisto.resume import write_json_atomic
+from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
 from themisto.study.settings import StudyError, StudySettings, what_differs
 
 STUDY_FILE, ROWS_FILE = "study.json", "rows.json"
@@ -81,7 +81,7 @@ def open_study(out: Path, settings: StudySettings, release_hash: str) -> dict:
             raise StudyError(f"{out}: written against another release (content hash {recorded.get('release_hash')} "
                              f"there, {release_hash} here)")
         return recorded
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise StudyError(f"{out}: not empty and has no {STUDY_FILE}; give a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, header)
@@ -199,11 +199,7 @@ def _run_units(out: Path, settings: StudySettings, todo: list[Unit], say: Callab
 def run_study(settings: StudySettings, out: str | Path, *, progress: Callable[[str], None] | None = None) -> dict:
     """Run (or resume) the study into `out` and write its results; returns results.json's content."""
     from themisto.gate import permit
-    from themisto.generation.backends.hf import prompt_token_counter
     from themisto.release.folder import open_release
-    from themisto.study.report import write_report
-    from themisto.study.rows import load_tokenizer
-    from themisto.study.scores import score_study
 
     started = time.perf_counter()
     say = progress or (lambda msg: print(f"study: {msg}", file=sys.stderr, flush=True))
@@ -214,6 +210,16 @@ def run_study(settings: StudySettings, out: str | Path, *, progress: Callable[[s
     for task in settings.tasks:
         info.require(task, "train")
         info.require(task, "test")
+    with hold_folder(out, "study folder"):  # one writer: a second study into the folder is refused at once
+        return _run(settings, out, info, say, started)
+
+
+def _run(settings: StudySettings, out: Path, info, say: Callable[[str], None], started: float) -> dict:
+    from themisto.generation.backends.hf import prompt_token_counter
+    from themisto.study.report import write_report
+    from themisto.study.rows import load_tokenizer
+    from themisto.study.scores import score_study
+
     open_study(out, settings, info.content_hash)
     tokenizer = load_tokenizer(settings.model)
     counter = prompt_token_counter(tokenizer)
@@ -227,6 +233,6 @@ def run_study(settings: StudySettings, out: str | Path, *, progress: Callable[[s
         say("the base model in every mode")
         _generate(settings, settings.model, settings.contexts, out / "runs" / BASE_SYSTEM, settings.progress)
         write_json_atomic(out / "runs" / BASE_SYSTEM / "done.json", {"contexts": list(settings.contexts)})
-    scores = score_study(out, settings, [unit for unit in units], say)
+    scores = score_study(out, settings, units, say)
     records = [unit_record(out, u) for u in units]
     return write_report(out, settings, rows, records, scores, seconds=time.perf_counter() - started)

@@ -71,6 +71,16 @@ def chat_overhead(tokenizer) -> int:
                                                              {"role": "user", "content": ""}])))
 
 
+def load_tokenizer(model: str, revision: str | None = None):
+    """The tokenizer of `model` (a folder, a Hub id, or a .gguf file's own), as this backend loads it."""
+    transformers = require("transformers", INSTALL)
+    source, gguf_file = split_model_path(model, None)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(source, revision=revision, gguf_file=gguf_file)
+    except OSError as exc:
+        raise BackendError(f"cannot load the tokenizer of {model!r}: {exc}") from exc
+
+
 def prompt_token_counter(tokenizer) -> Callable[[str], int]:
     """The prompt budget's token count under `tokenizer`, as this backend counts it: the messages' text plus what
     the chat template adds. `themisto sft-export` takes it so training prompts are cut by the same rule."""
