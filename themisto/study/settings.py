@@ -103,7 +103,7 @@ PRESETS: dict[str, dict] = {
             "device": "cuda", "dtype": "bfloat16", "parallel": 4},
     "cpu-check": {"contexts": ("none", "variables"), "seeds": 2, "method": "full", "max_steps": 1,
                   "learning_rate": 5e-5, "batch_size": 2, "max_length": 1024, "max_prompt_tokens": 768,
-                  "max_new_tokens": 24, "train_limit": 8, "test_limit": 4, "execute_limit": 4,
+                  "max_new_tokens": 24, "train_limit": 8, "test_limit": 4, "execute_limit": 2,
                   "generation_batch": 8, "device": "cpu", "dtype": "auto", "parallel": 1},
 }
 PRESET_NAMES: tuple[str, ...] = ("custom", *PRESETS)
