@@ -390,6 +390,12 @@ def test_execution_scores_lead_and_a_functional_match_leaves_the_hard_subset(exe
     assert variables["mean"] == 1.0 and variables["n"] == len(steps)
     assert _pick(results["scores"], context="none", metric="functional_match", subset="hard")["mean"] == 0.0
     assert "| continuation_match | model · none |" in (folder / "results.md").read_text()
+    # The summary leads with the scorer's headline once predictions were run.
+    from themisto.scoring.results_table import render_summary
+
+    summary = render_summary(results)
+    assert "next_cell · test-model (baseline): " in summary and "examples, with execution." in summary
+    assert "  continuation_match over all examples, 95 % " in summary
 
 
 # ---------------------------------------------------------------------------------------------------------------
