@@ -55,7 +55,7 @@ for task in next_cell output_prediction; do
   say "score $task beside the baselines${EXECUTE:+ (with execution)} (its summary: $OUT/runs/smollm2-$task/score.txt)"
   .venv/bin/themisto score "$OUT/runs/smollm2-$task" "${EXECUTE[@]}" > "$OUT/runs/smollm2-$task/score.txt"
 done
-say "done (only $LIMIT examples per task: the default demo limit)"
+say "done ($LIMIT examples per task; THEMISTO_DEMO_LIMIT, default 20, sets it)"
 # The summary comes last: per task, the headline metric of each context and of the best baseline with its interval,
 # the paired runtime effect; the full tables (breakdowns by position, output type, split) are in each results.md.
 echo
