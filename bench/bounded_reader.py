@@ -62,7 +62,7 @@ def main() -> None:
                      "check_share": round(check_ms / loads_ms, 2) if loads_outcome == "ok" else None})
     report("bounded_reader", {"rows": rows}, rows,
            [("shape", "shape"), ("mib", "MiB"), ("check_ms", "check ms"), ("check", "check"),
-            ("loads_ms", "json.loads ms"), ("loads", "json.loads"), ("check_share", "check/loads")])
+            ("loads_ms", "json.loads ms"), ("loads", "json.loads"), ("check_share", "check/loads")], args=args)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def main() -> int:
                "overhead_ms_median_step": {m: branch[median_step][f"overhead_ms_{m}"] for m in args.modes},
                "overhead_ms_with_2m_rows": {m: big.get(f"overhead_ms_{m}") for m in args.modes},
                "ratio_at_median_step": rows[steps.index(median_step)]["ratio"], "one_replay_s": round(one_replay_s, 1)}
-    report("branch_vs_replay", figures, rows, columns)
+    report("branch_vs_replay", figures, rows, columns, args=args)
     return 0
 
 

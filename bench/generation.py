@@ -90,7 +90,11 @@ def _vllm_missing() -> str | None:
 
 
 def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import add_record_options, finish
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_record_options(parser)
     parser.add_argument("--release", type=Path)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-prompt-tokens", type=int, default=1024,
@@ -141,9 +145,12 @@ def main() -> int:
             ref = results[f"tiny (2-layer random Llama) {args.dtypes[0]}"]
             vllm["tokens_per_s_vs_transformers"] = round(vllm["tokens_out_per_s"] / ref["tokens_out_per_s"], 2)
             results["vLLM"] = vllm
+    figures = {"prompts": len(rows), "max_prompt_tokens": args.max_prompt_tokens, "max_new_tokens": args.max_new_tokens,
+               "batch_size": args.batch_size, "results": results, "vllm": missing or "measured"}
     if args.json:
         print(json.dumps({"results": results, "vllm": missing or "measured", "load": os.getloadavg()[0]},
                          sort_keys=True))
+        finish("generation", figures, args, quiet=True)
         return 0
     print(f"{len(rows)} next_cell prompts (context: variables, at most {args.max_prompt_tokens} tokens), greedy, "
           f"{args.max_new_tokens} new tokens, batch {args.batch_size}")
@@ -167,6 +174,7 @@ def main() -> int:
         print(f"vLLM: not available here ({missing})")
     else:
         print(f"vLLM vs transformers (new tokens/s): {results['vLLM']['tokens_per_s_vs_transformers']}x")
+    finish("generation", figures, args)
     return 0
 
 

@@ -140,7 +140,7 @@ def main() -> int:
             {"what": "probes per second", "thinking": "-", "row": in_a_row["probes_per_s"]}]
     report("probes", {"trajectory": traj.id, "steps": n, "target_overhead_ms": 50, **found}, rows,
            [("what", "at the median step"), ("thinking", f"model thinks {args.think_ms:g} ms (work hidden)"),
-            ("row", "back to back")])
+            ("row", "back to back")], args=args)
     return 0
 
 

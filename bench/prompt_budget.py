@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from _common import REPO, arguments, load
+from _common import REPO, arguments, finish, load
 
 CONTEXTS: tuple[str, ...] = ("none", "variables", "full")
 
@@ -91,6 +91,8 @@ def main() -> int:
     figures = measure(args.release, args.limit, args.max_prompt_tokens, _counter(gguf))
     if args.json:
         print(json.dumps({"load": load(), "budget": args.max_prompt_tokens, "contexts": figures}))
+        finish("prompt_budget", {"budget": args.max_prompt_tokens, "contexts": _entry_figures(figures)}, args,
+               quiet=True)
         return 0
     print(f"budget {args.max_prompt_tokens} tokens, SmolLM2 tokenizer, load {load()}")
     print(f"{'context':<10} {'prompts':>7} {'skipped':>7} {'counts':>11} {'ms/prompt':>9} {'ms/count':>8} "
@@ -102,7 +104,13 @@ def main() -> int:
               f"{f['ms_per_prompt']:>9} {f['ms_per_count']:>8} {history:>8} {variables:>9}")
         if args.per_prompt:
             print("  " + " ".join("skip" if k is None else (k["variables"] or k["history"]) for k in f["per_prompt"]))
+    finish("prompt_budget", {"budget": args.max_prompt_tokens, "contexts": _entry_figures(figures)}, args)
     return 0
+
+
+def _entry_figures(figures: dict) -> dict:
+    """Each context's figures without the per-prompt list (too long for an entry)."""
+    return {context: {k: v for k, v in f.items() if k != "per_prompt"} for context, f in figures.items()}
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TASK1_LOG, prefix, workspace  # noqa: E402
+from _common import TASK1_LOG, add_record_options, finish, prefix, workspace  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_record_options(parser)
     parser.add_argument("--log", type=Path, default=TASK1_LOG)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=3)
@@ -67,6 +68,7 @@ def main() -> int:
           f"(+{100 * summary['values_overhead']:.1f} % over snapshots alone); "
           f"{summary['steps_per_s_with']:.1f} steps/s with snapshots")
     print(json.dumps(summary))
+    finish("replay_snapshots", {k: v for k, v in summary.items() if k != "bench"}, args)
     keep.cleanup()
     return 0
 

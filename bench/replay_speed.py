@@ -113,7 +113,8 @@ def main() -> int:
     report("replay_speed", figures, runs, [("round", "round"), ("workers", "workers"), ("steps", "steps"),
                                            ("wall_s", "wall s"), ("cells_s", "cells s"),
                                            ("wall_over_cells", "wall/cells"), ("load_before", "load before"),
-                                           ("load_after", "load after"), ("costs_known", "costs known")])
+                                           ("load_after", "load after"), ("costs_known", "costs known")],
+           args=args)
     return 0
 
 

@@ -194,7 +194,7 @@ def main() -> int:
     rows_out += [{"what": f"scorer, {len(scorer['scorer_examples'])} examples, "
                           f"{key[len('scorer_'):-2].replace('_', ' ')}", "seconds": value}
                  for key, value in scorer.items() if key.endswith("_s")]
-    report("restore", figures, rows_out, [("what", "what"), ("seconds", "seconds")])
+    report("restore", figures, rows_out, [("what", "what"), ("seconds", "seconds")], args=args)
     print(f"release: {sizes['with_values']:,} bytes with values, {sizes['without_values']:,} without")
     return 0
 

@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, workspace  # noqa: E402
+from _common import REPO, add_record_options, finish, workspace  # noqa: E402
 
 
 def sample_trajectories(limit: int) -> list:
@@ -96,6 +96,7 @@ def projection(steps_per_s_per_core: float, *, trajectories: int, cells: int, no
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_record_options(parser)
     parser.add_argument("--limit", type=int, default=0, help="replay only each trajectory's first N steps (0: all)")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the 1- and 2-worker runs, alternating order")
     parser.add_argument("--trajectories", type=int, default=100_000)
@@ -142,6 +143,7 @@ def main() -> int:
           f"kernel peak here {local['peak_kernel_memory_mb']} MB -> ~{local['peak_kernel_memory_mb'] * args.node_cores / 1024:.0f} GiB "
           f"RAM per node for kernels")
     print(json.dumps(summary))
+    finish("scale", {k: v for k, v in summary.items() if k != "bench"}, args)
     return 0
 
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                ("predictions_per_s_end_to_end", "predictions/s end to end"), ("total_s", "total s")]
     report("scorer_throughput", {"workers": args.workers, "rounds": args.rounds,
                                  "continuation_cells": args.continuation_cells, **chosen},
-           rows_out, columns)
+           rows_out, columns, args=args)
     return 0
 
 

@@ -13,10 +13,10 @@
 #    task spread over test and train (`--split all`: the model was not trained on train), contexts none,
 #    variables and full; scored with execution beside the baselines (HF_ALLOW_CODE_EVAL=1; without it, text
 #    only), with the bootstrap over whole trajectories and, beside it, over whole participants;
-# 4. the tables into OUT/results.md and the release's card (`## Results`).
+# 4. the tables into OUT/results.md, the release's card (`## Results`) and docs/results.md (between its markers).
 #
 # Every stage resumes: a rerun redoes only what is missing. Nothing under OUT may be committed (it is derived from
-# the real logs); the figures in the README are numbers only.
+# the real logs); docs/results.md holds numbers only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -84,14 +84,23 @@ for task in next_cell output_prediction; do
   say "score SmolLM2 on $task beside the baselines${EXECUTE:+ (with execution)}"
   score "$OUT/runs/smollm2-$task-$LIMIT" "${EXECUTE[@]}"
 done
+RUNS=(baselines-next_cell baselines-output_prediction "smollm2-next_cell-$LIMIT" "smollm2-output_prediction-$LIMIT")
 {
-  for run in baselines-next_cell baselines-output_prediction \
-      "smollm2-next_cell-$LIMIT" "smollm2-output_prediction-$LIMIT"; do
+  echo "### In short (intervals over trajectories)"; echo; echo '```'
+  .venv/bin/themisto summary "${RUNS[@]/#/$OUT/runs/}"; echo '```'; echo
+  for run in "${RUNS[@]}"; do
     echo "### $run (intervals over trajectories)"; echo; cat "$OUT/runs/$run/results.md"; echo
     echo "### $run (intervals over participants)"; echo; cat "$OUT/runs/$run/by-participant/results.md"; echo
   done
 } > "$OUT/results.md"
-.venv/bin/python -c "import sys, pathlib; from themisto.release.card import write_results
-write_results(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).read_text(encoding='utf-8'))" \
-  "$RELEASE" "$OUT/results.md"
-say "done: $OUT/results.md, and the release's card ($RELEASE/README.md, ## Results)"
+# The card's results section, and the project's results page (THEMISTO_RESULTS_PAGE, default docs/results.md;
+# empty: not written) between its markers: the page holds what this command computed, never a hand-pasted table.
+PAGE=${THEMISTO_RESULTS_PAGE-docs/results.md}
+.venv/bin/python -c "import sys, pathlib; from themisto.release.card import write_results, write_results_page
+text = pathlib.Path(sys.argv[2]).read_text(encoding='utf-8')
+write_results(pathlib.Path(sys.argv[1]), text)
+if sys.argv[3]:
+    write_results_page(pathlib.Path(sys.argv[3]), text, source=sys.argv[4])" \
+  "$RELEASE" "$OUT/results.md" "$PAGE" \
+  "\`scripts/june_release.sh\` (THEMISTO_JUNE_LIMIT=$LIMIT, THEMISTO_JUNE_DTYPE=$DTYPE; commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+say "done: $OUT/results.md, the release's card ($RELEASE/README.md, ## Results)${PAGE:+ and $PAGE}"

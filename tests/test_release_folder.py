@@ -99,7 +99,7 @@ def test_a_results_table_goes_into_the_card_and_a_rerun_replaces_it(release, cap
     assert text.count("## Results") == 1 and open_release(release).content_hash == before
     assert main(["check", str(release)]) == 0
     card.write_text(text.replace("<!-- results: end -->", ""))
-    with pytest.raises(ReleaseError, match="the card has no results section"):
+    with pytest.raises(ReleaseError, match="README.md: no results section"):
         write_results(release, "| x |")
 
 

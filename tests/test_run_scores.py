@@ -213,14 +213,43 @@ def test_cli_scores_a_run_folder_and_keeps_the_predictions_form(repeat_release, 
     folder = write_run(tmp_path / "cli", repeat_release, "next_cell", _first_baseline("next_cell"))
     assert main(["score", str(folder)]) == 0
     printed = capsys.readouterr().out
-    assert "| exact_match | model · variables |" in printed and "block bootstrap" in printed
     assert (folder / "results.json").is_file() and (folder / "results.md").is_file()
+    # The terminal gets the summary, the tables go to results.md (--tables prints them instead).
+    assert "| exact_match |" not in printed and f"full tables: {folder / 'results.md'}" in printed
+    assert "chrf over all examples, 95 % block bootstrap over 4 trajectories" in printed
+    assert main(["score", str(folder), "--tables"]) == 0
+    printed = capsys.readouterr().out
+    assert "| exact_match | model · variables |" in printed and "block bootstrap" in printed
     predictions = tmp_path / "preds.jsonl"
     rows = load_release(repeat_release, "next_cell").task_rows.values()
     predictions.write_text("".join(json.dumps({"id": r["id"], "prediction": r["target"]}) + "\n" for r in rows))
     assert main(["score", "--release", str(repeat_release), "--predictions", str(predictions),
                  "-o", str(tmp_path / "plain.json")]) == 0
     assert json.loads((tmp_path / "plain.json").read_text())["scores"]["exact_match"] == 1.0
+
+
+def test_the_summary_leads_with_the_headline_metric_against_the_best_baseline(next_cell_run, repeat_release,
+                                                                               tmp_path, capsys):
+    folder, rows, _, results = next_cell_run
+    other = write_run(tmp_path / "op", repeat_release, "output_prediction", _first_baseline("output_prediction"))
+    score_run(other)
+    assert main(["summary", str(folder), str(other)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    at = printed.index(next(line for line in printed if line.startswith("output_prediction ·")))
+    first, second = printed[:at], printed[at:]
+    chrf = {(e["context"]): e for e in results["scores"] if e["metric"] == "chrf" and e["subset"] == "all"}
+    best = max((b for b in results["baselines"] if b["metric"] == "chrf" and b["subset"] == "all"),
+               key=lambda b: b["mean"])
+    effect = _pick(results["paired"], context="variables", metric="chrf", subset="all", examples="all")
+    assert first[0].startswith("next_cell · test-model (baseline): 88 examples, without execution, 1 generation")
+    assert any(line.split() == ["model", "·", "variables", f"{chrf['variables']['mean']:.3f}",
+                                f"[{chrf['variables']['low']:.3f},", f"{chrf['variables']['high']:.3f}]"]
+               for line in first)
+    assert any(line.strip().startswith(f"best baseline · {best['baseline']}  ") for line in first)
+    assert f"    runtime effect variables − none: {effect['diff']:+.3f} [" in "\n".join(first)
+    assert "  output_equivalent over all examples" in second[1] and len(first) + len(second) <= 16
+    assert main(["summary", str(tmp_path)]) == 2
+    assert "no results (score the run first" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -361,6 +390,12 @@ def test_execution_scores_lead_and_a_functional_match_leaves_the_hard_subset(exe
     assert variables["mean"] == 1.0 and variables["n"] == len(steps)
     assert _pick(results["scores"], context="none", metric="functional_match", subset="hard")["mean"] == 0.0
     assert "| continuation_match | model · none |" in (folder / "results.md").read_text()
+    # The summary leads with the scorer's headline once predictions were run.
+    from themisto.scoring.results_table import render_summary
+
+    summary = render_summary(results)
+    assert "next_cell · test-model (baseline): " in summary and "examples, with execution." in summary
+    assert "  continuation_match over all examples, 95 % " in summary
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -397,7 +432,7 @@ def test_task1_baseline_intervals_are_not_degenerate(task1_release, tmp_path, ca
     run = tmp_path / "previous-cell"
     assert main(["generate", "--release", str(task1_release), "--task", "next_cell", "--context", "none",
                  "--backend", "baseline", "--model", "previous-cell", "-o", str(run), "--json"]) == 0
-    assert main(["score", str(run)]) == 0
+    assert main(["score", str(run), "--tables"]) == 0
     printed = capsys.readouterr().out
     results = json.loads((run / "results.json").read_text())
     interval = results["interval"]

@@ -1,5 +1,5 @@
-"""The house stays as it is drawn: each stage imports only the stages before it, in the order the README's "What is
-here" diagram gives, at module level or inside a function (a function-level import hides a cycle, it does not
+"""The house stays as it is drawn: each stage imports only the stages before it, in the order docs/architecture.md's
+diagram ("The stages") gives, at module level or inside a function (a function-level import hides a cycle, it does not
 remove one). The package's own top-level modules (settings, errors, vocabulary, the bounded reader, ...) lie below
 every stage and import none."""
 
@@ -16,12 +16,12 @@ PACKAGE = REPO / "themisto"
 
 
 def _diagram() -> tuple[list[str], dict[str, list[str]]]:
-    """The pipeline's stages in order, and each side stage with the stages it may import, from the README."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = re.search(r"^## What is here\n(.*?)(?=^## )", text, re.S | re.M).group(1)
-    lines = re.search(r"```\n(.*?)\n```", section, re.S).group(1).splitlines()
+    """The pipeline's stages in order, and each side stage with the stages it may import, from docs/architecture.md."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = re.search(r"^## The stages\n(.*?)(?=^## )", text, re.S | re.M).group(1)
+    lines = re.search(r"```(?:text)?\n(.*?)\n```", section, re.S).group(1).splitlines()
     chain = re.findall(r"(\w+) ─▶", lines[0]) + re.findall(r"─▶ (\w+)(?!.*─▶)", lines[0])
-    assert len(chain) >= 5, f"the README's diagram is not a chain of stages: {lines[0]!r}"
+    assert len(chain) >= 5, f"the architecture page's diagram is not a chain of stages: {lines[0]!r}"
     sides = {}
     notes = re.findall(r"(\w+) \(([^)]*)\)", " ".join(lines))
     for name, note in notes:
@@ -44,7 +44,7 @@ def _allowed(stage: str) -> set[str] | None:
         return set(CHAIN[: CHAIN.index(stage) + 1])
     if stage in SIDES:
         return set(SIDES[stage]) | {stage}
-    raise AssertionError(f"themisto/{stage}/ is not a stage of the README's diagram")
+    raise AssertionError(f"themisto/{stage}/ is not a stage of docs/architecture.md's diagram")
 
 
 def _imported(path: Path) -> list[tuple[int, str]]:

@@ -3,8 +3,8 @@
 To add a subcommand, write `add_<name>(subparsers)` (its arguments, `set_defaults(run=<function>)`) and a
 `<name>_command(args) -> int`, then list `add_<name>` in `SUBCOMMANDS`.
 
-Subcommands live by stage: `data` (ingest, workspace, replay, build, check, push), `scoring` (score), `models`
-(generate, sft-export), `study` (the fine-tuning study) and `board` (submit, leaderboard); `common` holds what they share.
+Subcommands live by stage: `data` (ingest, workspace, replay, build, check, push), `scoring` (score, summary),
+`models` (generate, sft-export), `study` (the fine-tuning study) and `board` (submit, leaderboard); `common` holds what they share.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from themisto.cli.board import add_leaderboard, add_submit
 from themisto.cli.common import CommandError
 from themisto.cli.data import add_build, add_check, add_ingest, add_push, add_replay, add_workspace
 from themisto.cli.models import add_generate, add_sft_export
-from themisto.cli.scoring import add_score
+from themisto.cli.scoring import add_score, add_summary
 from themisto.cli.study import add_study
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    add_ingest, add_workspace, add_replay, add_build, add_check, add_push, add_score, add_sft_export,
-    add_submit, add_leaderboard, add_generate, add_study)
+    add_ingest, add_workspace, add_replay, add_build, add_check, add_push, add_score, add_summary,
+    add_sft_export, add_submit, add_leaderboard, add_generate, add_study)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,8 +11,9 @@ from themisto.vocabulary import CLUSTER_UNITS, TASKS
 
 
 def _score_run_folder(args: argparse.Namespace) -> int:
-    """`themisto score RUN/`: every context of a run folder, the baselines, intervals; prints the Markdown table."""
-    from themisto.scoring.results_table import render_markdown
+    """`themisto score RUN/`: every context of a run folder, the baselines, intervals; prints the summary (the whole
+    Markdown table with --tables), the tables go to results.md beside results.json."""
+    from themisto.scoring.results_table import render_markdown, render_summary
     from themisto.scoring.run_scores import score_run
 
     if args.predictions is not None:
@@ -26,9 +27,35 @@ def _score_run_folder(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, ensure_ascii=False, sort_keys=True))
     else:
-        print(render_markdown(results))
-        print(f"wrote {args.output or args.run_dir / 'results.json'} and results.md in {results['seconds']:.1f} s")
+        written = Path(args.output) if args.output else args.run_dir / "results.json"
+        tables = written.with_name("results.md" if args.output is None else written.stem + ".md")
+        print(render_markdown(results) if args.tables else render_summary(results, tables), end="")
+        print(f"wrote {written} and {tables.name} in {results['seconds']:.1f} s")
     return 0
+
+
+def summary_command(args: argparse.Namespace) -> int:
+    """Print the short summary of scored run folders (their results.json), one block per run."""
+    from themisto.bounded import read_json
+    from themisto.scoring.results_table import render_summary
+    from themisto.scoring.run_scores import RESULTS_JSON, RESULTS_MD
+
+    blocks = []
+    for run in args.runs:
+        path = run / RESULTS_JSON
+        if not path.is_file():
+            raise CommandError(f"{path}: no results (score the run first: themisto score {run})")
+        results = read_json(path)
+        blocks.append(render_summary(results, run / RESULTS_MD))
+    print("\n".join(blocks), end="")
+    return 0
+
+
+def add_summary(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("summary", help="the short summary of scored run folders: the headline metric, "
+                                                   "model against the best baseline, the runtime effect")
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders scored by themisto score")
+    parser.set_defaults(run=summary_command)
 
 
 def score_command(args: argparse.Namespace) -> int:
@@ -87,5 +114,7 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming a stopped run")
     parser.add_argument("-o", "--output", type=Path, help="results JSON to write (a run folder: RUN/results.json)")
     parser.add_argument("--json", action="store_true", help="print {output, scores, notes, ...} as one JSON object")
+    parser.add_argument("--tables", action="store_true",
+                        help="a run folder: print the whole Markdown tables (results.md), not the short summary")
     add_ray_option(parser, "with --execute, score", unit="one trajectory per task")
     parser.set_defaults(run=score_command)

@@ -179,16 +179,29 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
     return f"---\n{card_yaml(data)}---\n{body}"
 
 
+def write_between_markers(path: Path, markdown: str) -> None:
+    """Replace what lies between a file's results markers (RESULTS_BEGIN … RESULTS_END) with `markdown`, the rest of
+    the file kept; a file without them is refused, naming it and the markers."""
+    from themisto.resume import write_text_atomic
+
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    start, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+    if start < 0 or end < start:
+        raise ReleaseError(f"{path}: no results section ({RESULTS_BEGIN} … {RESULTS_END})")
+    write_text_atomic(path, text[:start + len(RESULTS_BEGIN)] + "\n" + markdown.strip() + "\n" + text[end:])
+
+
 def write_results(folder: Path, markdown: str) -> None:
     """Put a results table into a built release's card, between its results markers (a rerun replaces it). The
     Parquet files and so the content hash do not change."""
     from themisto.release.folder import read_card
-    from themisto.resume import write_text_atomic
 
     read_card(folder)  # a card that is no card is refused here, naming it
-    path = Path(folder) / CARD_FILE
-    text = path.read_text(encoding="utf-8")
-    start, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
-    if start < 0 or end < start:
-        raise ReleaseError(f"{path}: the card has no results section ({RESULTS_BEGIN} … {RESULTS_END})")
-    write_text_atomic(path, text[:start + len(RESULTS_BEGIN)] + "\n" + markdown.strip() + "\n" + text[end:])
+    write_between_markers(Path(folder) / CARD_FILE, markdown)
+
+
+def write_results_page(page: Path, markdown: str, *, source: str) -> None:
+    """Put the results (and the `source` they were computed by: command, folder, commit) into the project's results
+    page, docs/results.md, between its results markers, as the card gets them (scripts/june_release.sh)."""
+    write_between_markers(page, f"Written by {source}.\n\n{markdown.strip()}")

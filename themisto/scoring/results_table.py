@@ -1,6 +1,7 @@
 """The Markdown table of a run's results.json: per metric, each context and baseline with its 95 % interval, the hard
 subset beside all examples; the paired runtime effect (context − none on the same examples) over all examples and
-over those both modes generated, with each mode's unanswered examples; what the prompts kept.
+over those both modes generated, with each mode's unanswered examples; what the prompts kept. And its short summary
+for a terminal: the headline metric, model against the best baseline, the runtime effect, where the tables are.
 
 >>> print(cell({"mean": 0.25, "low": 0.1, "high": 0.4, "n": 8}), cell({"diff": 0.05, "low": -0.02, "high": 0.1},
 ...       signed=True), cell({"mean": None}))
@@ -188,6 +189,51 @@ def _probing(results: dict) -> list[str]:
         for metric in results["metrics"]:
             lines.append(f"| {metric} | " + " | ".join(cell(index.get((metric, k))) for k in counts) + " |")
     return lines
+
+
+# The metric a task's summary leads with, the first of these a run has: for next_cell with execution the
+# continuation match (the scorer's headline, metrics/themisto/README.md says why: text scores barely separate a
+# model from repeating the previous cell), without it chrF; for output_prediction output equivalence.
+HEADLINE_METRICS: dict[str, tuple[str, ...]] = {"next_cell": ("continuation_match", "functional_match", "chrf"),
+                                                "output_prediction": ("output_equivalent", "chrf")}
+
+
+def headline_metric(results: dict) -> str:
+    """The metric a run's summary leads with (HEADLINE_METRICS), else the run's first metric."""
+    wanted = HEADLINE_METRICS.get(results["run"]["task"], ())
+    return next((m for m in wanted if m in results["metrics"]), results["metrics"][0])
+
+
+def render_summary(results: dict, tables: str | PurePath = "results.md") -> str:
+    """A run's results in a few lines: each context and the best baseline on the headline metric over all examples
+    with its interval, each context's paired effect against `none`, and where the full tables (`tables`) are."""
+    run, counts, interval = results["run"], results["counts"], results["interval"]
+    metric = headline_metric(results)
+    scores = _index(results["scores"], "context", "metric", "subset")
+    baselines = [b for b in results["baselines"] if b["metric"] == metric and b["subset"] == "all"
+                 and b.get("mean") is not None]
+    best = max(baselines, key=lambda b: b["mean"], default=None)
+    skipped = sum(counts["skipped"].values()) + sum(counts["failed"].values())
+    method = interval["method"].replace("_", " ")
+    lines = [f"{run['task']} · {_model_name(run.get('model'))} ({run.get('backend')}): {counts['examples']} examples, "
+             f"{'with' if results['executed'] else 'without'} execution"
+             + (f", {skipped} generation(s) skipped or failed (scored 0)" if skipped else "") + ".",
+             f"  {metric} over all examples, 95 % {method} over "
+             f"{units(interval['clusters'], interval.get('unit', 'trajectory'))}"
+             + (" (read its warning in the tables)" if interval.get("warning") else "") + ":"]
+    rows = [(f"model · {c}", cell(scores.get((c, metric, "all")))) for c in run["contexts"]]
+    if best is not None:
+        rows.append((f"best baseline · {best['baseline']}", cell(best)))
+    width = max(len(name) for name, _ in rows)
+    lines += [f"    {name.ljust(width)}  {value}" for name, value in rows]
+    paired = {(e["context"], paired_examples(e)): e for e in results["paired"]
+              if e["versus"] == BASELINE_CONTEXT and e["metric"] == metric and e["subset"] == "all"}
+    for context in run["contexts"]:
+        entry = paired.get((context, "all"))
+        if context != BASELINE_CONTEXT and entry is not None:
+            lines.append(f"    runtime effect {context} − {BASELINE_CONTEXT}: {_with_n(entry)}")
+    lines.append(f"  full tables: {tables}")
+    return "\n".join(lines) + "\n"
 
 
 def render_markdown(results: dict) -> str:
