@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable
 
 from themisto.bounded import Bounds, iter_json_lines
+from themisto.resume import write_text_atomic
 from themisto.runtime.agent.values import FORMATS, file_name
 
 INDEX = "index.jsonl"
@@ -125,10 +126,7 @@ class ValueFolder:
             if entry.hash in entries:
                 return False
             self.path.mkdir(parents=True, exist_ok=True)
-            dest = self.path / entry.file
-            partial = dest.with_name(f"{dest.name}.{os.getpid()}.partial")
-            partial.write_bytes(data)
-            os.replace(partial, dest)
+            write_text_atomic(self.path / entry.file, data)
             # One write per line with O_APPEND: replays of other processes may append to the same index.
             line = (json.dumps(asdict(entry), sort_keys=True) + "\n").encode("utf-8")
             fd = os.open(self.path / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
