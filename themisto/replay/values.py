@@ -1,5 +1,5 @@
 """The values a replay stored, in a folder beside its steps file (`<steps>.values/`): one file per content hash, in the
-formats the kernel writes them in (themisto.runtime.agent.values), and `index.jsonl` with one line per file (hash,
+formats the kernel writes them in (themisto.runtime.agent.formats), and `index.jsonl` with one line per file (hash,
 format, type, whether it comes back exactly, bytes, sha256).
 
 A value unchanged across steps, or shared by two trajectories, is one file. The kernel writes into its session's
@@ -23,7 +23,7 @@ from typing import Iterable
 
 from themisto.bounded import Bounds, iter_json_lines
 from themisto.resume import write_text_atomic
-from themisto.runtime.agent.values import FORMATS, file_name
+from themisto.runtime.agent import formats
 
 INDEX = "index.jsonl"
 INDEX_BOUNDS = Bounds(file_bytes=1 << 30, line_bytes=64 << 10, lines=10_000_000, depth=4)
@@ -43,7 +43,7 @@ class ValueEntry:
 
     @property
     def file(self) -> str:
-        return file_name(self.hash, self.format)
+        return formats.file_name(self.hash, self.format)
 
 
 def values_folder(steps: str | Path) -> Path:
@@ -72,7 +72,7 @@ class ValueFolder:
                         entry = ValueEntry(**line.value) if line.ended else None
                     except TypeError:
                         entry = None
-                    if entry is not None and _HASH.match(str(entry.hash)) and entry.format in FORMATS and \
+                    if entry is not None and _HASH.match(str(entry.hash)) and formats.named(entry.format) is not None and \
                             (self.path / entry.file).is_file():
                         self._entries[entry.hash] = entry
         return self._entries
@@ -96,9 +96,9 @@ class ValueFolder:
         dropped. Returns the entries added."""
         added = []
         for record in written:
-            if not (_HASH.match(record.hash) and record.format in FORMATS):
+            if not (_HASH.match(record.hash) and formats.named(record.format) is not None):
                 continue
-            src = source / file_name(record.hash, record.format)
+            src = source / formats.file_name(record.hash, record.format)
             if record.hash in self.entries() or not src.is_file() or src.is_symlink() or \
                     src.stat().st_size != record.bytes:
                 continue
@@ -116,7 +116,7 @@ class ValueFolder:
 
     def add_bytes(self, entry: ValueEntry, data: bytes) -> None:
         """Store a value that came from elsewhere (a Ray worker's folder), checked against its entry's sha256."""
-        if hashlib.sha256(data).hexdigest() == entry.sha256 and _HASH.match(entry.hash) and entry.format in FORMATS:
+        if hashlib.sha256(data).hexdigest() == entry.sha256 and _HASH.match(entry.hash) and formats.named(entry.format) is not None:
             self._add(entry, data)
 
     def _add(self, entry: ValueEntry, data: bytes) -> bool:
