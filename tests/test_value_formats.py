@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import _toy_format as toy
+import _toy_format as toy
 from themisto.release.values import ReleaseValues, ValueFormatError, check_row, decode
 from themisto.runtime.agent import formats
 from themisto.runtime.agent.formats.base import Caps
