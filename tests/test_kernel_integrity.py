@@ -166,13 +166,13 @@ def test_a_cell_that_ends_in_time_is_not_a_timeout_because_of_its_snapshot(sessi
 
 @pytest.mark.slow
 def test_a_kernel_that_dies_of_the_interrupt_is_restarted_once_with_its_exit_status(session):
-    starts = session._session._starts
+    starts = session.kernel_starts
     code = ("import os, signal, time\nsignal.signal(signal.SIGINT, lambda *args: os._exit(3))\n"
             "while True:\n    time.sleep(0.01)")
     result = session.execute(code, timeout=0.5)
     assert result.status == "kernel_died" and result.kernel_restarted
     assert "exit status 3" in result.evalue and "interrupted" in result.evalue
-    assert session._session._starts == starts + 1
+    assert session.kernel_starts == starts + 1
     assert session.execute("1 + 1").outputs[0]["data"]["text/plain"] == "2"
 
 

@@ -68,9 +68,11 @@ def test_the_agent_loads_only_the_standard_library():
     foreign = sorted(m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
                      and m.split(".")[0] != "themisto" and not m.startswith("_"))
     assert not foreign, f"the in-kernel agent imports {foreign} at import time"
-    assert {m for m in loaded if m.startswith("themisto.")} <= {
-        "themisto.runtime", *(f"themisto.runtime.agent.{p.stem}" for p in (PACKAGE / "runtime" / "agent").glob("*.py")),
-        "themisto.runtime.agent"}, "the agent must not pull other stages into the kernel"
+    agent = PACKAGE / "runtime" / "agent"
+    inside = {"themisto.runtime", "themisto.runtime.agent"} | {
+        ".".join(("themisto", "runtime", "agent", *p.relative_to(agent).with_suffix("").parts)).removesuffix(".__init__")
+        for p in agent.rglob("*.py")}
+    assert {m for m in loaded if m.startswith("themisto.")} <= inside, "the agent must not pull other stages into the kernel"
 
 
 def _module_level_imports(tree: ast.Module) -> list[str]:
@@ -86,7 +88,7 @@ def _module_level_imports(tree: ast.Module) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "runtime" / "agent").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PACKAGE / "runtime" / "agent").rglob("*.py")), ids=lambda p: p.name)
 def test_agent_modules_import_only_the_standard_library(path):
     names = _module_level_imports(ast.parse(path.read_text(encoding="utf-8")))
     foreign = [n for n in names if n.split(".")[0] not in sys.stdlib_module_names
@@ -114,7 +116,7 @@ def _private_names_taken(tree: ast.Module, package: str) -> list[str]:
 def test_agent_modules_share_only_public_names():
     agent = PACKAGE / "runtime" / "agent"
     taken = {p.name: _private_names_taken(ast.parse(p.read_text(encoding="utf-8")), "themisto.runtime.agent")
-             for p in sorted(agent.glob("*.py"))}
+             for p in sorted(agent.rglob("*.py"))}
     assert not {name: found for name, found in taken.items() if found}, (
         "an agent module takes another's underscore names; make the name public where it is shared")
 

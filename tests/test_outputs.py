@@ -10,14 +10,13 @@ import pytest
 
 from themisto.ingest.june_format import decode_log_line
 from themisto.runtime.kernel import KernelSession
+from themisto.ingest.output_size import output_size, summarize
 from themisto.runtime.outputs import (
     error_text,
-    output_size,
     output_text,
     output_types,
     rich_outputs,
     strip_ansi,
-    summarize,
 )
 from themisto.ingest.trajectory import OutputSummary
 

@@ -138,13 +138,14 @@ import numpy as np
 import skops.io as sio
 from sklearn.ensemble import RandomForestClassifier
 from themisto.runtime.agent import values as V
+from themisto.runtime.agent.formats import skops as S
 from themisto.runtime.agent.hashing import content_hash
 
 rng = np.random.default_rng(0)
 X, y = rng.normal(size=(400, 5)), rng.integers(0, 3, 400)
 values = {
     "forest": RandomForestClassifier(n_estimators=40, random_state=0).fit(X, y),
-    "stumps": RandomForestClassifier(n_estimators=V.SKOPS_MEMBERS // 4, max_depth=1, random_state=0).fit(X, y),
+    "stumps": RandomForestClassifier(n_estimators=S.MEMBERS // 4, max_depth=1, random_state=0).fit(X, y),
     "array": np.zeros(CAP // 8 + 1),
     "small": RandomForestClassifier(n_estimators=2, max_depth=2, random_state=0).fit(X, y),
 }
@@ -167,7 +168,7 @@ report["stumps"]["members"] = len(zipfile.ZipFile(io.BytesIO(sio.dumps(ten))).na
     values["stumps"].estimators_) // 10
 small = values["small"]
 report["small"]["same_bytes"] = open(os.path.join("over-cap-small", report["small"]["files"][0]), "rb").read() == (
-    V._canonical_skops(sio.dumps(small)))
+    S.canonical(sio.dumps(small)))
 print(json.dumps(report))
 """
 

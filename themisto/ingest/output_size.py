@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+from themisto.ingest.trajectory import OutputSummary
+
 
 def _text(value: object) -> object:
     # nbformat stores multi-line strings as lists of lines; the browser (and the extension) saw one string.
@@ -33,3 +35,8 @@ def output_size(output: dict) -> int:
     if kind in ("execute_result", "display_data"):
         return _json_bytes({mime: _text(value) for mime, value in (output.get("data") or {}).items()})
     return 0
+
+
+def summarize(outputs: list[dict]) -> list[OutputSummary]:
+    """The outputs as the JuNE log records them: `[OutputSummary(output_type, size)]`."""
+    return [OutputSummary(output_type=str(output.get("output_type")), size=output_size(output)) for output in outputs]

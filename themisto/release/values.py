@@ -3,44 +3,24 @@ safe formats, capped per value and per release, as rows the `trajectories` rows'
 and the one check of a value's bytes (`check_value`), which the build, `themisto check` and every reader use.
 
 A values row is `hash` (the variables' content hash), `type`, `format` (json, npy, npz, parquet, skops: the formats of
-themisto.runtime.agent.values), `exact` (read back in the kernels' environment, it hashed the same: a restore can use
-it), `bytes`, `sha256` and `data` (the file's bytes). No format runs code when read: JSON is data, `.npy` and `.npz`
-are read with `allow_pickle=False`, Parquet is columns, and a skops file is refused unless every type it names is
-one skops trusts (scikit-learn's own) or a numpy scalar or sparse matrix. A pickle, or a file that claims a format
-it does not have, is refused, never loaded.
+themisto.runtime.agent.formats, whose modules each check their own), `exact` (read back in the kernels' environment,
+it hashed the same: a restore can use it), `bytes`, `sha256` and `data` (the file's bytes). No format runs code when
+read; a pickle, or a file that claims a format it does not have, is refused, never loaded.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import re
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from themisto.bounded import BoundError, Bounds, loads_json
-from themisto.runtime.agent import valuejson
-from themisto.runtime.agent.values import DOCUMENT_KEY, DOCUMENT_VERSION, FORMATS, SKOPS_TRUSTED
+from themisto.runtime.agent import formats
+from themisto.runtime.agent.formats.base import Malformed, ValueFormatError
 
 VALUES = "values"  # the config's name
 HASH = re.compile(r"[0-9a-f]{32}\Z")
-_JSON_TAGS = frozenset({"ref", "tuple", "set", "frozenset", "dict", "OrderedDict", "Counter", "defaultdict", "bytes",
-                        "bytearray", "float", "int", "complex", "range", "datetime", "time", "date", "timedelta",
-                        "re.Pattern", "re.Match", "numpy", "ndarray", "Timestamp", "Timedelta", "NaT", "source",
-                        "import", "groupby"})
-_SPARSE_ARRAYS = frozenset({"format", "shape", "data", "indices", "indptr", "row", "col", "flag_names",
-                            "flag_values"})
-_SKOPS_BUILTINS = frozenset({"builtins.dict", "builtins.list", "builtins.tuple", "builtins.str", "builtins.int",
-                             "builtins.float", "builtins.bool", "builtins.NoneType", "builtins.slice",
-                             "builtins.set", "builtins.bytes", "numpy.ndarray", "numpy.dtype"})
-# skops' loaders that build data (a Tree and an SGD model are rebuilt from their arrays); never one that loads a
-# function, a method or an arbitrary reduce
-_SKOPS_LOADERS = frozenset({"ObjectNode", "DictNode", "ListNode", "TupleNode", "SetNode", "JsonNode", "NdArrayNode",
-                            "SparseMatrixNode", "DTypeNode", "SliceNode", "BytesNode", "BytearrayNode", "TypeNode",
-                            "TreeNode", "SGDNode", "CachedNode", "_DictWithDeprecatedKeysNode"})
 
 
 @dataclass(frozen=True)
@@ -51,151 +31,13 @@ class ValueCaps:
     release_bytes: int = 2 << 30
 
 
-class ValueFormatError(ValueError):
-    """Bytes that are not the safe format they claim to be; the message says what is wrong."""
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The check of one value's bytes
 
 
-def _json_document(data: bytes, bound: int) -> dict:
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        raise ValueFormatError("not an ASCII JSON document") from None
-    try:
-        # A developer's str may hold a lone surrogate ('\ud800' is a Python string): kept, as the value was.
-        document = loads_json(text, Bounds(file_bytes=bound, depth=valuejson.MAX_DEPTH + 8), path="value",
-                              keep_surrogates=True)
-    except BoundError as error:
-        raise ValueFormatError(f"not a JSON value document ({error.problem})") from None
-    if not isinstance(document, dict) or document.get(DOCUMENT_KEY) != DOCUMENT_VERSION or \
-            not isinstance(document.get("type"), str) or "value" not in document:
-        raise ValueFormatError("not a JSON value document (no themisto_value header)")
-    return document
-
-
-def refs_of(document: dict) -> list[str]:
-    """The content hashes a JSON value document refers to (values stored on their own)."""
-    return valuejson.refs(document["value"])
-
-
-def _check_json(data: bytes, bound: int) -> None:
-    document = _json_document(data, bound)
-    for item in valuejson.tagged(document["value"]):
-        tag = item.get(valuejson.TAG)
-        if tag not in _JSON_TAGS:
-            raise ValueFormatError(f"a JSON value with an unknown tag {str(tag)[:40]!r}")
-        if tag == "ref" and not HASH.match(str(item.get("hash"))):
-            raise ValueFormatError("a JSON value that refers to something other than a content hash")
-
-
-def _check_npy(data: bytes) -> None:
-    import numpy as np
-
-    if not data.startswith(b"\x93NUMPY"):
-        raise ValueFormatError("not a .npy file (no NUMPY magic)")
-    try:
-        np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise ValueFormatError(f"not a .npy array numpy reads without pickle ({str(error)[:120]})") from None
-
-
-def _zip(data: bytes, what: str) -> zipfile.ZipFile:
-    if not data.startswith(b"PK\x03\x04"):
-        raise ValueFormatError(f"not {what} (no zip header)")
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        if archive.testzip() is not None:
-            raise zipfile.BadZipFile("a member fails its CRC")
-        return archive
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise ValueFormatError(f"not {what} ({error})") from None
-
-
-def _check_npz(data: bytes) -> None:
-    archive = _zip(data, "a .npz archive")
-    for name in archive.namelist():
-        if not name.endswith(".npy") or name[:-4] not in _SPARSE_ARRAYS:
-            raise ValueFormatError(f"a .npz member {name[:60]!r} that a sparse matrix does not have")
-        _check_npy(archive.read(name))
-
-
-def _check_parquet(data: bytes) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if not (data.startswith(b"PAR1") and data.endswith(b"PAR1")):
-        raise ValueFormatError("not a Parquet file (no PAR1 magic)")
-    try:
-        metadata = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.metadata or {}
-        header = json.loads(metadata.get(DOCUMENT_KEY.encode(), b"null"))
-    except (pa.ArrowException, OSError, ValueError) as error:
-        raise ValueFormatError(f"not a readable Parquet file ({str(error)[:120]})") from None
-    if not isinstance(header, dict) or header.get("kind") not in ("frame", "series", "index"):
-        raise ValueFormatError("a Parquet file without a value header")
-
-
-def _check_skops(data: bytes, bound: int) -> None:
-    archive = _zip(data, "a skops file")
-    names = archive.namelist()
-    if "schema.json" not in names:
-        raise ValueFormatError("a skops file without schema.json")
-    try:
-        schema = loads_json(archive.read("schema.json").decode("utf-8"), Bounds(file_bytes=bound, depth=200),
-                            path="schema.json")
-    except (BoundError, UnicodeDecodeError) as error:
-        raise ValueFormatError(f"a skops file whose schema is not JSON ({error})") from None
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict):
-            continue
-        if "__loader__" in node:
-            kind = f"{node.get('__module__')}.{node.get('__class__')}"
-            loader = node.get("__loader__")
-            if loader not in _SKOPS_LOADERS:
-                raise ValueFormatError(f"a skops file with a {str(loader)[:40]!r} node (only data nodes are loaded)")
-            if not (kind.startswith("sklearn.") or kind in _SKOPS_BUILTINS or kind in SKOPS_TRUSTED):
-                raise ValueFormatError(f"a skops file naming the untrusted type {kind[:80]!r}")
-        stack.extend(node.values())
-    for name in names:
-        if name == "schema.json":
-            continue
-        if name.endswith(".npy"):
-            _check_npy(archive.read(name))
-        elif name.endswith(".npz"):
-            inner = _zip(archive.read(name), "a .npz archive")
-            for member in inner.namelist():
-                if not member.endswith(".npy"):
-                    raise ValueFormatError(f"a skops .npz member {member[:60]!r} that is not .npy")
-                _check_npy(inner.read(member))
-        else:
-            raise ValueFormatError(f"a skops member {name[:60]!r} that is neither .npy nor .npz")
-
-
 def check_value(fmt: str, data: bytes, caps: ValueCaps = ValueCaps()) -> None:
     """Refuse (ValueFormatError) bytes that are not `fmt`, one of the safe formats, within `caps.value_bytes`."""
-    if fmt not in FORMATS:
-        raise ValueFormatError(f"an unknown value format {str(fmt)[:40]!r} (known: {', '.join(FORMATS)})")
-    if len(data) > caps.value_bytes:
-        raise ValueFormatError(f"{len(data):,} bytes, over the per-value cap of {caps.value_bytes:,}")
-    if data.startswith(b"\x80"):
-        raise ValueFormatError("a pickle (never read)")
-    if fmt == "json":
-        _check_json(data, caps.value_bytes)
-    elif fmt == "npy":
-        _check_npy(data)
-    elif fmt == "npz":
-        _check_npz(data)
-    elif fmt == "parquet":
-        _check_parquet(data)
-    else:
-        _check_skops(data, caps.value_bytes)
+    formats.check_value(fmt, data, caps.value_bytes)
 
 
 def check_row(row: dict, caps: ValueCaps = ValueCaps()) -> None:
@@ -276,7 +118,7 @@ def release_values(trajectories: dict[str, list[dict]], folder: Path | None,
             check_value(entry.format, data, caps)
             if hashlib.sha256(data).hexdigest() != entry.sha256:
                 raise ValueFormatError("its file changed since the replay stored it")
-            refs = refs_of(json.loads(data)) if entry.format == "json" else []
+            refs = formats.refs(entry.format, lambda: data)
         except ValueFormatError as error:
             checked[digest] = f"refused by the format check: {error}"
             return checked[digest]
@@ -339,7 +181,7 @@ def decode(row: dict, rows: dict[str, dict] | None = None) -> Any:
     """The value of one `values` row, checked first (`check_row`); `rows` (hash -> row) gives the rows a JSON value
     refers to. A function or class comes back as its document (`{"$": "source", "kind", "binds", "source"}` or an
     import name), never run. Needs numpy, pandas, pyarrow, scipy or skops for values of theirs."""
-    from themisto.runtime.agent.values import Definition, read_value
+    from themisto.runtime.agent.formats.definitions import Definition
 
     check_row(row)
 
@@ -348,7 +190,7 @@ def decode(row: dict, rows: dict[str, dict] | None = None) -> Any:
             raise ValueFormatError(f"value {row['hash']} refers to {digest}, which is not among the rows given")
         return decode(rows[digest], rows)
 
-    value = read_value(row["data"], row["format"], resolve)
+    value = formats.read_value(row["data"], row["format"], resolve)
     return value.document if isinstance(value, Definition) else value
 
 
@@ -356,20 +198,15 @@ def decode(row: dict, rows: dict[str, dict] | None = None) -> Any:
 # `themisto check`
 
 
-_BUILTIN_TAGS = frozenset({"tuple", "set", "frozenset", "dict", "OrderedDict", "Counter", "defaultdict", "bytes",
-                           "bytearray", "float", "int", "complex", "range", "datetime", "time", "date", "timedelta",
-                           "re.Pattern", "re.Match"})
-
-
 def _content_problem(row: dict) -> str | None:
-    """For a JSON value of builtins only (no numpy or pandas type, no value stored on its own), its content hash
-    recomputed here; the others were hashed in the kernels' environment, which this process need not have."""
+    """For a value that reads back with the standard library alone (builtins only: no numpy or pandas type, no value
+    stored on its own), its content hash recomputed here; the others were hashed in the kernels' environment, which
+    this process need not have."""
     from themisto.runtime.agent.hashing import content_hash
 
-    document = json.loads(row["data"])
-    if any(item.get(valuejson.TAG) not in _BUILTIN_TAGS for item in valuejson.tagged(document["value"])):
+    plain, value = formats.plain_value(row["format"], row["data"])
+    if not plain:
         return None
-    value = valuejson.decode(document["value"], lambda digest: None)
     found = content_hash(value)
     return None if found == row["hash"] else f"its value hashes to {found}, not to its hash"
 
@@ -389,8 +226,8 @@ def value_problems(paths: list[Path], split: str, caps: ValueCaps = ValueCaps())
                     number += 1
                     try:
                         check_row(row, caps)
-                        problem = _content_problem(row) if row["format"] == "json" else None
-                    except (ValueFormatError, valuejson.Malformed) as error:
+                        problem = _content_problem(row)
+                    except (ValueFormatError, Malformed) as error:
                         problem = str(error)
                     if problem is not None:
                         problems.append(f"{VALUES}/{split}: row {number} (hash {str(row.get('hash'))[:32]}): "
@@ -449,4 +286,5 @@ class ReleaseValues:
         return row["data"]
 
     def refs(self, digest: str) -> list[str]:
-        return refs_of(json.loads(self.data(digest))) if self.format_of(digest) == "json" else []
+        fmt = self.format_of(digest)
+        return formats.refs(fmt, lambda: self.data(digest)) if fmt is not None else []

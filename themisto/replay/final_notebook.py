@@ -86,7 +86,7 @@ def classify(replayed: str, replayed_error: tuple[str, str] | None, stored: str,
 
 
 def _sizes_agree(logged: Sequence, stored: Sequence[Mapping]) -> bool:
-    from themisto.runtime.outputs import summarize
+    from themisto.ingest.output_size import summarize
 
     found = summarize(list(stored))
     return len(found) == len(logged) and all(a.output_type == b.output_type and 0 <= a.size - b.size <= 1

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -30,8 +29,7 @@ from typing import Any, Protocol, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
 from themisto.replay.replay import CELL_TIMEOUT_S
-from themisto.runtime.agent import valuejson
-from themisto.runtime.agent.values import file_name
+from themisto.runtime.agent import formats
 
 RESTORE_TIMEOUT_S = 120.0
 # Binds no name in the user's namespace.
@@ -66,7 +64,8 @@ class FolderValues:
         return data
 
     def refs(self, digest: str) -> list[str]:
-        return valuejson.refs(json.loads(self.data(digest))["value"]) if self.format_of(digest) == "json" else []
+        fmt = self.format_of(digest)
+        return formats.refs(fmt, lambda: self.data(digest)) if fmt is not None else []
 
 
 class RestoreError(RuntimeError):
@@ -196,7 +195,7 @@ def _stage(session: Any, plan: RestorePlan, source: ValueSource) -> Path:
     """The plan's files copied into the kernel's values folder, which it reads them from."""
     folder = Path(session.values_dir)
     for digest, fmt in plan.files.items():
-        (folder / file_name(digest, fmt)).write_bytes(source.data(digest))
+        (folder / formats.file_name(digest, fmt)).write_bytes(source.data(digest))
     return folder
 
 

@@ -1,5 +1,5 @@
 """The values a replay stored, in a folder beside its steps file (`<steps>.values/`): one file per content hash, in the
-formats the kernel writes them in (themisto.runtime.agent.values), and `index.jsonl` with one line per file (hash,
+formats the kernel writes them in (themisto.runtime.agent.formats), and `index.jsonl` with one line per file (hash,
 format, type, whether it comes back exactly, bytes, sha256).
 
 A value unchanged across steps, or shared by two trajectories, is one file. The kernel writes into its session's
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Iterable
 
 from themisto.bounded import Bounds, iter_json_lines
-from themisto.runtime.agent.values import FORMATS, file_name
+from themisto.resume import write_text_atomic
+from themisto.runtime.agent import formats
 
 INDEX = "index.jsonl"
 INDEX_BOUNDS = Bounds(file_bytes=1 << 30, line_bytes=64 << 10, lines=10_000_000, depth=4)
@@ -42,7 +43,7 @@ class ValueEntry:
 
     @property
     def file(self) -> str:
-        return file_name(self.hash, self.format)
+        return formats.file_name(self.hash, self.format)
 
 
 def values_folder(steps: str | Path) -> Path:
@@ -71,7 +72,7 @@ class ValueFolder:
                         entry = ValueEntry(**line.value) if line.ended else None
                     except TypeError:
                         entry = None
-                    if entry is not None and _HASH.match(str(entry.hash)) and entry.format in FORMATS and \
+                    if entry is not None and _HASH.match(str(entry.hash)) and formats.named(entry.format) is not None and \
                             (self.path / entry.file).is_file():
                         self._entries[entry.hash] = entry
         return self._entries
@@ -95,9 +96,9 @@ class ValueFolder:
         dropped. Returns the entries added."""
         added = []
         for record in written:
-            if not (_HASH.match(record.hash) and record.format in FORMATS):
+            if not (_HASH.match(record.hash) and formats.named(record.format) is not None):
                 continue
-            src = source / file_name(record.hash, record.format)
+            src = source / formats.file_name(record.hash, record.format)
             if record.hash in self.entries() or not src.is_file() or src.is_symlink() or \
                     src.stat().st_size != record.bytes:
                 continue
@@ -115,7 +116,7 @@ class ValueFolder:
 
     def add_bytes(self, entry: ValueEntry, data: bytes) -> None:
         """Store a value that came from elsewhere (a Ray worker's folder), checked against its entry's sha256."""
-        if hashlib.sha256(data).hexdigest() == entry.sha256 and _HASH.match(entry.hash) and entry.format in FORMATS:
+        if hashlib.sha256(data).hexdigest() == entry.sha256 and _HASH.match(entry.hash) and formats.named(entry.format) is not None:
             self._add(entry, data)
 
     def _add(self, entry: ValueEntry, data: bytes) -> bool:
@@ -125,10 +126,7 @@ class ValueFolder:
             if entry.hash in entries:
                 return False
             self.path.mkdir(parents=True, exist_ok=True)
-            dest = self.path / entry.file
-            partial = dest.with_name(f"{dest.name}.{os.getpid()}.partial")
-            partial.write_bytes(data)
-            os.replace(partial, dest)
+            write_text_atomic(self.path / entry.file, data)
             # One write per line with O_APPEND: replays of other processes may append to the same index.
             line = (json.dumps(asdict(entry), sort_keys=True) + "\n").encode("utf-8")
             fd = os.open(self.path / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -1,9 +1,11 @@
 """The sandboxed kernel session: the one object that owns a Jupyter kernel, its limits, its watchdog and its cleanup.
 
-`AsyncKernelSession` is one object whose methods share the kernel's life; its parts live where they are one thing:
-the layout before it starts in `kernel_setup`, starting and stopping its process in `kernel_process`, one request and
-the watchdog over it in `kernel_requests`, host probes, uids and process cleanup in `sandbox`, IOPub messages into
-outputs in `collector`. Here: its limits and results, its public calls, and `KernelSession`, the blocking twin.
+`AsyncKernelSession` holds three parts, each in a module of its own that reads alone: the layout made before it starts
+(`kernel_setup.KernelLayout`: folders, uid, cores, sandbox arguments), the owner of its process
+(`kernel_process.KernelProcess`: each kernel life started and stopped) and the request runner with its watchdog
+(`kernel_requests.RequestRunner`); host probes, uids and process cleanup live in `sandbox`, IOPub messages into
+outputs in `collector`. Here: its limits and results, its public calls, and `KernelSession`, the blocking twin, which
+wraps each of them.
 
 Every cell ends in a closed outcome (ok, error, timeout, kernel_died). A cell past its timeout is interrupted, and
 the kernel is restarted when the interrupt does not end it; a dead kernel is replaced by a fresh one. The kernel runs
@@ -16,25 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
-import signal
+import functools
 import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from themisto.runtime import launcher as kernel_launcher
-from themisto.runtime.outputs import strip_ansi
-from themisto.vocabulary import CellStatus
 from themisto.runtime.agent.recorder import cut_text, text_bytes
 from themisto.runtime.collector import OutputCollector
 from themisto.runtime.kernel_process import KernelProcess
-from themisto.runtime.kernel_requests import KernelRequests, Outcome
+from themisto.runtime.kernel_requests import Outcome, RequestRunner
+from themisto.runtime.kernel_setup import KernelLayout, lay_out
+from themisto.runtime.outputs import strip_ansi
 from themisto.runtime.sandbox import KernelResources, kernel_python, release_resources
-from themisto.runtime.kernel_setup import VALUES_FOLDER
-
-
+from themisto.vocabulary import CellStatus
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ class CellResult:
     user_expressions: dict = field(default_factory=dict)
 
 
-class AsyncKernelSession(KernelProcess, KernelRequests):
+class AsyncKernelSession:
     """One sandboxed kernel; the coroutine twin of `KernelSession` (use one or the other, from one event loop)."""
 
     def __init__(self, workspace: str | Path | None = None, limits: Limits = Limits(), *,
@@ -85,77 +83,76 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
             raise FileNotFoundError(f"workspace folder not found: {self.workspace}")
         self.limits = limits
         self.extra_env = dict(extra_env or {})
-        self._paths: kernel_launcher.SandboxPaths | None = None
         self._resources = KernelResources()
         self._finalizer = weakref.finalize(self, release_resources, self._resources)
-        self._km: Any = None
-        self._kc: Any = None
-        self._kernel_pid: int | None = None
-        self._starts = 0
+        self._layout: KernelLayout | None = None  # made by start(), dropped by close()
+        self._process = KernelProcess(self._resources)
+        self._runner = RequestRunner(self._process, limits, self._restart_now)
         self._lock = asyncio.Lock()  # one request at a time; bound to a loop only when first awaited
-        self._bwrap: str | None = None
-        self._uid: int | None = None
-        self._gid: int | None = None
-        self._cpus: list[int] | None = None  # the cores it is pinned to; None: all
-        self._stderr = bytearray()
-        self._stderr_fd: int | None = None
-        self._python: str | None = None
+
+    @property
+    def resources(self) -> KernelResources:
+        """What must be released even when the session is dropped without close() (the blocking twin's finalizer)."""
+        return self._resources
 
     # ----- lifecycle -------------------------------------------------------------------------------------------
+
+    def _started_layout(self) -> KernelLayout:
+        if self._layout is None:
+            raise RuntimeError("the kernel session is not started (call start() or use it as a context manager)")
+        return self._layout
 
     @property
     def workdir(self) -> Path:
         """The kernel's own copy of the workspace and its working directory."""
-        if self._paths is None:
+        if self._layout is None:
             raise RuntimeError("the kernel session is not started")
-        return self._paths.work
+        return self._layout.paths.work
 
     @property
     def values_dir(self) -> Path:
         """The folder the kernel writes stored values into (outside its working directory; the host empties it)."""
-        if self._paths is None:
+        if self._layout is None:
             raise RuntimeError("the kernel session is not started")
-        return self._paths.root / VALUES_FOLDER
+        return self._layout.values_dir
 
     @property
     def kernel_starts(self) -> int:
         """How many kernels this session has started: a new count means a fresh kernel, which knows nothing the
         last one was told."""
-        return self._starts
+        return self._process.starts
 
     @property
     def alive(self) -> bool:
         """Whether the kernel process is running."""
-        process = self._process()
-        return process is not None and process.poll() is None
+        return self._process.alive
 
     @property
     def sandboxed(self) -> bool:
         """Whether the kernel runs under bubblewrap."""
-        return self._bwrap is not None
+        return self._layout is not None and self._layout.bwrap is not None
 
     @property
     def kernel_uid(self) -> int | None:
         """The uid the kernel runs as when it was dropped from root, else None."""
-        return self._uid
+        return self._layout.uid if self._layout is not None else None
 
     @property
     def kernel_pid(self) -> int | None:
         """The kernel process's pid on this host (its /proc entry), None while none runs."""
-        return self._kernel_pid
+        return self._process.pid
 
     @property
     def kernel_python(self) -> str:
         """The interpreter the kernel runs (see `kernel_environment()` for its versions)."""
-        return self._python or kernel_python()
+        return self._layout.python if self._layout is not None else kernel_python()
 
     async def start(self) -> None:
         """Copy the workspace, start the kernel and wait until it answers."""
-        if self._km is not None:
+        if self._process.started:
             return
-        self._plan_sandbox()
-        self._prepare_folders()
         try:
+            self._layout = lay_out(self.workspace, self.limits, self.extra_env, self._resources)
             await self._start_kernel()
         except BaseException:
             await self.close()
@@ -164,10 +161,10 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
     async def close(self) -> None:
         """Kill the kernel and everything it started, and remove the session's folders."""
         try:
-            await self._stop_kernel()
+            await self._process.stop()
         finally:
             release_resources(self._resources)
-            self._paths = None
+            self._layout = None
 
     async def __aenter__(self) -> AsyncKernelSession:
         await self.start()
@@ -178,38 +175,29 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
 
     async def restart(self) -> None:
         """Kill the kernel and start a fresh one: empty namespace, same workdir."""
-        if self._paths is None:
-            raise RuntimeError("the kernel session is not started (call start() or use it as a context manager)")
+        self._started_layout()
         async with self._lock:
             await self._restart_now()
 
+    async def _start_kernel(self) -> None:
+        await self._process.start(self._started_layout())
+        await self._runner.drain()
+
     async def _restart_now(self) -> None:
-        await self._stop_kernel()
+        await self._process.stop()
         await self._start_kernel()
 
     async def _ensure_started(self) -> bool:
         """Start a fresh kernel if the last one died between calls; True when that happened (state lost)."""
-        if self._paths is None:
-            raise RuntimeError("the kernel session is not started (call start() or use it as a context manager)")
-        if self._km is None or not self.alive:
-            await self._stop_kernel()
-            await self._start_kernel()
+        self._started_layout()
+        if not self._process.started or not self._process.alive:
+            await self._restart_now()
             return True
         return False
 
     def interrupt(self) -> None:
         """Send SIGINT to the kernel's process group, as Jupyter's interrupt button does."""
-        pid = self._kernel_pid
-        if pid is None:
-            return
-        try:
-            pgid = os.getpgid(pid)
-            if pgid != os.getpgrp():
-                os.killpg(pgid, signal.SIGINT)
-            else:
-                os.kill(pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
+        self._process.interrupt()
 
     # ----- execution -------------------------------------------------------------------------------------------
 
@@ -225,7 +213,7 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
         async with self._lock:
             replaced = await self._ensure_started()
             collector = OutputCollector(self.limits.output_bytes)
-            outcome = await self._request(code, collector, timeout, silent=False,
+            outcome = await self._runner.request(code, collector, timeout, silent=False,
                                           user_expressions=dict(user_expressions or {}), metadata=metadata)
         result = self._cell_result(outcome, collector)
         result.kernel_restarted = result.kernel_restarted or replaced
@@ -245,7 +233,7 @@ class AsyncKernelSession(KernelProcess, KernelRequests):
         async with self._lock:
             replaced = await self._ensure_started()
             collector = OutputCollector(self.limits.output_bytes)
-            outcome = await self._request(code, collector, timeout, silent=True,
+            outcome = await self._runner.request(code, collector, timeout, silent=True,
                                           user_expressions=dict(user_expressions or {}), metadata=metadata)
         if outcome.reply is not None and outcome.kind == "done":
             reply = outcome.reply
@@ -288,6 +276,22 @@ def _abandon(loop: asyncio.AbstractEventLoop, resources: KernelResources) -> Non
     loop.call_soon_threadsafe(loop.stop)
 
 
+def _blocking(name: str) -> Any:
+    """`KernelSession`'s blocking form of the coroutine method `name` of `AsyncKernelSession`: run on the session's
+    loop thread, waited for (its signature and docstring are the coroutine's)."""
+
+    @functools.wraps(getattr(AsyncKernelSession, name))
+    def call(self: KernelSession, *args: Any, **kwargs: Any) -> Any:
+        return self._call(getattr(self._session, name), *args, **kwargs)
+
+    return call
+
+
+def _forwarded(name: str) -> property:
+    """`KernelSession`'s read-only property `name`, the `AsyncKernelSession`'s."""
+    return property(lambda self: getattr(self._session, name), doc=getattr(AsyncKernelSession, name).__doc__)
+
+
 class KernelSession:
     """A sandboxed kernel with a blocking API; use it as a context manager so the kernel always shuts down."""
 
@@ -324,7 +328,7 @@ class KernelSession:
         thread = threading.Thread(target=loop.run_forever, name="themisto-kernel-loop", daemon=True)
         thread.start()
         self._loop, self._thread = loop, thread
-        self._finalizer = weakref.finalize(self, _abandon, loop, self._session._resources)
+        self._finalizer = weakref.finalize(self, _abandon, loop, self._session.resources)
         try:
             self._call(self._session.start)
         except BaseException:
@@ -356,64 +360,18 @@ class KernelSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def workdir(self) -> Path:
-        """The kernel's own copy of the workspace and its working directory."""
-        return self._session.workdir
-
-    @property
-    def values_dir(self) -> Path:
-        """The folder the kernel writes stored values into (outside its working directory; the host empties it)."""
-        return self._session.values_dir
-
-    @property
-    def kernel_starts(self) -> int:
-        """How many kernels this session has started (see `AsyncKernelSession.kernel_starts`)."""
-        return self._session.kernel_starts
-
-    @property
-    def alive(self) -> bool:
-        """Whether the kernel process is running."""
-        return self._session.alive
-
-    @property
-    def sandboxed(self) -> bool:
-        """Whether the kernel runs under bubblewrap."""
-        return self._session.sandboxed
-
-    @property
-    def kernel_uid(self) -> int | None:
-        """The uid the kernel runs as when it was dropped from root, else None."""
-        return self._session.kernel_uid
-
-    @property
-    def kernel_pid(self) -> int | None:
-        """The kernel process's pid on this host (its /proc entry), None while none runs."""
-        return self._session.kernel_pid
-
-    @property
-    def kernel_python(self) -> str:
-        """The interpreter the kernel runs (see `kernel_environment()` for its versions)."""
-        return self._session.kernel_python
-
-    def execute(self, code: str, *, timeout: float | None = None, user_expressions: dict[str, str] | None = None,
-                metadata: dict | None = None) -> CellResult:
-        """Run one cell as a notebook would and return its outcome (and `user_expressions`, evaluated after it;
-        `metadata` rides on the request)."""
-        return self._call(self._session.execute, code, timeout=timeout, user_expressions=user_expressions,
-                          metadata=metadata)
-
-    def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
-                       timeout: float | None = None, metadata: dict | None = None) -> dict:
-        """Run code silently (no history, no execution count); returns the execute_reply content. `metadata` rides
-        on the request as JSON (see `AsyncKernelSession.execute_silent`)."""
-        return self._call(self._session.execute_silent, code, user_expressions=user_expressions, timeout=timeout,
-                          metadata=metadata)
+    workdir = _forwarded("workdir")
+    values_dir = _forwarded("values_dir")
+    kernel_starts = _forwarded("kernel_starts")
+    alive = _forwarded("alive")
+    sandboxed = _forwarded("sandboxed")
+    kernel_uid = _forwarded("kernel_uid")
+    kernel_pid = _forwarded("kernel_pid")
+    kernel_python = _forwarded("kernel_python")
+    execute = _blocking("execute")
+    execute_silent = _blocking("execute_silent")
+    restart = _blocking("restart")
 
     def interrupt(self) -> None:
         """Send SIGINT to the kernel's process group."""
         self._session.interrupt()
-
-    def restart(self) -> None:
-        """Kill the kernel and start a fresh one: empty namespace, same workdir."""
-        self._call(self._session.restart)

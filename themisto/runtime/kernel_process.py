@@ -1,20 +1,25 @@
-"""The kernel's process: starting it under its kernel spec and waiting until it answers, keeping the tail of its
-stderr, finding the ipykernel's own pid inside the sandbox, and stopping it with everything it started.
-`AsyncKernelSession` (themisto.runtime.kernel) inherits these steps, after `KernelSetup`'s layout.
+"""The kernel's process and its owner, `KernelProcess`: each kernel life started from the session's layout
+(themisto.runtime.kernel_setup) under its kernel spec and waited for until it answers, the tail of its stderr kept,
+the ipykernel's own pid found inside the sandbox, an interrupt sent to its process group, and each life stopped
+with everything it started. The session (themisto.runtime.kernel) holds one; the request runner
+(themisto.runtime.kernel_requests) talks to the kernel through its `client`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import warnings
+from typing import Any
 
 import psutil
 
-from themisto.runtime.kernel_setup import KERNEL_NAME, KernelSetup
+from themisto.runtime.kernel_setup import KERNEL_NAME, KernelLayout, fresh_home, kernel_env, write_spec
 from themisto.runtime.launcher import KERNEL_MAIN
-from themisto.runtime.sandbox import KernelStartError, SandboxWarning, is_running, kill_all, processes_of_uid
+from themisto.runtime.sandbox import (KernelResources, KernelStartError, SandboxWarning, is_running, kill_all,
+                                      processes_of_uid)
 from themisto.settings import settings
 
 # Longest wait for jupyter_client to stop a kernel's channels, or to shut the kernel down, before we do it ourselves.
@@ -59,29 +64,94 @@ async def _until_ready(kc, timeout: float) -> None:
     raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
 
 
-class KernelProcess(KernelSetup):
-    """Start and stop the kernel process; they read and set the session's `_km`, `_kc`, `_kernel_pid`, `_starts`,
-    `_stderr`, `_stderr_fd`, `_paths`, `_uid`, `_gid` and `_resources`."""
+class KernelProcess:
+    """The owner of one session's kernel process, life after life: a new life starts from the same layout (same
+    folders, uid and cores, a fresh home); `starts` counts them."""
 
-    async def _start_kernel(self) -> None:
+    def __init__(self, resources: KernelResources) -> None:
+        self._resources = resources  # the process groups it starts are registered here (released even if dropped)
+        self._layout: KernelLayout | None = None
+        self._km: Any = None
+        self._kc: Any = None
+        self._pid: int | None = None
+        self._starts = 0
+        self._stderr = bytearray()
+        self._stderr_fd: int | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether a kernel life was started and not stopped (it may have died since)."""
+        return self._km is not None
+
+    @property
+    def starts(self) -> int:
+        """How many kernel lives were started: a new count means a fresh kernel, which knows nothing the last one was
+        told."""
+        return self._starts
+
+    @property
+    def client(self) -> Any:
+        """The jupyter_client client of the running life (None while none runs)."""
+        return self._kc
+
+    @property
+    def pid(self) -> int | None:
+        """The kernel process's pid on this host (its /proc entry), None while none runs."""
+        return self._pid
+
+    @property
+    def alive(self) -> bool:
+        """Whether the kernel process is running."""
+        process = self.popen()
+        return process is not None and process.poll() is None
+
+    def popen(self) -> subprocess.Popen | None:
+        """The process jupyter_client started (the launcher, or bubblewrap around it), None while none runs."""
+        provisioner = getattr(self._km, "provisioner", None)
+        return getattr(provisioner, "process", None)
+
+    def interrupt(self) -> None:
+        """Send SIGINT to the kernel's process group, as Jupyter's interrupt button does."""
+        pid = self._pid
+        if pid is None:
+            return
+        try:
+            pgid = os.getpgid(pid)
+            if pgid != os.getpgrp():
+                os.killpg(pgid, signal.SIGINT)
+            else:
+                os.kill(pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    async def restart(self) -> None:
+        """Stop this life and start a fresh one from the same layout."""
+        assert self._layout is not None
+        await self.stop()
+        await self.start(self._layout)
+
+    async def start(self, layout: KernelLayout) -> None:
+        """Start a kernel life from `layout` and return once it answers (KernelStartError, with its stderr's tail,
+        when it does not)."""
         from jupyter_client.kernelspec import KernelSpecManager
         from jupyter_client.manager import AsyncKernelManager
 
-        assert self._paths is not None
+        self._layout = layout
+        paths = layout.paths
         self._starts += 1
-        self._fresh_home()
-        connection_file = self._paths.run / f"kernel-{self._starts}.json"
+        fresh_home(layout)
+        connection_file = paths.run / f"kernel-{self._starts}.json"
         km = AsyncKernelManager(
             transport="ipc", kernel_name=KERNEL_NAME, connection_file=str(connection_file),
-            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(self._write_spec())]),
+            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(write_spec(layout))]),
         )
         km.write_connection_file()
-        if self._uid is not None:
-            os.chown(connection_file, self._uid, self._gid)
+        if layout.uid is not None:
+            os.chown(connection_file, layout.uid, layout.gid)
         self._km = km
-        await km.start_kernel(env=self._kernel_env(), cwd=str(self._paths.work), stdin=subprocess.DEVNULL,
+        await km.start_kernel(env=kernel_env(layout), cwd=str(paths.work), stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        process = self._process()
+        process = self.popen()
         if process is not None:
             self._resources.pgids.add(process.pid)
             self._stderr.clear()
@@ -95,8 +165,7 @@ class KernelProcess(KernelSetup):
             await asyncio.sleep(0.05)  # let the last lines of the kernel's stderr arrive
             tail = self._stderr.decode("utf-8", "replace")
             raise KernelStartError(f"the kernel did not start ({exc}); its stderr ends with:\n{tail}") from exc
-        self._kernel_pid = self._find_kernel_pid()
-        await self._drain_iopub()
+        self._pid = self._find_kernel_pid()
 
     def _watch_stderr(self, process: subprocess.Popen) -> None:
         """Keep the last few KB of the kernel's stderr (startup errors; fd-level output echoed by ipykernel) in
@@ -126,12 +195,8 @@ class KernelProcess(KernelSetup):
                 pass
             self._stderr_fd = None
 
-    def _process(self) -> subprocess.Popen | None:
-        provisioner = getattr(self._km, "provisioner", None)
-        return getattr(provisioner, "process", None)
-
     def _find_kernel_pid(self) -> int | None:
-        process = self._process()
+        process = self.popen()
         if process is None:
             return None
         try:
@@ -143,11 +208,12 @@ class KernelProcess(KernelSetup):
             return None
         return process.pid
 
-    async def _stop_kernel(self) -> None:
+    async def stop(self) -> None:
+        """Stop this life (if one runs) and kill everything it started."""
         kc, km = self._kc, self._km
         self._kc = self._km = None
         self._unwatch_stderr()
-        self._kernel_pid = None
+        self._pid = None
         if kc is not None:
             # jupyter_client joins its channel threads (the heartbeat's included) without a bound; a kernel that
             # wrote garbage on its sockets must not hang the host, so the wait is bounded and the thread left behind.
@@ -172,8 +238,8 @@ class KernelProcess(KernelSetup):
                 process.kill()  # what shutdown_kernel(now=True) would have done; the leftovers go below
         finally:
             leftovers = [p for p in descendants if is_running(p)]
-            if self._uid is not None:
-                leftovers += processes_of_uid(self._uid)
+            if self._layout is not None and self._layout.uid is not None:
+                leftovers += processes_of_uid(self._layout.uid)
             if leftovers:
                 kill_all(leftovers)
             if process is not None:

@@ -1,17 +1,22 @@
 """One request to the kernel and the watchdog over it: send the execute request (its metadata too), read its messages
 until the reply and the idle status come, the deadline passes or the kernel dies; past the deadline, interrupt, and
-restart the kernel when the interrupt does not end the cell. Every request ends in a closed outcome.
-`AsyncKernelSession` (themisto.runtime.kernel) inherits these steps.
+restart the kernel when the interrupt does not end the cell. Every request ends in a closed outcome. The session
+(themisto.runtime.kernel) holds one `RequestRunner` over its process owner (themisto.runtime.kernel_process).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.collector import OutputCollector
+from themisto.runtime.kernel_process import KernelProcess
 from themisto.vocabulary import CellStatus
+
+if TYPE_CHECKING:
+    from themisto.runtime.kernel import Limits
 
 # After an interrupt, how long the cell gets to end before the kernel is restarted. A restart loses the state, and
 # replay then reruns the kernel life's earlier cells, so the grace is generous: on a loaded machine a cell that
@@ -37,20 +42,26 @@ class Outcome:
     restarted: bool = False
 
 
-class KernelRequests:
-    """Requests and their watchdog; they use the session's `_kc`, `limits`, `alive`, `interrupt`, `_process` and
-    `_restart_now`."""
+class RequestRunner:
+    """One request at a time to the kernel `process` runs, under `limits`, with the watchdog over it; `restart` is the
+    session's own restart (a fresh kernel life), called when the watchdog gives the kernel up."""
 
-    async def _request(self, code: str, collector: OutputCollector, timeout: float | None, *, silent: bool,
+    def __init__(self, process: KernelProcess, limits: Limits, restart: Callable[[], Awaitable[None]]) -> None:
+        self._process = process
+        self._limits = limits
+        self._restart = restart
+
+    async def request(self, code: str, collector: OutputCollector, timeout: float | None, *, silent: bool,
                        user_expressions: dict | None, metadata: dict | None = None) -> Outcome:
-        await self._drain_iopub()
-        timeout = self.limits.cell_timeout_s if timeout is None else timeout
+        await self.drain()
+        timeout = self._limits.cell_timeout_s if timeout is None else timeout
         started = time.monotonic()
         # jupyter_client's `execute`, with the message's metadata (which it cannot set)
         content = {"code": code, "silent": silent, "store_history": not silent,
                    "user_expressions": dict(user_expressions or {}), "allow_stdin": False, "stop_on_error": False}
-        request = self._kc.session.msg("execute_request", content, metadata=dict(metadata or {}))
-        self._kc.shell_channel.send(request)
+        kc = self._process.client
+        request = kc.session.msg("execute_request", content, metadata=dict(metadata or {}))
+        kc.shell_channel.send(request)
         msg_id = request["header"]["msg_id"]
         # A silent request's expressions are its work (an agent call): its timeout times them. A cell's times the cell.
         wait = _Wait(msg_id, expressions_s=EXPRESSIONS_TIMEOUT_S if user_expressions and not silent else 0.0)
@@ -62,7 +73,7 @@ class KernelRequests:
             return outcome
         interrupted = kind == "deadline"
         if interrupted:
-            self.interrupt()
+            self._process.interrupt()
             kind = await self._wait(wait, time.monotonic() + INTERRUPT_GRACE_S, collector, extend=False)
             outcome.reply = wait.reply
         if kind == "done" and in_time:  # the snapshot ran long, not the cell: the cell's own outcome stands
@@ -71,7 +82,7 @@ class KernelRequests:
             outcome.kind, outcome.status, outcome.ename = "timeout", "timeout", "CellTimeout"
             outcome.evalue = f"the cell ran past its {timeout:g} s timeout; interrupted, state kept"
         elif kind == "deadline" and not in_time:
-            await self._restart_now()
+            await self._restart()
             outcome.kind, outcome.status, outcome.ename, outcome.restarted = "timeout", "timeout", "CellTimeout", True
             outcome.evalue = (f"the cell ran past its {timeout:g} s timeout and ignored the interrupt; "
                               "kernel restarted after timeout, state lost")
@@ -83,9 +94,9 @@ class KernelRequests:
 
     async def _replace_dead_kernel(self, interrupted_after: float | None, in_time: bool) -> str:
         """Restart a kernel that died (or hung past the interrupt after its cell ended), once; why, for `evalue`."""
-        process = self._process()
+        process = self._process.popen()
         code_ = process.poll() if process is not None else None
-        await self._restart_now()
+        await self._restart()
         if code_ is None and in_time:
             return ("the user expressions after the cell (a snapshot) ignored the interrupt; a fresh kernel was "
                     "started, state lost")
@@ -99,8 +110,9 @@ class KernelRequests:
         import zmq
         import zmq.asyncio
 
-        iopub = self._kc.iopub_channel.socket
-        shell = self._kc.shell_channel.socket
+        kc = self._process.client
+        iopub = kc.iopub_channel.socket
+        shell = kc.shell_channel.socket
         poller = zmq.asyncio.Poller()
         poller.register(iopub, zmq.POLLIN)
         poller.register(shell, zmq.POLLIN)
@@ -116,22 +128,22 @@ class KernelRequests:
             if iopub in events:
                 await self._read_iopub(wait, collector)
             if shell in events:
-                msg = await self._kc.shell_channel.get_msg(timeout=0)
+                msg = await kc.shell_channel.get_msg(timeout=0)
                 if msg.get("parent_header", {}).get("msg_id") == wait.msg_id:
                     wait.reply = msg["content"]
             if time.monotonic() - last_check >= _LIVENESS_PERIOD_S or not events:
                 last_check = time.monotonic()
-                if not self.alive:
+                if not self._process.alive:
                     await self._read_iopub(wait, collector)
                     return "died"
         return "done"
 
     async def _read_iopub(self, wait: _Wait | None, collector: OutputCollector | None, limit: int = 1000) -> None:
         """Read the iopub messages ready now (at most `limit`), without decoding any content over the output cap."""
-        kc = self._kc
+        kc = self._process.client
         socket = kc.iopub_channel.socket
         session = kc.session
-        cap = self.limits.output_bytes + 65536
+        cap = self._limits.output_bytes + 65536
         for _ in range(limit):
             if not await socket.poll(0):
                 return
@@ -160,8 +172,9 @@ class KernelRequests:
             else:
                 collector.add(msg_type, content)
 
-    async def _drain_iopub(self) -> None:
-        if self._kc is not None:
+    async def drain(self) -> None:
+        """Drop the IOPub messages waiting (a kernel life's start, an abandoned request's last words)."""
+        if self._process.client is not None:
             await self._read_iopub(None, None, limit=100_000)
 
 

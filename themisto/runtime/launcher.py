@@ -85,7 +85,7 @@ def readable_paths() -> list[Path]:
     return seen
 
 
-def _mask_untraversable(paths: list[Path]) -> list[str]:
+def mask_untraversable(paths: list[Path]) -> list[str]:
     """Bubblewrap options that hide each folder others cannot traverse behind an empty tmpfs and bind back into it,
     read-only, just the given paths below it (with world-traversable folders in between)."""
     masked: list[Path] = []
@@ -123,7 +123,7 @@ def bwrap_argv(bwrap: str, paths: SandboxPaths, *, isolate_fs: bool, network: bo
     if isolate_fs:
         argv += ["--ro-bind", "/", "/"]
         if drop_uid:
-            argv += _mask_untraversable(readable_paths())
+            argv += mask_untraversable(readable_paths())
         argv += ["--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
         argv += ["--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
         argv += ["--bind", str(paths.root), str(paths.root)]

@@ -1,8 +1,6 @@
 """Normalize a cell's nbformat outputs: the one `output` text per step that scores compare, the rich outputs kept
-typed, and the `[{output_type, size}]` summary the JuNE logs recorded.
-
-Sizes follow the JuNE logging extension's one rule, `themisto.ingest.output_size` (UTF-8 bytes of the JSON it
-serialized, checked against the real logs).
+typed, and what two runs of one cell print differently masked. (The `[{output_type, size}]` summary the JuNE logs
+recorded is `themisto.ingest.output_size.summarize`.)
 """
 
 from __future__ import annotations
@@ -12,8 +10,6 @@ import binascii
 import json
 import re
 
-from themisto.ingest.output_size import output_size
-from themisto.ingest.trajectory import OutputSummary
 
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
 # What two runs of the same cell print differently while the cell's content stays the same. An object's address is
@@ -110,11 +106,6 @@ def output_text(outputs: list[dict], *, traceback: bool = True) -> str:
 def output_types(outputs: list[dict]) -> list[str]:
     """The `output_type` of each output, in order (as the JuNE log lists them)."""
     return [str(output.get("output_type")) for output in outputs]
-
-
-def summarize(outputs: list[dict]) -> list[OutputSummary]:
-    """The outputs as the JuNE log records them: `[OutputSummary(output_type, size)]`."""
-    return [OutputSummary(output_type=str(output.get("output_type")), size=output_size(output)) for output in outputs]
 
 
 def _payload_bytes(mime: str, value: object) -> int:

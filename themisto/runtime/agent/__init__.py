@@ -7,13 +7,15 @@ kernel's memory copy-on-write, captures its own output, and reports back; the ke
 reaps.
 
 The package is split by concern: `namespace` (what every module shares: the shell, the user's names, bounded reprs),
-`hashing` and `leaves`, `describe`, `snapshots`, `values`, `valuejson` and `sources` (values stored in safe
-formats), `restore` (a namespace rebuilt from them), `workdir` (the work-folder guards), `recorder` and `capture` (a
-cell's outputs), `integrity`, `delta`, `pages` and `walls` (what guards a branch), `executions` (the count of cells
-run, which says when the kernel's hashes of its state still hold), `branching` and `candidate` (the
-kernel's side of a branch call and of one candidate's life), `ahead` (a probe conversation's branches, forked ahead
-of their code and ended after their answer), `handoff` (the wire between the kernel and a branch's
-processes: the go, the monitor's messages) and `branch_child` (the monitor's and the candidate's side).
+`hashing` and `leaves`, `describe`, `snapshots`, `values` (the store of one kernel life), `formats` (the safe
+formats, one module each, shared with the host), `sources` (a function's or class's defining source), `restore` (a
+namespace rebuilt from stored values), `skops_names` (skops's table of trusted names, computed by the host),
+`workdir` (the work-folder guards), `recorder` and `capture` (a cell's outputs), `integrity`, `delta`, `pages` and
+`walls` (what guards a branch), `executions` (the count of cells run, which says when the kernel's hashes of its
+state still hold), `branching` and `candidate` (the kernel's side of a branch call and of one candidate's life),
+`ahead` (a probe conversation's branches, forked ahead of their code and ended after their answer), `handoff` (the
+wire between the kernel and a branch's processes: the go, the monitor's messages) and `branch_child` (the monitor's
+and the candidate's side).
 The modules share only public names (a name with an underscore stays in its module). Every module imports only the
 standard library; this `__init__` gathers the names the host calls through user expressions
 (`themisto.runtime.snapshot.AGENT`).

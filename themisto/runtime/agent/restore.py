@@ -10,61 +10,31 @@ this (sandboxed) kernel. Runs inside the kernel: standard library only.
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import os
-import re
 import time
 from typing import Any
 
-from themisto.runtime.agent import valuejson
+from themisto.runtime.agent import formats
 from themisto.runtime.agent.executions import moved
+from themisto.runtime.agent.formats.definitions import Definition, define, imported
 from themisto.runtime.agent.namespace import get_shell, module_bindings, user_variables
-from themisto.runtime.agent.values import FORMATS, Definition, read_value
-
-_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
-
-
-def _imported(module: str) -> Any:
-    if not _MODULE_NAME.match(module):
-        raise ValueError(f"not a module name: {module[:80]!r}")
-    return importlib.import_module(module)
-
-
-def _definition(definition: Definition, namespace: dict) -> Any:
-    """The object a source or import document defines; a source runs in the user's namespace and its binding is
-    undone (the caller binds the object under the variable's own name)."""
-    document = definition.document
-    if document[valuejson.TAG] == "import":
-        found = _imported(str(document["module"]))
-        for part in str(document["qualname"]).split("."):
-            found = getattr(found, part)
-        return found
-    binds = str(document["binds"])
-    had, before = binds in namespace, namespace.get(binds)
-    exec(compile(str(document["source"]), f"<themisto-restore:{binds}>", "exec", dont_inherit=True), namespace)
-    made = namespace[binds]
-    if had:
-        namespace[binds] = before
-    else:
-        del namespace[binds]
-    return made
 
 
 def _load(folder: str, files: dict[str, str], digest: str, memo: dict[str, Any], namespace: dict) -> Any:
     """One stored value; a function a container holds is defined right away (top-level ones wait, see restore)."""
     if digest not in memo:
-        fmt = files.get(digest)
-        if fmt not in FORMATS:
+        fmt = formats.named(files.get(digest))
+        if fmt is None:
             raise KeyError(f"value {digest} is not among the files given")
-        with open(os.path.join(folder, digest + FORMATS[fmt]), "rb") as fh:
+        with open(os.path.join(folder, digest + fmt.extension), "rb") as fh:
             data = fh.read()
 
         def inner(held: str) -> Any:
             found = _load(folder, files, held, memo, namespace)
-            return _definition(found, namespace) if isinstance(found, Definition) else found
+            return define(found, namespace) if isinstance(found, Definition) else found
 
-        memo[digest] = read_value(data, fmt, inner)
+        memo[digest] = fmt.read(data, inner)
     return memo[digest]
 
 
@@ -87,10 +57,10 @@ def restore(folder: str, plan: dict, shell: Any = None) -> str:
             del namespace[name]
     for name, module in modules.items():
         try:
-            namespace[name] = _imported(str(module))
+            namespace[name] = imported(str(module))
         except Exception as error:  # noqa: BLE001 - a missing module is that name's failure
             failures[name] = f"{type(error).__name__}: {error}"[:300]
-    imported = time.perf_counter()
+    modules_done = time.perf_counter()
     following = {name for group in plan.get("aliases", []) for name in group[1:] if group[0] in values}
     data: dict[str, Any] = {}
     definitions: dict[str, Definition] = {}
@@ -111,7 +81,7 @@ def restore(folder: str, plan: dict, shell: Any = None) -> str:
     for _ in range(len(definitions) + 1):  # a class may derive from another one defined here: retry in turn
         for name, document in list(pending.items()):
             try:
-                data[name] = _definition(document, namespace)
+                data[name] = define(document, namespace)
                 namespace[name] = data[name]
                 del pending[name]
             except NameError:
@@ -136,8 +106,8 @@ def restore(folder: str, plan: dict, shell: Any = None) -> str:
         data = {name: _copied(value, memo) for name, value in data.items()}
     _bind(namespace, shell, data, keep)
     return json.dumps({"restored": sorted(data), "failures": failures,
-                       "seconds": {"imports": round(imported - began, 6),
-                                   "values": round(time.perf_counter() - imported, 6)}})
+                       "seconds": {"imports": round(modules_done - began, 6),
+                                   "values": round(time.perf_counter() - modules_done, 6)}})
 
 
 HELD: dict[str, Any] = {}  # the values a restore read, while cells re-run on copies of them

@@ -1,12 +1,14 @@
-"""Tagged JSON: builtin values, and the scalars numpy and pandas add, written so that reading them back gives an
-equal value of the same type, and reading runs no code.
+"""Tagged JSON, the format of builtin values and the scalars numpy and pandas add: written so that reading them
+back gives an equal value of the same type, and reading runs no code. Its tag table (`TAGS`) is declared here once;
+a JSON file's value is a tagged value or a definition (themisto.runtime.agent.formats.definitions), whose two tags
+are declared there.
 
 Plain JSON where it is exact (None, bools, ints, finite floats, strings, lists, dicts with string keys); every other
 value is an object `{"$": tag, ...}`: tuple, set, frozenset, dict (other keys), bytes, bytearray, float (non-finite,
 by its bits), int (too long for a JSON number), complex, range, the datetime types, `collections`' Counter,
 OrderedDict and defaultdict (of a builtin factory), `re.Pattern`, `re.Match`, numpy scalars, pandas' Timestamp,
-Timedelta and NaT, object arrays, and `ref`: a value stored on its own (a frame, an array, a function) named by its
-content hash. What `encode` cannot write exactly raises `Unencodable` with the reason.
+Timedelta and NaT, object arrays, groupbys, and `ref`: a value stored on its own (a frame, an array, a function)
+named by its content hash. What `encode` cannot write exactly raises `Unencodable` with the reason.
 
 Runs inside the kernel: standard library only (numpy and pandas are looked up in sys.modules when a value is theirs,
 and imported by `decode` only when a tag needs them).
@@ -17,24 +19,34 @@ from __future__ import annotations
 import base64
 import collections
 import datetime
+import json
 import math
 import re
 import struct
 from typing import Any, Callable
 
+from themisto.runtime.agent.formats import definitions
+from themisto.runtime.agent.formats.base import (DOCUMENT_KEY, DOCUMENT_VERSION, Format, Malformed, Resolve,
+                                                 Unencodable, Unstorable, ValueFormatError, Writing, document,
+                                                 read_document)
 from themisto.runtime.agent.hashing import GROUPBY_TYPES, groupby_options, grouping_keys, grouping_name, groupings
+from themisto.runtime.agent.namespace import qualname
 
-TAG = "$"
+TAG = definitions.TAG
+# Every tag `encode` writes and `decode` reads -> what reading it back needs beyond the standard library ("": nothing).
+TAGS = {**{tag: "" for tag in ("tuple", "set", "frozenset", "dict", "OrderedDict", "Counter", "defaultdict", "bytes",
+                               "bytearray", "float", "int", "complex", "range", "datetime", "time", "date",
+                               "timedelta", "re.Pattern", "re.Match")},
+        "ref": "another stored value", "numpy": "numpy", "ndarray": "numpy", "Timestamp": "pandas",
+        "Timedelta": "pandas", "NaT": "pandas", "groupby": "pandas"}
+BUILTIN_TAGS = frozenset(tag for tag, needs in TAGS.items() if not needs)  # a value of these rehashes anywhere
 MAX_DEPTH = 64
+NODES = 1_000_000  # the most values one document encodes
 # Ints longer than this many bits go as hex: str() of a huge int is refused past 4,300 digits.
 _INT_BITS = 12_000
 _DICT_KINDS = {collections.OrderedDict: "OrderedDict", collections.Counter: "Counter",
                collections.defaultdict: "defaultdict"}
 _FACTORIES = {kind.__name__: kind for kind in (list, dict, set, int, float, str, tuple, frozenset, bytes)}
-
-
-class Unencodable(Exception):
-    """The value has no exact tagged-JSON form; the message is the reason."""
 
 
 def qualified(kind: type) -> str:
@@ -182,10 +194,6 @@ def refs(encoded: Any) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Reading back
-
-
-class Malformed(ValueError):
-    """A tagged-JSON document that no `encode` wrote."""
 
 
 def _unfloat(data: Any) -> float:
@@ -358,3 +366,88 @@ def _match(data: dict) -> re.Match:
         if found is not None and found.regs == regs:
             return found
     raise Malformed("the match cannot be found again in its string")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The JSON format: a value document of a tagged value or a definition
+
+# The modules whose values (and the values their containers hold) tagged JSON writes.
+_MODULES = ("builtins", "datetime", "collections", "re", "numpy", "pandas._libs", "pandas.core.groupby")
+
+
+def no_ref(value: Any) -> str:
+    """A `ref` for an encoding that stores nothing on its own (a Parquet column's cells, a series' name)."""
+    raise Unencodable(f"a name of type {qualname(value)}")
+
+
+def holds(value: Any) -> bool:
+    module = type(value).__module__ or ""
+    return definitions.holds(value) or module in _MODULES or module.startswith(_MODULES)
+
+
+def write(value: Any, writing: Writing) -> tuple[bytes, None]:
+    if definitions.holds(value):
+        return document(qualname(value), definitions.encode(value, writing.cell_text)), None
+    try:
+        encoded = encode(value, writing.ref, [NODES])
+    except Unencodable as error:
+        raise Unstorable(str(error)) from None
+    except RecursionError:
+        raise Unstorable("nested too deep for JSON") from None
+    return document(qualname(value), encoded), None
+
+
+def read(data: bytes, resolve: Resolve) -> Any:
+    encoded = read_document(data)
+    if definitions.is_definition(encoded):
+        return definitions.Definition(encoded)  # themisto.runtime.agent.restore defines it; reading does not
+    return decode(encoded, resolve)
+
+
+def refs_of(data: bytes) -> list[str]:
+    """The content hashes of the values a JSON value document refers to (stored on their own)."""
+    return refs(json.loads(data)["value"])
+
+
+def plain(data: bytes) -> tuple[bool, Any]:
+    """(True, value) for a document of builtins only (no numpy or pandas type, no definition, no value stored on its
+    own), read back with the standard library alone; else (False, None)."""
+    encoded = json.loads(data)["value"]
+    if any(item.get(TAG) not in BUILTIN_TAGS for item in tagged(encoded)):
+        return False, None
+    return True, decode(encoded, lambda digest: None)
+
+
+def checked_document(data: bytes, bound: int) -> dict:
+    """A JSON value document read within `bound` bytes and the depth tagged JSON writes (ValueFormatError when it is
+    not one)."""
+    from themisto.bounded import BoundError, Bounds, loads_json
+
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueFormatError("not an ASCII JSON document") from None
+    try:
+        # A developer's str may hold a lone surrogate ('\ud800' is a Python string): kept, as the value was.
+        found = loads_json(text, Bounds(file_bytes=bound, depth=MAX_DEPTH + 8), path="value", keep_surrogates=True)
+    except BoundError as error:
+        raise ValueFormatError(f"not a JSON value document ({error.problem})") from None
+    if not isinstance(found, dict) or found.get(DOCUMENT_KEY) != DOCUMENT_VERSION or \
+            not isinstance(found.get("type"), str) or "value" not in found:
+        raise ValueFormatError("not a JSON value document (no themisto_value header)")
+    return found
+
+
+_HASH = re.compile(r"[0-9a-f]{32}\Z")
+
+
+def check(data: bytes, bound: int) -> None:
+    for item in tagged(checked_document(data, bound)["value"]):
+        tag = item.get(TAG)
+        if tag not in TAGS and tag not in definitions.TAGS:
+            raise ValueFormatError(f"a JSON value with an unknown tag {str(tag)[:40]!r}")
+        if tag == "ref" and not _HASH.match(str(item.get("hash"))):
+            raise ValueFormatError("a JSON value that refers to something other than a content hash")
+
+
+FORMAT = Format("json", holds, write, read, check, refs=refs_of, cap=lambda caps: caps.json_bytes, plain=plain)
