@@ -8,7 +8,8 @@ id), `context` (none / variables / full / trace / probe), `split`, `limit` (rows
 `themisto generate --limit`), `max_prompt_tokens`, `execute` (next_cell: run each prediction in its exact pre-cell
 state; needs HF_ALLOW_CODE_EVAL=1), `workspace` (a release replayed over a given input folder), and for the probe
 mode `execute_probes` (the same opt-in as `themisto generate --execute-probes`), `probes`, `probe_chars`,
-`probe_timeout`.
+`probe_timeout`. Beside them, one task per (task, context mode), e.g. `themisto/next_cell_variables`: the tasks a
+release's eval.yaml declares for the Hub (`themisto.release.eval_yaml.task_id`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from inspect_ai import Task, task
 
 from themisto.harness.samples import HarnessSettings, task_samples
+from themisto.release.eval_yaml import task_id
+from themisto.vocabulary import CONTEXT_MODES, TASKS
 
 THEMISTO_METADATA = "themisto"  # the task metadata key `themisto score LOG.eval` reads a run's settings from
 
@@ -95,17 +98,18 @@ def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Ta
                 metadata={THEMISTO_METADATA: run_record(settings, info)})
 
 
-def _settings(task_name: str, release: str, context: str, split: str, limit: int | None,
-              max_prompt_tokens: int | None, execute: bool, execute_probes: bool, probes: int, probe_chars: int,
-              probe_timeout: float) -> HarnessSettings:
+def _make(config: str, release: str, context: str = "none", split: str = "test", limit: int | None = None,
+          max_prompt_tokens: int | None = None, execute: bool = False, workspace: str | None = None,
+          execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000, probe_timeout: float = 5.0) -> Task:
     from themisto.generation.probe_protocol import ProbeSettings
 
-    return HarnessSettings(task=task_name, release=str(release), context=context, split=split,
-                           limit=None if limit is None else int(limit),
-                           max_prompt_tokens=None if max_prompt_tokens is None else int(max_prompt_tokens),
-                           execute=bool(execute), execute_probes=bool(execute_probes),
-                           probe=ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars),
-                                               timeout_s=float(probe_timeout), protocol="native"))
+    settings = HarnessSettings(task=config, release=str(release), context=context, split=split,
+                               limit=None if limit is None else int(limit),
+                               max_prompt_tokens=None if max_prompt_tokens is None else int(max_prompt_tokens),
+                               execute=bool(execute), execute_probes=bool(execute_probes),
+                               probe=ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars),
+                                                   timeout_s=float(probe_timeout), protocol="native"))
+    return themisto_task(settings, workspace)
 
 
 @task
@@ -114,8 +118,8 @@ def next_cell(release: str, context: str = "none", split: str = "test", limit: i
               execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000,
               probe_timeout: float = 5.0) -> Task:
     """Next-cell prediction: write the code of the cell the developer runs next."""
-    return themisto_task(_settings("next_cell", release, context, split, limit, max_prompt_tokens, execute,
-                                   execute_probes, probes, probe_chars, probe_timeout), workspace)
+    return _make("next_cell", release, context, split, limit, max_prompt_tokens, execute, workspace, execute_probes,
+                 probes, probe_chars, probe_timeout)
 
 
 @task
@@ -124,5 +128,25 @@ def output_prediction(release: str, context: str = "none", split: str = "test", 
                       execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000,
                       probe_timeout: float = 5.0) -> Task:
     """Cell-output prediction: predict what a given cell prints."""
-    return themisto_task(_settings("output_prediction", release, context, split, limit, max_prompt_tokens, False,
-                                   execute_probes, probes, probe_chars, probe_timeout), workspace)
+    return _make("output_prediction", release, context, split, limit, max_prompt_tokens, False, workspace,
+                 execute_probes, probes, probe_chars, probe_timeout)
+
+
+def _mode_task(config: str, context: str):
+    """The task of one (config, context mode), named as the release's eval.yaml declares it (`task_id`)."""
+    name = task_id(config, context)
+
+    def mode_task(release: str, **params) -> Task:
+        if "context" in params:
+            raise ValueError(f"{name} runs in context mode {context}; use themisto/{config} -T context=...")
+        return _make(config, release, context, **params)
+
+    mode_task.__name__ = mode_task.__qualname__ = name
+    mode_task.__doc__ = f"{config} in context mode {context} (the task the release's eval.yaml declares as {name})."
+    return task(name=name)(mode_task)
+
+
+# One registered task per (task, context mode): the ids a release's eval.yaml declares for the Hub.
+for _config in TASKS:
+    for _context in CONTEXT_MODES:
+        globals()[task_id(_config, _context)] = _mode_task(_config, _context)
