@@ -67,7 +67,7 @@ def themisto_metrics(task: str, execute: bool) -> dict:
     return {name: [mean(), ci95(), stderr(cluster=CLUSTER_KEY)] for name in metrics_for(task, execute)}
 
 
-class _Door:
+class ScorerDoor:
     """The scorer's door for one task: the release loaded once, its workspace made once (under a lock), and at most
     one execution per core at a time (each in a kernel of its own)."""
 
@@ -123,7 +123,7 @@ def themisto_scorer(release: Path, task: str, context: str, execute: bool, works
     """The Inspect scorer of one task (its metrics set by the task: `themisto_metrics`)."""
     from inspect_ai.scorer import Score, scorer
 
-    door = _Door(release, task, workspace, execute)
+    door = ScorerDoor(release, task, workspace, execute)
 
     @scorer(metrics=[], name="themisto")
     def themisto():
