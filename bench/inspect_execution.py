@@ -43,12 +43,14 @@ def main() -> None:
     targets = [r["target"] for r in rows]
 
     door = ScorerDoor(info.path, "next_cell", None, execute=True)
-    door._workspace()  # made once per task: not a per-sample cost
+    door.workspace_folder()  # made once per task: not a per-sample cost
+    print(f"scoring {len(ids)} example(s) one by one, as the Inspect scorer does...", file=sys.stderr, flush=True)
     per_sample, statuses, matches = [], [], []
     for example_id, prediction, target in zip(ids, predictions, targets):
         began = time.perf_counter()
         example, record = door.score(example_id, prediction, target)
         per_sample.append(time.perf_counter() - began)
+        print(f"{example_id}: {per_sample[-1]:.1f} s ({example.status})", file=sys.stderr, flush=True)
         statuses.append(example.status)
         if example.status == "scored":
             matches.append(float(bool(record.functional_match)))

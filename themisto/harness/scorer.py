@@ -81,7 +81,7 @@ class ScorerDoor:
         self.slots = threading.BoundedSemaphore(usable_cores())
         self.workspace: Path | None = None
 
-    def _workspace(self) -> Path:
+    def workspace_folder(self) -> Path:
         from themisto.scoring.release_state import prepare_workspace
 
         with self.lock:
@@ -100,7 +100,7 @@ class ScorerDoor:
         if not self.execute:
             result = score([prediction], [target], ids=[sample_id], settings=settings)
         else:
-            workspace = self._workspace()
+            workspace = self.workspace_folder()
             with self.slots:
                 result = score([prediction], [target], ids=[sample_id], settings=settings, execute=True,
                                release=self.release, workspace=workspace, workers=1, progress=lambda _: None)
