@@ -204,3 +204,19 @@ def test_a_hostile_log_is_refused_naming_the_member(tmp_path, monkeypatch):
     with pytest.raises(RunFolderError, match=r"example a \(context none, sample 0\) was already given on line 1"):
         log_run.run_folder_from_log(bad)
     assert not (tmp_path / "bad.run").exists()  # nothing half-written
+
+
+def test_a_sample_whose_state_was_not_served_is_unscored_not_wrong():
+    import math
+
+    from themisto.harness.scorer import score_value
+    from themisto.scoring.records import ExampleRecord, PredictionRecord
+
+    record = PredictionRecord(id="k/3", index=0, prediction="x", exact_match=0.0, rouge_l=0.5, chrf=0.25,
+                              outcome="refused", exec_ok=False, functional_match=False)
+    refused = score_value(ExampleRecord(id="k/3", predictions=1, status="refused"), record, "next_cell", True)
+    assert all(math.isnan(refused[m]) for m in ("exec_ok", "functional_match", "continuation_match"))
+    assert (refused["rouge_l"], refused["chrf"]) == (0.5, 0.25)
+    judged = score_value(ExampleRecord(id="k/3", predictions=1, status="scored"), record, "next_cell", True)
+    assert (judged["exec_ok"], judged["functional_match"]) == (0.0, 0.0)
+    assert math.isnan(judged["continuation_match"])  # not judged for this example: no value, as in a run folder
