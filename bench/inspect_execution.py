@@ -55,6 +55,8 @@ def main() -> None:
         if example.status == "scored":
             matches.append(float(bool(record.functional_match)))
 
+    print("scoring them again in one walk per trajectory, as themisto score --execute does...", file=sys.stderr,
+          flush=True)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         from themisto.scoring.release_state import prepare_workspace
@@ -75,11 +77,13 @@ def main() -> None:
         "functional_match_inspect_path": round(sum(matches) / len(matches), 4) if matches else None,
         "functional_match_walk": result.scores.get("functional_match"),
     }
-    if not args.no_inspect:
-        figures.update(_inspect_run(args.release, len(ids)))
     rows_out = [{"sample": i, "seconds": round(s, 2), "status": st} for i, s, st in zip(ids, per_sample, statuses)]
     report("inspect_execution", figures, rows_out, [("sample", "sample"), ("seconds", "inspect scorer s"),
                                                      ("status", "status")])
+    if not args.no_inspect:
+        print("the whole Inspect task on the same examples (the mock model's answers)...", file=sys.stderr,
+              flush=True)
+        report("inspect_execution_eval", _inspect_run(args.release, args.limit))
 
 
 def _inspect_run(release: Path, limit: int) -> dict:
@@ -88,7 +92,7 @@ def _inspect_run(release: Path, limit: int) -> dict:
     from inspect_ai import eval as inspect_eval
     from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
-    import themisto.harness.tasks  # noqa: F401
+    from themisto.harness.tasks import next_cell
 
     def outputs():
         while True:
@@ -98,14 +102,14 @@ def _inspect_run(release: Path, limit: int) -> dict:
 
     with tempfile.TemporaryDirectory() as logs:
         began = time.perf_counter()
-        [log] = inspect_eval("themisto/next_cell", task_args={"release": str(release), "limit": limit,
-                                                               "execute": True},
+        [log] = inspect_eval(next_cell, task_args={"release": str(release), "limit": limit, "execute": True},
                              model=get_model("mockllm/model", custom_outputs=outputs()), display="none",
                              log_dir=logs)
         seconds = time.perf_counter() - began
-    exec_ok = {s.name: s for s in log.results.scores}.get("exec_ok") if log.results else None
-    return {"inspect_eval_status": log.status, "inspect_eval_s_per_sample": round(seconds / limit, 2),
-            "inspect_eval_exec_ok_scored": exec_ok.scored_samples if exec_ok else None}
+    scores = {s.name: s for s in log.results.scores} if log.results else {}
+    return {"status": log.status, "samples": limit, "s_per_sample": round(seconds / limit, 2),
+            "scored": {name: s.scored_samples for name, s in scores.items()},
+            "means": {name: round(s.metrics["mean"].value, 4) for name, s in scores.items()}}
 
 
 if __name__ == "__main__":

@@ -39,9 +39,11 @@ def _eval(tmp_path, task_args, outputs, limit):
     from inspect_ai import eval as inspect_eval
     from inspect_ai.log import read_eval_log
 
-    import themisto.harness.tasks  # noqa: F401  (registers themisto/..., as the entry point does)
+    from themisto.harness.tasks import next_cell
 
-    [log] = inspect_eval("themisto/next_cell", task_args=task_args, model=_mock(outputs), limit=limit,
+    # The task by its object: its registered name is `themisto/next_cell` only where the package is installed (the
+    # entry point), not when a checkout is merely on sys.path.
+    [log] = inspect_eval(next_cell, task_args=task_args, model=_mock(outputs), limit=limit,
                          display="none", log_dir=str(tmp_path / "logs"), max_samples=2)
     assert log.status == "success", log.error
     return read_eval_log(log.location)  # what a user reads back: the file, not the object in memory
