@@ -13,8 +13,6 @@ import zipfile
 
 import pytest
 
-pytest.importorskip("inspect_ai")
-
 RAW = "```python\nx = half + 1\n```"
 
 
