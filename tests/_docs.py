@@ -17,6 +17,7 @@ REPO_FILES = ("README.md", "dataset_card.md", "themisto_dataset.py", "requiremen
 _LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _FENCE = re.compile(r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^```\s*$", re.S | re.M)
 _SPAN = re.compile(r"`([^`\n]+)`")
+_INSPECT_TASK = re.compile(r"^themisto/(?:next_cell|output_prediction)(?:_[a-z]+)?$")
 _PATH = re.compile(r"^(?:\./)?(?P<path>(?:[\w.*-]+/)*[\w.*-]+/?)(?:::[\w\[\]-]+)?[),.:;]*$")
 
 
@@ -82,6 +83,8 @@ def named_paths(text: str) -> list[tuple[int, str]]:
                 continue
             path = m.group("path")
             first = path.split("/")[0]
+            if _INSPECT_TASK.match(path):  # `inspect eval themisto/next_cell`: a registered task's name, no path
+                continue
             if (first in REPO_ROOTS and "/" in path) or path in REPO_FILES:
                 found.append((offset + word.start(), path))
     return found

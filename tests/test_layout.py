@@ -14,7 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "themisto"
-HEAVY = ("torch", "transformers", "vllm", "datasets", "ray", "openai", "trl", "peft", "pyarrow", "matplotlib")
+HEAVY = ("torch", "transformers", "vllm", "datasets", "ray", "openai", "trl", "peft", "pyarrow", "matplotlib",
+         "inspect_ai")
 
 
 def _modules() -> list[Path]:
@@ -52,7 +53,7 @@ def _imported_at_import_time(statement: str) -> set[str]:
 
 STAGES = ["themisto", "themisto.cli", "themisto.ingest", "themisto.runtime", "themisto.runtime.agent",
           "themisto.replay", "themisto.release", "themisto.scoring", "themisto.generation", "themisto.leaderboard",
-          "themisto.training", "themisto.distributed"]
+          "themisto.training", "themisto.distributed", "themisto.harness"]
 
 
 @pytest.mark.parametrize("stage", [s for s in STAGES if (REPO / s.replace(".", "/")).exists()
@@ -73,6 +74,18 @@ def test_the_agent_loads_only_the_standard_library():
         ".".join(("themisto", "runtime", "agent", *p.relative_to(agent).with_suffix("").parts)).removesuffix(".__init__")
         for p in agent.rglob("*.py")}
     assert {m for m in loaded if m.startswith("themisto.")} <= inside, "the agent must not pull other stages into the kernel"
+
+
+def test_inspect_ai_is_imported_only_by_the_harness():
+    outside = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] == "harness":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            outside += [f"{path.relative_to(REPO)}:{node.lineno}" for n in names if n.split(".")[0] == "inspect_ai"]
+    assert not outside, f"inspect_ai imported outside themisto/harness/: {outside}"
 
 
 def _module_level_imports(tree: ast.Module) -> list[str]:

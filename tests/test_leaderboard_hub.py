@@ -67,7 +67,7 @@ def test_submit_opens_a_pr_with_the_predictions_and_one_with_eval_results(hub, t
     assert f"submission pull request: {pr_url}" in done.stdout
     assert f"eval results pull request: {hub.url}/org/model/discussions/2" in done.stdout
     assert [(e.dataset_id, e.task_id, e.dataset_revision, e.source_url) for e in entries] == [
-        ("org/themisto", "next_cell", DATASET_SHA, pr_url)] * 2
+        ("org/themisto", f"next_cell_{mode}", DATASET_SHA, pr_url) for mode in ("none", "variables")]
     # Re-scored, not the claimed 1.0: `none` predicted nothing, `variables` every target.
     assert [(e.notes.split(";")[0], e.value) for e in entries] == [("context mode: none", 0.0),
                                                                    ("context mode: variables", 1.0)]

@@ -57,6 +57,13 @@ def _imported(path: Path) -> list[tuple[int, str]]:
     return [(line, name) for line, name in found if name.startswith("themisto.")]
 
 
+def test_the_harness_may_import_generation_and_scoring_and_nothing_imports_it():
+    assert {"generation", "scoring"} <= set(SIDES["harness"]) and "leaderboard" not in SIDES["harness"]
+    importers = {path.relative_to(PACKAGE).parts[0] for path in PACKAGE.rglob("*.py")
+                 if any(name.startswith("themisto.harness") for _, name in _imported(path))}
+    assert importers <= {"harness", "cli"}, f"only the command line imports the harness, not {importers}"
+
+
 def test_the_diagram_names_every_stage():
     stages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert stages - {"cli"} == set(CHAIN) | set(SIDES)

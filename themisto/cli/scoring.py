@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from themisto.cli.common import CommandError, add_ray_option, scoring_runner
@@ -19,6 +20,12 @@ def _score_run_folder(args: argparse.Namespace) -> int:
     if args.predictions is not None:
         raise CommandError("give either a run folder or --predictions, not both")
     from themisto.scoring.intervals import IntervalSettings
+
+    if args.run_dir.suffix == ".eval" and not args.run_dir.is_dir():  # an Inspect log: scored as its run folder
+        from themisto.harness.log_run import run_folder_from_log
+
+        args.run_dir = run_folder_from_log(args.run_dir)
+        print(f"read the Inspect log into the run folder {args.run_dir}", file=sys.stderr)
 
     results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output,
                         runner=scoring_runner(args), workspace=args.workspace,
@@ -89,7 +96,8 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("score", help="score a run folder, or predictions against a release "
                                                  "(text; --execute: run them)")
     parser.add_argument("run_dir", nargs="?", type=Path, metavar="RUN",
-                        help="a run folder (themisto generate -o RUN/): writes RUN/results.json and RUN/results.md")
+                        help="a run folder (themisto generate -o RUN/), or an Inspect log LOG.eval of a Themisto task "
+                             "(read into the run folder LOG.run/): writes RUN/results.json and RUN/results.md")
     parser.add_argument("--release", type=Path, metavar="DIR",
                         help="release folder (themisto build); for a run folder, default: the one run.json names")
     parser.add_argument("--config", choices=TASKS, default=TASKS[0],

@@ -89,11 +89,16 @@ class EvalResultsRequest:
 
 def eval_result_entries(submission: Submission, results: dict, request: EvalResultsRequest, revision: str | None,
                         task_ids: list[str], source_url: str | None) -> list:
-    """One EvalResultEntry per context mode of the submission's task, valued by the re-scored exact match."""
+    """One EvalResultEntry per context mode of the submission's task (its task id the release's eval.yaml declares
+    for that mode), valued by the re-scored exact match."""
     from huggingface_hub import EvalResultEntry
 
-    if submission.task not in task_ids:
-        raise HubError(f"task {submission.task!r} is not declared in the release's eval.yaml ({task_ids})")
+    from themisto.release.eval_yaml import task_id
+
+    undeclared = [task_id(submission.task, c) for c in submission.contexts
+                  if task_id(submission.task, c) not in task_ids]
+    if undeclared:
+        raise HubError(f"task {undeclared[0]!r} is not declared in the release's eval.yaml ({task_ids})")
     entries = []
     for context in submission.contexts:
         found = [s for s in results.get("scores", []) if s.get("context") == context and s.get("subset") == "all"
@@ -103,7 +108,7 @@ def eval_result_entries(submission: Submission, results: dict, request: EvalResu
         score = found[0]
         notes = (f"context mode: {context}; metric: {EVAL_RESULT_METRIC} (95% interval {score['low']:.4f}-"
                  f"{score['high']:.4f}, n={score['n']}); re-scored by themisto from the submitted predictions")
-        entries.append(EvalResultEntry(dataset_id=request.dataset_id, task_id=submission.task,
+        entries.append(EvalResultEntry(dataset_id=request.dataset_id, task_id=task_id(submission.task, context),
                                        value=round(float(score["mean"]), 6), dataset_revision=revision,
                                        source_url=source_url, notes=notes))
     return entries

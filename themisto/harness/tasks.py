@@ -1,0 +1,152 @@
+"""The Inspect tasks `themisto/next_cell` and `themisto/output_prediction`, registered by the package's `inspect_ai`
+entry point (pyproject.toml), so that after the install
+
+    inspect eval themisto/next_cell -T release=out/sample -T context=variables --model PROVIDER/MODEL
+
+runs with any model provider Inspect has. Parameters (`-T key=value`): `release` (a release folder or a Hub dataset
+id), `context` (none / variables / full / trace / probe), `split`, `limit` (rows spread over the split, as
+`themisto generate --limit`), `max_prompt_tokens`, `execute` (next_cell: run each prediction in its exact pre-cell
+state; needs HF_ALLOW_CODE_EVAL=1), `workspace` (a release replayed over a given input folder), and for the probe
+mode `execute_probes` (the same opt-in as `themisto generate --execute-probes`), `probes`, `probe_chars`,
+`probe_timeout`. Beside them, one task per (task, context mode), e.g. `themisto/next_cell_variables`: the tasks a
+release's eval.yaml declares for the Hub (`themisto.release.eval_yaml.task_id`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+
+from inspect_ai import Task, task
+
+from themisto.harness.samples import HarnessSettings, task_samples
+from themisto.release.eval_yaml import task_id
+from themisto.vocabulary import CONTEXT_MODES, TASKS
+
+THEMISTO_METADATA = "themisto"  # the task metadata key `themisto score LOG.eval` reads a run's settings from
+
+
+def _plain_solver():
+    """Inspect's `generate()`, except that a prompt skipped over the budget is not sent (a run folder's `skipped`)."""
+    from inspect_ai.solver import solver
+
+    @solver(name="themisto_generate")
+    def themisto_generate():
+        async def solve(state, generate):
+            if (state.metadata or {}).get("skipped"):
+                return state
+            return await generate(state)
+
+        return solve
+
+    return themisto_generate()
+
+
+def _once(make):
+    """`make()` called the first time it is asked for, under a lock (a folder made once per task)."""
+    lock, made = threading.Lock(), []
+
+    def get():
+        with lock:
+            if not made:
+                made.append(make())
+            return made[0]
+
+    return get
+
+
+def run_record(settings: HarnessSettings, info) -> dict:
+    """What a run folder's run.json would say of this task's prompts: the release, templates, budget, probe rule."""
+    from themisto.generation.prompts import PROMPT_TEMPLATES, template_sha256
+
+    return {"task": settings.task, "context": settings.context, "split": settings.split, "limit": settings.limit,
+            "max_prompt_tokens": settings.max_prompt_tokens, "execute": settings.execute,
+            "release": {"path": str(info.path), "content_hash": info.content_hash},
+            "templates": {settings.context: {"text": PROMPT_TEMPLATES[(settings.task, settings.context)],
+                                             "sha256": template_sha256(settings.task, settings.context)}},
+            "probe": settings.probe.record() if settings.probing else None}
+
+
+def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Task:
+    """The Inspect Task for `settings`: the release's samples, the solver of its context mode, Themisto's scorer."""
+    from inspect_ai.dataset import MemoryDataset
+
+    from themisto.gate import permit as gate_permit
+    from themisto.harness.scorer import themisto_metrics, themisto_scorer
+
+    if settings.execute:
+        gate_permit(execute=True)  # refused before the release is read or a model called
+    permit = gate_permit(execute=settings.execute_probes) if settings.probing else None
+    info, samples = task_samples(settings)
+    if settings.probing:
+        from themisto.generation.probing import probe_workspace
+        from themisto.harness.probe_tool import probe_solver
+        from themisto.settings import usable_cores
+
+        tmp = tempfile.TemporaryDirectory(prefix="themisto-inspect-probe-")
+        folder = _once(lambda: probe_workspace(info, workspace, Path(tmp.name)))
+        solver = probe_solver(info, settings.probe, permit, folder, threading.BoundedSemaphore(usable_cores()))
+        weakref.finalize(solver, tmp.cleanup)
+    else:
+        solver = _plain_solver()
+    dataset = MemoryDataset(samples, name=f"{Path(info.path).name}/{settings.task}/{settings.split}")
+    return Task(dataset=dataset, solver=solver,
+                scorer=themisto_scorer(info.path, settings.task, settings.context, settings.execute, workspace),
+                metrics=themisto_metrics(settings.task, settings.execute),
+                metadata={THEMISTO_METADATA: run_record(settings, info)})
+
+
+def _make(config: str, release: str, context: str = "none", split: str = "test", limit: int | None = None,
+          max_prompt_tokens: int | None = None, execute: bool = False, workspace: str | None = None,
+          execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000, probe_timeout: float = 5.0) -> Task:
+    from themisto.generation.probe_protocol import ProbeSettings
+
+    settings = HarnessSettings(task=config, release=str(release), context=context, split=split,
+                               limit=None if limit is None else int(limit),
+                               max_prompt_tokens=None if max_prompt_tokens is None else int(max_prompt_tokens),
+                               execute=bool(execute), execute_probes=bool(execute_probes),
+                               probe=ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars),
+                                                   timeout_s=float(probe_timeout), protocol="native"))
+    return themisto_task(settings, workspace)
+
+
+@task
+def next_cell(release: str, context: str = "none", split: str = "test", limit: int | None = None,
+              max_prompt_tokens: int | None = None, execute: bool = False, workspace: str | None = None,
+              execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000,
+              probe_timeout: float = 5.0) -> Task:
+    """Next-cell prediction: write the code of the cell the developer runs next."""
+    return _make("next_cell", release, context, split, limit, max_prompt_tokens, execute, workspace, execute_probes,
+                 probes, probe_chars, probe_timeout)
+
+
+@task
+def output_prediction(release: str, context: str = "none", split: str = "test", limit: int | None = None,
+                      max_prompt_tokens: int | None = None, workspace: str | None = None,
+                      execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000,
+                      probe_timeout: float = 5.0) -> Task:
+    """Cell-output prediction: predict what a given cell prints."""
+    return _make("output_prediction", release, context, split, limit, max_prompt_tokens, False, workspace,
+                 execute_probes, probes, probe_chars, probe_timeout)
+
+
+def _mode_task(config: str, context: str):
+    """The task of one (config, context mode), named as the release's eval.yaml declares it (`task_id`)."""
+    name = task_id(config, context)
+
+    def mode_task(release: str, **params) -> Task:
+        if "context" in params:
+            raise ValueError(f"{name} runs in context mode {context}; use themisto/{config} -T context=...")
+        return _make(config, release, context, **params)
+
+    mode_task.__name__ = mode_task.__qualname__ = name
+    mode_task.__doc__ = f"{config} in context mode {context} (the task the release's eval.yaml declares as {name})."
+    return task(name=name)(mode_task)
+
+
+# One registered task per (task, context mode): the ids a release's eval.yaml declares for the Hub.
+for _config in TASKS:
+    for _context in CONTEXT_MODES:
+        globals()[task_id(_config, _context)] = _mode_task(_config, _context)
