@@ -76,3 +76,14 @@ def test_a_fixed_limit_stops_the_long_cell_and_says_what_the_developer_took(tmp_
     [mismatch] = report.mismatches
     assert "limit of 1 s" in mismatch.reason and "the developer's run took 2.0 s" in mismatch.reason
     assert [(t.step, t.developer_s, t.logged) for t in report.timeouts] == [(0, 2.0, "ok")]
+
+
+def test_a_release_walked_again_gives_each_cell_the_rule_over_the_builds_own_seconds():
+    from themisto.replay.states import release_limits
+
+    rows = [{"status": "ok", "execution_time": 300.0, "logged_status": "ok"},  # a long search the build finished
+            {"status": "ok", "execution_time": 0.5, "logged_status": "ok"},
+            {"status": "timeout", "execution_time": 1153.6, "logged_status": "ok"},  # stopped there: stopped here too
+            {"status": "timeout", "execution_time": 10.0, "logged_status": "error", "logged_ename": "KeyboardInterrupt"}]
+    assert release_limits(rows, ReplaySettings()) == [1200.0, 120.0, 1153.6, 10.0]
+    assert release_limits(rows, ReplaySettings(logged_time_factor=None)) == [120.0, 120.0, 1153.6, 10.0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
 from themisto.replay.cell_limits import CELL_TIMEOUT_CEILING_S, CELL_TIMEOUT_S, LOGGED_TIME_FACTOR, cell_limit
@@ -172,10 +172,12 @@ class _Held:
 
 
 def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySettings(), *,
-           before_step: BeforeStep | None = None, values: ValueFolder | None = None, start: int = 0) -> Iterator[Step]:
+           before_step: BeforeStep | None = None, values: ValueFolder | None = None, start: int = 0,
+           limits: Sequence[float] | None = None) -> Iterator[Step]:
     """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes; with
     `values` (and snapshots on), each snapshot's values are stored there. From `start` on, when the session holds
-    the state before it already (restored from stored values: themisto.replay.restore)."""
+    the state before it already (restored from stored values: themisto.replay.restore). `limits`: each execution's
+    seconds, where the caller knows better than `cell_limits` (a release's trajectory: `states.release_limits`)."""
     from themisto.runtime.outputs import output_text, output_types, rich_outputs
     from themisto.runtime.rebuild import rebuild_state
     from themisto.runtime.snapshot import held_arguments, snapshot_expressions
@@ -186,7 +188,8 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     restarts = _restart_points(trajectory)
     session_start = life_start(trajectory, start)  # first step of the current kernel life, as the log recorded it
     lost: set[int] = set()  # steps that cost the namespace; never re-run when rebuilding it
-    limits, logged_seconds = cell_limits(trajectory, settings), trajectory.logged_seconds()
+    limits = list(limits) if limits is not None else cell_limits(trajectory, settings)
+    logged_seconds = trajectory.logged_seconds()
     for i, execution in enumerate(trajectory.executions):
         if i < start:
             continue
@@ -205,7 +208,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         if result.kernel_restarted:
             # The developer's kernel kept its state here; ours lost it. Re-run this kernel life's earlier steps
             # (not the ones that lost it) so the steps after this one see the state they saw in the log.
-            done = rebuild_state(session, life_cells(trajectory, session_start, i, settings), restart=False,
+            done = rebuild_state(session, life_cells(trajectory, session_start, i, settings, limits), restart=False,
                                  lost=lost | {i})
             lost, rebuilt = set(done.lost), done.ran
         snap, snap_error = _snapshot_after(session, result, settings, rebuilt > 0, values_dir, held)
@@ -249,22 +252,25 @@ def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool, va
         return None, {"<snapshot>": str(exc)[:500]}
 
 
-def life_cells(trajectory: Trajectory, start: int, end: int, settings: ReplaySettings) -> list:
-    """Steps start..end-1 as replay runs them (cleaned, each with its timeout): what rebuilds the state they made."""
+def life_cells(trajectory: Trajectory, start: int, end: int, settings: ReplaySettings,
+               limits: Sequence[float] | None = None) -> list:
+    """Steps start..end-1 as replay runs them (cleaned, each with its limit: `limits`, else `cell_limits`): what
+    rebuilds the state they made."""
     from themisto.runtime.rebuild import RerunCell
 
-    limits = cell_limits(trajectory, settings)
+    limits = limits if limits is not None else cell_limits(trajectory, settings)
     return [RerunCell(j, clean_for_replay(trajectory.executions[j].code).code, limits[j]) for j in range(start, end)]
 
 
 def rebuild_before(session, trajectory: Trajectory, step: int, settings: ReplaySettings = ReplaySettings(), *,
-                   lost: frozenset[int] | set[int] = frozenset(), strict: bool = False):
+                   lost: frozenset[int] | set[int] = frozenset(), strict: bool = False,
+                   limits: Sequence[float] | None = None):
     """Restart the kernel and rebuild the state replay had before `step`: the cells of its kernel life before it,
     without the `lost` steps (those that lost the state in the replay). `themisto.runtime.rebuild.rebuild_state`
     does the work (with `strict`, a cell that loses the state again raises StateLost)."""
     from themisto.runtime.rebuild import rebuild_state
 
-    return rebuild_state(session, life_cells(trajectory, life_start(trajectory, step), step, settings),
+    return rebuild_state(session, life_cells(trajectory, life_start(trajectory, step), step, settings, limits),
                          lost=lost, strict=strict)
 
 
