@@ -35,7 +35,7 @@ def test_logged_seconds_count_a_queued_cell_from_the_end_of_the_one_before():
     )
     assert trajectory.logged_seconds() == [288.4, 2.0, None, None, None]
     limits = cell_limits(trajectory, ReplaySettings())
-    assert limits == [1153.6, 120.0, 120.0, 120.0, 120.0]
+    assert limits == [2307.2, 120.0, 120.0, 120.0, 120.0]
     # the ceiling caps a lying log; the default is the floor even under a lower ceiling; factor None: fixed
     assert cell_limit(10_000.0, default_s=120.0, factor=4.0, ceiling_s=3600.0) == 3600.0
     assert cell_limit(300.0, default_s=120.0, factor=4.0, ceiling_s=60.0) == 120.0
@@ -85,5 +85,5 @@ def test_a_release_walked_again_gives_each_cell_the_rule_over_the_builds_own_sec
             {"status": "ok", "execution_time": 0.5, "logged_status": "ok"},
             {"status": "timeout", "execution_time": 1153.6, "logged_status": "ok"},  # stopped there: stopped here too
             {"status": "timeout", "execution_time": 10.0, "logged_status": "error", "logged_ename": "KeyboardInterrupt"}]
-    assert release_limits(rows, ReplaySettings()) == [1200.0, 120.0, 1153.6, 10.0]
+    assert release_limits(rows, ReplaySettings()) == [2400.0, 120.0, 1153.6, 10.0]
     assert release_limits(rows, ReplaySettings(logged_time_factor=None)) == [120.0, 120.0, 1153.6, 10.0]

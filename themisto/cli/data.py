@@ -179,7 +179,7 @@ def _add_cell_timeout_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cell-timeout", type=float, default=None, metavar="S",
                         help="a fixed limit: every replayed cell may run S seconds, whatever its developer's run took "
                              "(default: the logged-time rule of themisto.replay.cell_limits: max(120 s, min(3600 s, "
-                             "4 x the logged seconds)), 120 s where the log did not see the cell finish)")
+                             "8 x the logged seconds)), 120 s where the log did not see the cell finish)")
 
 
 def replay_command(args: argparse.Namespace) -> int:
