@@ -142,6 +142,14 @@ def _print_fidelity(report: dict, mismatches: bool = True) -> None:
               f"not compared: {format_counts(final['not_compared'])}")
     for m in report["mismatches"] if mismatches else ():
         print(f"  step {m['step']:>4} {m['kind']:<12} log: {m['logged']:<28} replay: {m['replayed']:<28} {m['reason']}")
+    timeouts = report.get("timeouts") or []
+    if timeouts:
+        print(f"  {len(timeouts)} step(s) stopped at their limit:")
+    for t in timeouts:
+        developer = "not seen finishing" if t["developer_s"] is None else f"{t['developer_s']:.1f} s"
+        limit = "?" if t["limit_s"] is None else f"{t['limit_s']:g} s"
+        print(f"  step {t['step']:>4} replay {t['replay_s']:.1f} s (limit {limit}), developer {developer}, "
+              f"log: {t['logged']}: {t['code']}")
 
 
 def _replay_runner(args: argparse.Namespace):
@@ -167,6 +175,13 @@ def _add_workers_option(parser: argparse.ArgumentParser) -> None:
                              "1: one after the other); the steps file is the same either way")
 
 
+def _add_cell_timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cell-timeout", type=float, default=None, metavar="S",
+                        help="a fixed limit: every replayed cell may run S seconds, whatever its developer's run took "
+                             "(default: the logged-time rule of themisto.replay.cell_limits: max(120 s, min(3600 s, "
+                             "8 x the logged seconds)), 120 s where the log did not see the cell finish)")
+
+
 def replay_command(args: argparse.Namespace) -> int:
     """Replay trajectories in sandboxed kernels, write one step record per execution, print the fidelity report."""
     import tempfile
@@ -182,7 +197,7 @@ def replay_command(args: argparse.Namespace) -> int:
     trajectories = read_inputs(args).trajectories
     settings = ReplaySettings(snapshots=not args.no_snapshots, values=not args.no_values)
     if args.cell_timeout is not None:
-        settings = replace(settings, cell_timeout_s=args.cell_timeout)
+        settings = replace(settings, cell_timeout_s=args.cell_timeout, logged_time_factor=None)
     with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
         workspace, recipe = args.workspace, None  # a given folder is recorded by its name and hash
         if workspace is None:
@@ -214,8 +229,7 @@ def add_replay(subparsers: argparse._SubParsersAction) -> None:
                         help="input files (default: look-alike inputs made from --workspace-seed)")
     parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
     parser.add_argument("--size", choices=SIZE_CHOICES, default="small", help="size of the look-alike inputs")
-    parser.add_argument("--cell-timeout", type=float, default=None,
-                        help="seconds each replayed cell may run before the watchdog interrupts it (default: 120)")
+    _add_cell_timeout_option(parser)
     parser.add_argument("--no-snapshots", action="store_true", help="skip the runtime snapshot after each step")
     parser.add_argument("--no-values", action="store_true",
                         help="snapshots without the variables' values (default: stored in OUTPUT.values/)")
@@ -282,8 +296,7 @@ def add_build(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workspace", type=Path, help="replay input files (default: look-alike inputs)")
     parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
     parser.add_argument("--steps-out", type=Path, help="where replay writes steps (default: DIR.steps.jsonl)")
-    parser.add_argument("--cell-timeout", type=float, default=None,
-                        help="seconds each replayed cell may run before the watchdog interrupts it (default: 120)")
+    _add_cell_timeout_option(parser)
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split and the output sample")
     parser.add_argument("--test-fraction", type=float, default=0.5, help="share of steps for `test`")
     parser.add_argument("--all-outputs", action="store_true", help="output_prediction test: all eligible rows")

@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
@@ -152,6 +153,24 @@ class Trajectory:
             "kernels": [s.kernel_id for s in self.sources if s.kernel_id],
         }
 
+    def logged_seconds(self) -> list[float | None]:
+        """Per execution, the seconds it ran for the developer: from its `execute` event, or from the end of the
+        execution before it when it was queued behind that one (a kernel runs one cell at a time, so the cells of a
+        "run all" are logged as started together), to its finish; None where the log lacks either end."""
+        out: list[float | None] = []
+        busy_until: datetime | None = None  # the latest finish logged so far
+        for execution in self.executions:
+            started, finished = _instant(execution.started_at), _instant(execution.finished_at)
+            seconds = None
+            if started is not None and finished is not None and finished >= started:
+                if busy_until is not None and started < busy_until <= finished:
+                    started = busy_until
+                seconds = round((finished - started).total_seconds(), 3)
+            out.append(seconds)
+            if finished is not None and (busy_until is None or finished > busy_until):
+                busy_until = finished
+        return out
+
     def count_code_states(self) -> dict[str, int]:
         """Executions per code state, every state listed (zero where none)."""
         counts = dict.fromkeys(CODE_STATES, 0)
@@ -182,6 +201,17 @@ class Trajectory:
             events.append(from_dict(KernelEvent, raw))
         sources = [from_dict(SourceFile, raw) for raw in data.get("sources", [])]
         return from_dict(cls, data, executions=executions, events=events, sources=sources)
+
+
+def _instant(text: str | None) -> datetime | None:
+    """An event's ISO-8601 time (the logs write UTC with a trailing Z), or None where it is missing or unreadable."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
 def anonymize(participant: str | None) -> str | None:

@@ -69,6 +69,12 @@ def _split_table(report: BuildReport) -> str:
     return "\n".join(lines)
 
 
+def _stopped(timeout: dict) -> str:
+    """A step replay stopped at its limit, with the developer's seconds beside the replay's."""
+    developer = "not seen finishing" if timeout.get("developer_s") is None else f"{timeout['developer_s']:.0f} s"
+    return f"step {timeout['step']}: {timeout['replay_s']:.0f} s (developer: {developer})"
+
+
 def _fidelity_table(report: BuildReport) -> str:
     """Per trajectory: participant, task, kernels, steps and the replay's fidelity to the log (with its status
     mismatches by cause) and to the notebook; then what each cause means."""
@@ -78,18 +84,20 @@ def _fidelity_table(report: BuildReport) -> str:
     from themisto.replay.final_notebook import CLASSES
 
     lines = ["| trajectory | participant | task | kernels | steps | status | ename | output types | "
-             "status mismatches by cause | final notebook: " + " / ".join(CLASSES) + " (not compared) |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+             "status mismatches by cause | stopped at their limit | final notebook: " + " / ".join(CLASSES)
+             + " (not compared) |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for kernel_id, f in sorted(report.fidelity.items(), key=lambda kv: (str(kv[1].get("participant")), kv[0])):
         final = f.get("final_notebook")
         notebook = ("no final notebook" if not final else " / ".join(str(final["compared"].get(c, 0)) for c in CLASSES)
                     + f" ({sum(final['not_compared'].values())})")
         causes = ", ".join(f"{cause} {n}" for cause, n in (f.get("status_causes") or {}).items()) or "-"
+        stopped = ", ".join(_stopped(t) for t in f.get("timeouts") or []) or "-"
         lines.append(f"| `{kernel_id}` | `{f.get('participant')}` | {f.get('task') or '-'} | "
                      f"{f.get('kernels') or '-'} | {f['executions_replayed']:,} | "
                      f"{_share(f['status_match'])} of {f['comparable']} | {_share(f['ename_match'])} of "
                      f"{f['logged_errors']} | {_share(f['output_types_match'])} | "
-                     f"{causes} | {notebook} |")
+                     f"{causes} | {stopped} | {notebook} |")
     lines += ["", "Causes:"] + [f"- `{cause}`: {text}" for cause, text in CAUSES.items()]
     return "\n".join(lines)
 

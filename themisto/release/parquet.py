@@ -187,7 +187,8 @@ class BuildInputs:
     workspace_seed: int = 0
     workspace_size: str = "small"
     steps_out: Path | None = None  # where replay writes its steps (and resumes from)
-    cell_timeout_s: float | None = None  # None: the replay's own (themisto.replay.replay.CELL_TIMEOUT_S)
+    # A fixed limit for every cell (the logged-time rule off); None: the replay's rule (themisto.replay.cell_limits)
+    cell_timeout_s: float | None = None
     values: bool = True  # store the variables' values (replay) and build the `values` config from them
 
 
@@ -253,7 +254,7 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
     else:
         replay = ReplaySettings(values=inputs.values)
         if inputs.cell_timeout_s is not None:
-            replay = replace(replay, cell_timeout_s=inputs.cell_timeout_s)
+            replay = replace(replay, cell_timeout_s=inputs.cell_timeout_s, logged_time_factor=None)
         settings["replay"] = asdict(replay)
         out = inputs.steps_out or steps_default
         with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
@@ -270,8 +271,23 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
             replay_to_file(trajectories, out, workspace, replay, progress=progress, runner=runner,
                            recipe=source["workspace"])
         steps = read_steps(out)
+    rule = _cell_limit_rule(settings.get("replay") or {})
+    if rule:
+        settings["cell_limit_rule"] = rule
     participants = {t.id: t.participant for t in trajectories}
     return trajectory_rows(steps, participants), source, settings, fidelity_of(steps, trajectories, finals)
+
+
+def _cell_limit_rule(replay: dict) -> str:
+    """The replay's cell limits in words (`themisto.replay.cell_limits.describe`), from its recorded settings; "" for
+    a steps file that recorded none."""
+    from themisto.replay.cell_limits import describe
+
+    if "cell_timeout_s" not in replay:
+        return ""
+    if "logged_time_factor" not in replay:  # replayed before the rule existed: one limit for every cell
+        return describe(replay["cell_timeout_s"], None, replay["cell_timeout_s"])
+    return describe(replay["cell_timeout_s"], replay["logged_time_factor"], replay["cell_timeout_ceiling_s"])
 
 
 def fidelity_of(steps: Sequence, trajectories: Sequence, finals: dict[str, Path]) -> dict[str, dict]:

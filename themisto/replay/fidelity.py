@@ -6,7 +6,8 @@ Three shares, each over the steps where the log can answer the question:
 - output types: over steps with a logged `finished_execute`, the replayed output types equal the logged list.
 A developer's interrupt (logged `KeyboardInterrupt`) matches a replayed timeout: both are runs stopped from outside.
 Steps whose code the log lost (empty code) are not comparable. Every mismatch is listed with the step, both
-outcomes, a reason and its cause (`CAUSES`), and the status mismatches are counted by cause.
+outcomes, a reason and its cause (`CAUSES`), and the status mismatches are counted by cause. Every step replay stopped
+at its limit is listed apart (`Timeout`), with the developer's seconds beside the replay's, whatever the log says.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ CAUSES: dict[str, str] = {
     "package_installed": "the package was missing in the developer's environment; the replay kernel has it",
     "replay_succeeded": "replay succeeded where the developer's run raised (other inputs or package versions)",
     "missing_input": "an input file the look-alike workspace lacks (FileNotFoundError)",
-    "timeout": "replay ran past its cell timeout where the developer's run finished",
+    "timeout": "replay stopped the cell at its limit where the developer's run finished (ok or with another error)",
     "name_lost": "NameError: a name an earlier step should have made (it failed, ran past its timeout, or its state "
                  "was lost in replay)",
     "replay_raised": "replay raised another exception where the developer's run succeeded (other inputs or package "
@@ -46,6 +47,18 @@ class Mismatch:
 
 
 @dataclass
+class Timeout:
+    """A step replay stopped at its limit: the seconds it ran and its limit beside what the developer's run took."""
+
+    step: int
+    replay_s: float
+    limit_s: float | None  # None: a replay made before steps recorded it
+    developer_s: float | None  # None: the log did not see the cell finish
+    logged: str  # the logged outcome ("ok", "error NameError", "unknown" ...)
+    code: str
+
+
+@dataclass
 class FidelityReport:
     kernel_id: str
     notebook: str
@@ -57,6 +70,7 @@ class FidelityReport:
     output_types_match: float | None
     mismatches: list[Mismatch] = field(default_factory=list)
     status_causes: dict[str, int] = field(default_factory=dict)  # status mismatches per `CAUSES` key
+    timeouts: list[Timeout] = field(default_factory=list)  # every step stopped at its limit, comparable or not
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,14 +111,24 @@ def _reason(step: Step, replayed: tuple[str, str | None]) -> tuple[str, str]:
         if ename == "FileNotFoundError":
             return "missing_input", f"an input the look-alike workspace lacks: {evalue}"
         if step.status == "timeout":
-            return "timeout", f"replay ran past its timeout ({step.execution_time:.1f} s)"
+            return "timeout", _stopped(step)
         return ("name_lost" if ename == "NameError" else "replay_raised",
                 f"replay raised {ename}: {evalue} where the developer's run succeeded")
+    if step.status == "timeout" and logged.ename != "KeyboardInterrupt":
+        return "timeout", _stopped(step)
     if logged.ename != ename:
         return "other_exception", (f"replay raised {ename}: {evalue}; the log recorded {logged.ename}: "
                                    f"{(logged.evalue or '')[:160]}")
     return "output_types", ("output types differ (e.g. a result shown where the log has none, or a different number "
                             "of streams)")
+
+
+def _stopped(step: Step) -> str:
+    """A timed-out step's reason: the replay's seconds and limit beside the developer's."""
+    limit = f" of {step.time_limit_s:g} s" if step.time_limit_s is not None else ""
+    developer = (f"the developer's run took {step.logged.seconds:.1f} s" if step.logged.seconds is not None
+                 else "the log did not see the developer's run finish")
+    return f"replay stopped it at its limit{limit} after {step.execution_time:.1f} s; {developer}"
 
 
 def _why(step: Step, replayed: tuple[str, str | None], code: str) -> tuple[str, str, str]:
@@ -122,6 +146,9 @@ def fidelity_report(steps: Iterable[Step]) -> list[FidelityReport]:
     for kernel_id, group in by_kernel.items():
         mismatches: list[Mismatch] = []
         comparable = status_ok = errors = ename_ok = types_ok = 0
+        timeouts = [Timeout(step.step, round(step.execution_time, 3), step.time_limit_s, step.logged.seconds,
+                            f"{step.logged.status} {step.logged.ename or ''}".strip(), _first_line(step.code))
+                    for step in group if step.status == "timeout"]
         for step in group:
             logged = step.logged
             if logged.status not in COMPARABLE_LOGGED or not step.code.strip():
@@ -158,5 +185,6 @@ def fidelity_report(steps: Iterable[Step]) -> list[FidelityReport]:
             mismatches=mismatches,
             status_causes={cause: n for cause in CAUSES
                            if (n := sum(m.kind == "status" and m.cause == cause for m in mismatches))},
+            timeouts=timeouts,
         ))
     return reports

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
+from themisto.replay.cell_limits import CELL_TIMEOUT_CEILING_S, CELL_TIMEOUT_S, LOGGED_TIME_FACTOR, cell_limit
 from themisto.ingest.trajectory import Execution, Trajectory
 from themisto.jsonrecords import from_dict
 
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
 BeforeStep = Callable[[Trajectory, int, "KernelSession"], None]  # noqa: F821 (imported lazily)
 
 
-# How long a replayed cell may run. Each kernel has one core (`cores`): a model fit that took 37 s with two cores takes
-# about 70 s on one (real logs, 69be72c3), and a 60 s budget turned two completed cells into timeouts; searches that
-# ran 288 s and 619 s for their developers stop here whatever the budget.
-CELL_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,12 @@ class ReplaySettings:
 
     snapshots: bool = True  # read a runtime snapshot after every step
     values: bool = True  # and store the variables' values with it (replay_to_file: `<steps>.values/`)
+    # How long a cell may run (`themisto.replay.cell_limits.cell_limit`): cell_timeout_s where the log did not see it
+    # finish, else max(cell_timeout_s, min(cell_timeout_ceiling_s, logged_time_factor x its developer's seconds)).
+    # logged_time_factor None: every cell gets cell_timeout_s (a fixed limit, which the host's load then decides).
     cell_timeout_s: float = CELL_TIMEOUT_S
+    logged_time_factor: float | None = LOGGED_TIME_FACTOR
+    cell_timeout_ceiling_s: float = CELL_TIMEOUT_CEILING_S
     # A cell the developer interrupted gets this long before replay interrupts it too.
     interrupted_timeout_s: float = 10.0
     memory_bytes: int = 4 * 2**30
@@ -53,6 +55,7 @@ class LoggedOutcome:
     evalue: str | None = None
     output_types: list[str] = field(default_factory=list)
     code_state: str = "as_logged"  # whether the log kept the code whole (`themisto.vocabulary.CODE_STATES`)
+    seconds: float | None = None  # how long the developer's run took (`Trajectory.logged_seconds`); None: not logged
 
 
 @dataclass
@@ -85,6 +88,7 @@ class Step:
     # With stored values: {"unstored": {name: reason}, "modules": {name: module}, "aliases": [[name, ...]]}; a
     # variable's value is the file of its hash in the values folder (themisto.replay.values). None: not stored.
     values: dict | None = None
+    time_limit_s: float | None = None  # the seconds replay gave the cell (`cell_limits`); None: a replay made before
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,9 +98,9 @@ class Step:
         return from_dict(cls, data, logged=from_dict(LoggedOutcome, data["logged"]))
 
 
-def _logged(execution: Execution) -> LoggedOutcome:
+def _logged(execution: Execution, seconds: float | None) -> LoggedOutcome:
     return LoggedOutcome(execution.status, execution.ename, execution.evalue, execution.output_types,
-                         execution.code_state)
+                         execution.code_state, seconds)
 
 
 def relogged(steps: list[Step], trajectories: list[Trajectory], where: str) -> list[Step]:
@@ -104,17 +108,21 @@ def relogged(steps: list[Step], trajectories: list[Trajectory], where: str) -> l
     them now: a replay observed the code, while the log's verdict on it (its status, whether its code is damaged)
     is ingest's reading, which may have learned since. A step whose code differs from its execution's was replayed
     from another reading of the logs: refused (ValueError), replay again."""
-    executions = {t.id: t.executions for t in trajectories}
+    known = {t.id: t for t in trajectories}
+    seconds: dict[str, list[float | None]] = {}
     out = []
     for step in steps:
-        mine = executions.get(step.kernel_id)
-        if mine is None:
+        trajectory = known.get(step.kernel_id)
+        if trajectory is None:
             out.append(step)
             continue
+        mine = trajectory.executions
         if step.step >= len(mine) or mine[step.step].code != step.code:
             raise ValueError(f"{where}: trajectory {step.kernel_id} step {step.step} was replayed from another "
                              "reading of the logs (its code differs from the log's now): replay again")
-        out.append(replace(step, logged=_logged(mine[step.step])))
+        if trajectory.id not in seconds:
+            seconds[trajectory.id] = trajectory.logged_seconds()
+        out.append(replace(step, logged=_logged(mine[step.step], seconds[trajectory.id][step.step])))
     return out
 
 
@@ -127,10 +135,17 @@ def life_start(trajectory: Trajectory, step: int) -> int:
     return max([0] + [point for point in _restart_points(trajectory) if point <= step])
 
 
-def _timeout_for(execution: Execution, settings: ReplaySettings) -> float:
-    if execution.ename == "KeyboardInterrupt" or execution.status == "interrupted":
-        return settings.interrupted_timeout_s
-    return settings.cell_timeout_s
+def cell_limits(trajectory: Trajectory, settings: ReplaySettings) -> list[float]:
+    """The seconds each execution of `trajectory` may run in replay: a cell the developer interrupted gets
+    `interrupted_timeout_s`, any other the rule of `themisto.replay.cell_limits` over its logged seconds."""
+    out = []
+    for execution, seconds in zip(trajectory.executions, trajectory.logged_seconds()):
+        if execution.ename == "KeyboardInterrupt" or execution.status == "interrupted":
+            out.append(settings.interrupted_timeout_s)
+        else:
+            out.append(cell_limit(seconds, default_s=settings.cell_timeout_s, factor=settings.logged_time_factor,
+                                  ceiling_s=settings.cell_timeout_ceiling_s))
+    return out
 
 
 class _Held:
@@ -157,10 +172,12 @@ class _Held:
 
 
 def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySettings(), *,
-           before_step: BeforeStep | None = None, values: ValueFolder | None = None, start: int = 0) -> Iterator[Step]:
+           before_step: BeforeStep | None = None, values: ValueFolder | None = None, start: int = 0,
+           limits: Sequence[float] | None = None) -> Iterator[Step]:
     """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes; with
     `values` (and snapshots on), each snapshot's values are stored there. From `start` on, when the session holds
-    the state before it already (restored from stored values: themisto.replay.restore)."""
+    the state before it already (restored from stored values: themisto.replay.restore). `limits`: each execution's
+    seconds, where the caller knows better than `cell_limits` (a release's trajectory: `states.release_limits`)."""
     from themisto.runtime.outputs import output_text, output_types, rich_outputs
     from themisto.runtime.rebuild import rebuild_state
     from themisto.runtime.snapshot import held_arguments, snapshot_expressions
@@ -171,6 +188,8 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     restarts = _restart_points(trajectory)
     session_start = life_start(trajectory, start)  # first step of the current kernel life, as the log recorded it
     lost: set[int] = set()  # steps that cost the namespace; never re-run when rebuilding it
+    limits = list(limits) if limits is not None else cell_limits(trajectory, settings)
+    logged_seconds = trajectory.logged_seconds()
     for i, execution in enumerate(trajectory.executions):
         if i < start:
             continue
@@ -183,13 +202,13 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         cleaned = clean_for_replay(execution.code)
         # The snapshot rides on the cell's own request (no second round trip), after a failed cell too
         # (themisto.runtime.launcher); a cell that lost the state is read with a separate silent request below.
-        result = session.execute(cleaned.code, timeout=_timeout_for(execution, settings),
+        result = session.execute(cleaned.code, timeout=limits[i],
                                  user_expressions=expressions, metadata=held_arguments(held.news(session)))
         rebuilt = 0
         if result.kernel_restarted:
             # The developer's kernel kept its state here; ours lost it. Re-run this kernel life's earlier steps
             # (not the ones that lost it) so the steps after this one see the state they saw in the log.
-            done = rebuild_state(session, life_cells(trajectory, session_start, i, settings), restart=False,
+            done = rebuild_state(session, life_cells(trajectory, session_start, i, settings, limits), restart=False,
                                  lost=lost | {i})
             lost, rebuilt = set(done.lost), done.ran
         snap, snap_error = _snapshot_after(session, result, settings, rebuilt > 0, values_dir, held)
@@ -207,8 +226,9 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             state_hash=snap.state_hash if snap else None,
             variables=[v.to_dict() for v in snap.variables.values()] if snap else [],
             snapshot_failures=dict(snap.failures) if snap else snap_error,
-            kernel_restarted=result.kernel_restarted, rebuilt_steps=rebuilt, logged=_logged(execution),
-            notebook=trajectory.notebook, task=trajectory.task, values=stored,
+            kernel_restarted=result.kernel_restarted, rebuilt_steps=rebuilt,
+            logged=_logged(execution, logged_seconds[i]), notebook=trajectory.notebook, task=trajectory.task,
+            values=stored, time_limit_s=limits[i],
         )
 
 
@@ -232,22 +252,25 @@ def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool, va
         return None, {"<snapshot>": str(exc)[:500]}
 
 
-def life_cells(trajectory: Trajectory, start: int, end: int, settings: ReplaySettings) -> list:
-    """Steps start..end-1 as replay runs them (cleaned, each with its timeout): what rebuilds the state they made."""
+def life_cells(trajectory: Trajectory, start: int, end: int, settings: ReplaySettings,
+               limits: Sequence[float] | None = None) -> list:
+    """Steps start..end-1 as replay runs them (cleaned, each with its limit: `limits`, else `cell_limits`): what
+    rebuilds the state they made."""
     from themisto.runtime.rebuild import RerunCell
 
-    return [RerunCell(j, clean_for_replay(trajectory.executions[j].code).code,
-                      _timeout_for(trajectory.executions[j], settings)) for j in range(start, end)]
+    limits = limits if limits is not None else cell_limits(trajectory, settings)
+    return [RerunCell(j, clean_for_replay(trajectory.executions[j].code).code, limits[j]) for j in range(start, end)]
 
 
 def rebuild_before(session, trajectory: Trajectory, step: int, settings: ReplaySettings = ReplaySettings(), *,
-                   lost: frozenset[int] | set[int] = frozenset(), strict: bool = False):
+                   lost: frozenset[int] | set[int] = frozenset(), strict: bool = False,
+                   limits: Sequence[float] | None = None):
     """Restart the kernel and rebuild the state replay had before `step`: the cells of its kernel life before it,
     without the `lost` steps (those that lost the state in the replay). `themisto.runtime.rebuild.rebuild_state`
     does the work (with `strict`, a cell that loses the state again raises StateLost)."""
     from themisto.runtime.rebuild import rebuild_state
 
-    return rebuild_state(session, life_cells(trajectory, life_start(trajectory, step), step, settings),
+    return rebuild_state(session, life_cells(trajectory, life_start(trajectory, step), step, settings, limits),
                          lost=lost, strict=strict)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
-from themisto.replay.replay import CELL_TIMEOUT_S
+from themisto.replay.cell_limits import CELL_TIMEOUT_S
 from themisto.runtime.agent import formats
 
 RESTORE_TIMEOUT_S = 120.0

@@ -52,6 +52,25 @@ def trajectory_from_rows(rows: Sequence[dict]):
                       executions=executions, events=events, task=first.get("task"))
 
 
+def release_limits(rows: Sequence[dict], settings: ReplaySettings) -> list[float]:
+    """Each row's limit when its trajectory is walked again: the release's rows keep no logged times, so the rule of
+    `themisto.replay.cell_limits` runs over the seconds the build's replay took (a step it stopped at its limit is
+    stopped after as long again), so that a long cell that ended in the build ends here too, on a host of any load."""
+    from themisto.replay.cell_limits import cell_limit
+
+    out = []
+    for row in rows:
+        seconds = float(row.get("execution_time") or 0.0)
+        if row.get("logged_ename") == "KeyboardInterrupt" or row.get("logged_status") == "interrupted":
+            out.append(settings.interrupted_timeout_s)
+        elif row.get("status") == "timeout":
+            out.append(max(seconds, 1.0))
+        else:
+            out.append(cell_limit(seconds, default_s=settings.cell_timeout_s, factor=settings.logged_time_factor,
+                                  ceiling_s=settings.cell_timeout_ceiling_s))
+    return out
+
+
 def recorded_replay_settings(recorded: dict) -> ReplaySettings:
     """The replay settings a release was built with (its build report's record), without snapshots: whoever walks
     the states takes its own."""
@@ -82,6 +101,7 @@ def walk_states(rows: Sequence[dict], steps: Iterable[int], workspace: str | Pat
     if not asked:
         return
     trajectory = trajectory_from_rows(rows[: asked[-1] + 1])
+    cell_seconds = release_limits(rows[: asked[-1] + 1], settings)
     lost = frozenset(r["step"] for r in rows if r["kernel_restarted"])  # the release's replay lost the state there
     wanted, served = set(asked), set()
     restoring = {"on": restore is not None, "last_s": None}
@@ -98,10 +118,11 @@ def walk_states(rows: Sequence[dict], steps: Iterable[int], workspace: str | Pat
     def before_step(_trajectory, step: int, session) -> None:
         if step in wanted and step not in served:
             served.add(step)
-            prefix = [cell.code for cell in life_cells(trajectory, life_start(trajectory, step), step, settings)
-                      if cell.step not in lost]
+            prefix = [cell.code for cell in life_cells(trajectory, life_start(trajectory, step), step, settings,
+                                                       cell_seconds) if cell.step not in lost]
             at_step(PreStepState(step, session, prefix, lambda: rebuild_before(session, trajectory, step, settings,
-                                                                                lost=lost, strict=True)))
+                                                                                lost=lost, strict=True,
+                                                                                limits=cell_seconds)))
             following = next((s for s in asked if s > step), None)
             if (following is not None and restoring["on"] and life_start(trajectory, following) < following
                     and _worth_restoring(rows, step, following, restoring["last_s"])):
@@ -114,7 +135,8 @@ def walk_states(rows: Sequence[dict], steps: Iterable[int], workspace: str | Pat
             start = restored(session, asked[0]) if restore is not None else 0
             while True:
                 try:
-                    for _ in replay(trajectory, session, settings, before_step=before_step, start=start):
+                    for _ in replay(trajectory, session, settings, before_step=before_step, start=start,
+                                    limits=cell_seconds):
                         pass
                     return
                 except _Jump as jump:
