@@ -327,7 +327,7 @@ def test_a_backend_answering_a_lone_surrogate_fails_that_generation_only(small_r
 def test_a_stored_value_keeps_its_lone_surrogate_and_a_yaml_escape_is_refused():
     from themisto.bounded import BoundError, loads_yaml
     from themisto.release.values import check_value
-    from themisto.runtime.agent.values import read_value
+    from themisto.runtime.agent.formats import read_value
 
     # A developer's `s = "\ud800"` is a Python str: its value document (ASCII JSON) is read back as it was.
     data = b'{"themisto_value": 1, "type": "builtins.str", "value": "\\ud800"}'

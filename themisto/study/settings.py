@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from themisto.errors import InputError
 from themisto.vocabulary import BASELINE_CONTEXT, CLUSTER_UNITS, STATIC_CONTEXT_MODES, TASKS
 
-STUDY_CONTEXT_MODES: tuple[str, ...] = ("none", "variables", "full", "trace")
+# Every mode whose prompt is fixed before the model runs (a probe conversation exists only once a model had it).
+STUDY_CONTEXT_MODES: tuple[str, ...] = STATIC_CONTEXT_MODES
 # Settings that do not change a study's results: a folder may be resumed with other values of these.
 NOT_RESULTS: tuple[str, ...] = ("parallel", "progress")
 
@@ -101,7 +102,7 @@ PRESETS: dict[str, dict] = {
     "gpu": {"method": "full", "epochs": 2.0, "max_steps": -1, "learning_rate": 5e-5, "batch_size": 16,
             "max_length": 2600, "max_prompt_tokens": 2048, "max_new_tokens": 128, "generation_batch": 64,
             "device": "cuda", "dtype": "bfloat16", "parallel": 4},
-    "cpu-check": {"contexts": ("none", "variables"), "seeds": 2, "method": "full", "max_steps": 1,
+    "cpu-check": {"contexts": (BASELINE_CONTEXT, "variables"), "seeds": 2, "method": "full", "max_steps": 1,
                   "learning_rate": 5e-5, "batch_size": 2, "max_length": 1024, "max_prompt_tokens": 768,
                   "max_new_tokens": 24, "train_limit": 8, "test_limit": 4, "execute_limit": 2,
                   "generation_batch": 8, "device": "cpu", "dtype": "auto", "parallel": 1},
