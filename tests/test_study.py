@@ -188,3 +188,18 @@ def test_seeds_that_disagree_widen_the_paired_interval():
     assert disagree.high - disagree.low > (agree.high - agree.low) * 1.3
     # the point estimate is the mean over seeds: the two seeds' effects average out
     assert disagree.mean == pytest.approx(np.mean([np.mean(lucky - control), np.mean(unlucky - control)]))
+
+
+def test_a_preset_fills_what_the_user_did_not_give_and_bad_settings_are_refused():
+    from themisto.study.settings import PRESETS, StudyError, is_path_check, with_preset
+
+    check = with_preset("cpu-check", {"release": "r", "model": "m", "seeds": 3})
+    assert check.seeds == 3 and check.max_steps == PRESETS["cpu-check"]["max_steps"] and is_path_check(check)
+    assert check.contexts[0] == "none"  # the paired effects' control is always in, first
+    gpu = with_preset("gpu", {"release": "r", "model": "m"})
+    assert (gpu.device, gpu.dtype, gpu.parallel, gpu.seeds) == ("cuda", "bfloat16", 4, 3) and not is_path_check(gpu)
+    for preset, given, message in (("fast", {}, "unknown preset"), ("custom", {"lr": 1}, "unknown study setting"),
+                                   ("custom", {"max_prompt_tokens": 4000}, "leave room"),
+                                   ("custom", {"contexts": ("probe",)}, "cannot be trained on")):
+        with pytest.raises(StudyError, match=message):
+            with_preset(preset, {"release": "r", "model": "m", **given})

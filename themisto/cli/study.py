@@ -46,6 +46,7 @@ def study_command(args: argparse.Namespace) -> int:
 
 
 def add_study(subparsers: argparse._SubParsersAction) -> None:
+    from themisto.generation.backends.hf import DTYPES
     from themisto.study.settings import PRESET_NAMES, STUDY_CONTEXT_MODES, StudySettings
 
     d = StudySettings(release="", model="")  # the defaults shown in --help are the settings' own
@@ -67,7 +68,7 @@ def add_study(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--execute-limit", type=int, metavar="K",
                         help="next_cell test examples executed, evenly spread (default: all generated)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help=f"default {d.device}")
-    parser.add_argument("--dtype", help=f"generation's number format (default {d.dtype})")
+    parser.add_argument("--dtype", choices=DTYPES, help=f"generation's number format (default {d.dtype})")
     parser.add_argument("--method", choices=("full", "lora"), help=f"default {d.method}")
     parser.add_argument("--epochs", type=float, help=f"default {d.epochs}")
     parser.add_argument("--max-steps", type=int, help="optimizer steps (default: --epochs epochs)")

@@ -15,7 +15,7 @@ import platform
 from pathlib import Path
 
 from themisto.resume import write_json_atomic, write_text_atomic
-from themisto.study.effects import SeededInterval, seeded_interval, seeded_paired
+from themisto.study.effects import seeded_interval, seeded_paired
 from themisto.study.rows import CommonRows
 from themisto.study.scores import TaskScores, system_name
 from themisto.study.settings import PATH_CHECK_NOTE, StudySettings, is_path_check
@@ -89,9 +89,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _fmt(cell: dict | SeededInterval, signed: bool = False) -> str:
-    if isinstance(cell, SeededInterval):
-        cell = cell.to_dict()
+def _fmt(cell: dict, signed: bool = False) -> str:
+    """`mean [low, high] ±seed sd` of a cell or effect as results.json holds it."""
     if cell["mean"] is None:
         return "—"
     f = "{:+.3f}" if signed else "{:.3f}"
