@@ -146,6 +146,14 @@ def _entry(interval, **keys) -> dict:
     return {**keys, "mean": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n}
 
 
+def clusters_of(rows: list[dict], loaded, unit: str) -> list[str]:
+    """Each row's bootstrap cluster: its trajectory, or (unit `participant`) its participant; a trajectory whose
+    participant is unknown is its own cluster."""
+    if unit == "participant":
+        return [loaded.trajectories[r["kernel_id"]][0].get("participant") or r["kernel_id"] for r in rows]
+    return [r["kernel_id"] for r in rows]
+
+
 def generated(run: RunFolder) -> dict[str, list[bool]]:
     """Per context, per example: whether every sample of it was generated (none skipped over the budget or failed)."""
     return {context: [all(g.status == "ok" for g in run.samples_of(i, context)) for i in run.ids]
@@ -312,10 +320,7 @@ def _score_held(run_dir: str | Path, release: str | Path | None, execute: bool, 
               for name in names}
     hard = [not any(solved[name][k] for name in names) for k in range(len(run.ids))]
     lengths = {k: max(r["step"] for r in steps) + 1 for k, steps in loaded.trajectories.items()}
-    if settings.cluster == "participant":  # a trajectory whose participant is unknown is its own cluster
-        clusters = [loaded.trajectories[r["kernel_id"]][0].get("participant") or r["kernel_id"] for r in rows]
-    else:
-        clusters = [r["kernel_id"] for r in rows]
+    clusters = clusters_of(rows, loaded, settings.cluster)
     split_of = {i: s for s in info.splits(run.task) for i in info.ids(run.task, s)}
     meta = run.meta
     results = {

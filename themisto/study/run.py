@@ -233,6 +233,6 @@ def _run(settings: StudySettings, out: Path, info, say: Callable[[str], None], s
         say("the base model in every mode")
         _generate(settings, settings.model, settings.contexts, out / "runs" / BASE_SYSTEM, settings.progress)
         write_json_atomic(out / "runs" / BASE_SYSTEM / "done.json", {"contexts": list(settings.contexts)})
-    scores = score_study(out, settings, units, say)
+    scores = score_study(out, settings, info, units, say)
     records = [unit_record(out, u) for u in units]
     return write_report(out, settings, rows, records, scores, seconds=time.perf_counter() - started)

@@ -78,14 +78,13 @@ def _score(info, task: str, ids: list[str], systems: dict, baselines: dict, exec
     return records, {e.id: e for e in scored.examples}, scored.notes
 
 
-def score_task(out: Path, settings: StudySettings, units, task: str, say: Callable[[str], None]) -> TaskScores:
+def score_task(out: Path, settings: StudySettings, info, units, task: str, say: Callable[[str], None]) -> TaskScores:
     from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.generation.release_rows import spread
-    from themisto.release.folder import open_release
     from themisto.scoring.release_state import load_release
-    from themisto.scoring.run_scores import EXECUTION_METRICS, generation_value, metric_value, metrics_for
+    from themisto.scoring.run_scores import (EXECUTION_METRICS, clusters_of, generation_value, metric_value,
+                                             metrics_for)
 
-    info = open_release(settings.release)
     loaded = load_release(info, task)
     ids, systems = _read_runs(out, settings, units, task)
     rows = [loaded.task_rows[i] for i in ids]
@@ -117,11 +116,7 @@ def score_task(out: Path, settings: StudySettings, units, task: str, say: Callab
             return exec_value(g, metric) if g is not None else None
         return text_value(g, metric) if g is not None else 0.0
 
-    if settings.cluster == "participant":
-        clusters = [loaded.trajectories[r["kernel_id"]][0].get("participant") or r["kernel_id"] for r in rows]
-    else:
-        clusters = [r["kernel_id"] for r in rows]
-    scores = TaskScores(task, ids, clusters, [(r["kernel_id"], r["step"]) for r in rows], metrics,
+    scores = TaskScores(task, ids, clusters_of(rows, loaded, settings.cluster), [(r["kernel_id"], r["step"]) for r in rows], metrics,
                         [i in set(executed_ids) for i in ids], notes=list(dict.fromkeys(notes)))
     for system, seeds in systems.items():
         scores.values[system] = {m: [[value(run.get(i), i, m) for i in ids] for run in seeds] for m in metrics}
@@ -135,6 +130,7 @@ def score_task(out: Path, settings: StudySettings, units, task: str, say: Callab
     return scores
 
 
-def score_study(out: Path, settings: StudySettings, units, say: Callable[[str], None]) -> list[TaskScores]:
-    """Every task's scores (with execution where the settings ask and the task is next_cell)."""
-    return [score_task(out, settings, units, task, say) for task in settings.tasks]
+def score_study(out: Path, settings: StudySettings, info, units, say: Callable[[str], None]) -> list[TaskScores]:
+    """Every task's scores (with execution where the settings ask and the task is next_cell); `info`: the release,
+    opened once by the study."""
+    return [score_task(out, settings, info, units, task, say) for task in settings.tasks]
