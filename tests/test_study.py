@@ -203,3 +203,15 @@ def test_a_preset_fills_what_the_user_did_not_give_and_bad_settings_are_refused(
                                    ("custom", {"contexts": ("probe",)}, "cannot be trained on")):
         with pytest.raises(StudyError, match=message):
             with_preset(preset, {"release": "r", "model": "m", **given})
+
+
+def test_a_planted_or_foreign_study_file_is_refused_in_one_line(tmp_path):
+    from themisto.errors import InputError  # StudyError, or the bounded reader's BoundError: exit 2, one line
+    from themisto.study.run import STUDY_FILE, open_study
+    from themisto.study.settings import StudySettings
+
+    settings = StudySettings(release="r", model="m")
+    for text in ('{"format": 1, "settings": [1, 2]}', "[]", '{"format": 99}', "{"):
+        (tmp_path / STUDY_FILE).write_text(text)
+        with pytest.raises(InputError, match=STUDY_FILE):
+            open_study(tmp_path, settings, "hash")

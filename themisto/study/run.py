@@ -71,9 +71,10 @@ def open_study(out: Path, settings: StudySettings, release_hash: str) -> dict:
         from themisto.bounded import read_json
 
         recorded = read_json(path)
-        if not isinstance(recorded, dict) or recorded.get("format") != FORMAT:
-            raise StudyError(f"{path}: not a study folder's {STUDY_FILE} (format {FORMAT})")
-        changed = what_differs(recorded.get("settings") or {}, header["settings"])
+        if not isinstance(recorded, dict) or recorded.get("format") != FORMAT or \
+                not isinstance(recorded.get("settings"), dict):
+            raise StudyError(f"{path}: not a study folder's {STUDY_FILE} (format {FORMAT}, with its settings)")
+        changed = what_differs(recorded["settings"], header["settings"])
         if changed:
             raise StudyError(f"{out}: holds a study with other settings ({changed}); give another folder or the "
                              "same settings")
