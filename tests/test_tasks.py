@@ -15,6 +15,7 @@ from themisto.release.splits import assign_splits
 from themisto.release.tasks import (
     HISTORY_OUTPUT_CHARS,
     TaskError,
+    Candidate,
     TaskSettings,
     build_tasks,
     group_by_kernel,
@@ -236,3 +237,21 @@ def test_the_rule_moves_the_next_task2_participant_to_test_when_the_steps_leave_
         split_of = build_tasks(rows, TaskSettings(seed=1, min_test_groups=wanted)).split_of
         sides[wanted] = {p for k, p in owner.items() if split_of[k] == "test"}
     assert sides[1] == {"p-a", "p-b", "p-e"} and sides[2] == {"p-a", "p-b", "p-e", "p-c"}
+
+
+def test_the_output_sample_takes_each_bands_share_and_one_candidate_less_moves_only_the_margin():
+    """The paper's 200: 10 shortest, 180 middle, 10 longest. A build in which one step replayed otherwise (a target
+    gone) must not draw another sample: the draw follows a hash of each candidate, not positions in a shuffle."""
+    pool = [Candidate(f"k{i % 7}", i, "x" * (1 + (i * 37) % 500)) for i in range(800)]
+    settings = TaskSettings(seed=3)
+    chosen, notes = paper_sample(pool, settings)
+    bands = [band for _, band in chosen]
+    assert (len(chosen), bands.count("shortest"), bands.count("middle"), bands.count("longest")) == (200, 10, 180, 10)
+    assert notes == [] and len({(c.kernel_id, c.index) for c, _ in chosen}) == 200
+    ranked = sorted(pool, key=lambda c: (len(c.target), c.kernel_id, c.index))
+    assert all(len(c.target) <= len(ranked[199].target) for c, band in chosen if band == "shortest")
+    gone = chosen[100][0]
+    again, _ = paper_sample([c for c in pool if c is not gone], settings)
+    before, after = {(c.kernel_id, c.index) for c, _ in chosen}, {(c.kernel_id, c.index) for c, _ in again}
+    assert len(after) == 200 and len(before - after) <= 3, before ^ after  # the one gone, and a band's margin
+    assert paper_sample(pool, TaskSettings(seed=4))[0] != chosen  # the seed still draws

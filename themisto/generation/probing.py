@@ -241,11 +241,12 @@ def transcript(conversation: Conversation, settings: ProbeSettings) -> Transcrip
 
 
 def probe_limits(info: ReleaseInfo):
-    """The kernel limits of a probe replay: the release replay's, with the minimal view of the host's files."""
+    """The kernel limits of a probe replay: the release replay's, with the minimal view of the host's files, and
+    limits in wall seconds (a probe is model-written code: a limit in CPU seconds would let it wait longer)."""
     from themisto.replay.replay import kernel_limits
     from themisto.replay.states import recorded_replay_settings
 
-    return replace(kernel_limits(recorded_replay_settings(info.replay)), view="minimal")
+    return replace(kernel_limits(recorded_replay_settings(info.replay)), view="minimal", cell_clock="wall")
 
 
 @dataclass(frozen=True)

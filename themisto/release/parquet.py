@@ -287,7 +287,8 @@ def _cell_limit_rule(replay: dict) -> str:
         return ""
     if "logged_time_factor" not in replay:  # replayed before the rule existed: one limit for every cell
         return describe(replay["cell_timeout_s"], None, replay["cell_timeout_s"])
-    return describe(replay["cell_timeout_s"], replay["logged_time_factor"], replay["cell_timeout_ceiling_s"])
+    return describe(replay["cell_timeout_s"], replay["logged_time_factor"], replay["cell_timeout_ceiling_s"],
+                    replay.get("cell_clock", "wall"))
 
 
 def fidelity_of(steps: Sequence, trajectories: Sequence, finals: dict[str, Path]) -> dict[str, dict]:

@@ -9,8 +9,8 @@ from the longest, fixed seed). Every rule is counted, and a task left empty name
 
 from __future__ import annotations
 
+import hashlib
 import math
-import random
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -259,15 +259,15 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 @dataclass
-class _Candidate:
+class Candidate:
     kernel_id: str
     index: int
     target: str
 
 
-def _eligible(kernels: Mapping[str, list[dict]], task: str, settings: TaskSettings) -> tuple[list[_Candidate], TaskReport]:
+def _eligible(kernels: Mapping[str, list[dict]], task: str, settings: TaskSettings) -> tuple[list[Candidate], TaskReport]:
     """Apply the rules in order; raise TaskError naming the rule that left nothing."""
-    candidates = [_Candidate(k, i, row["code"] if task == "next_cell" else (row["output"] or ""))
+    candidates = [Candidate(k, i, row["code"] if task == "next_cell" else (row["output"] or ""))
                   for k, steps in kernels.items() for i, row in enumerate(steps)]
     report = TaskReport(task=task, candidates=len(candidates))
     checks = {
@@ -297,12 +297,14 @@ def _raise_if_emptied(task: str, rule: str, before: list, after: list) -> None:
                         f"it removed all {len(before)} remaining candidates")
 
 
-def paper_sample(candidates: Sequence[_Candidate], settings: TaskSettings) -> tuple[list[tuple[_Candidate, str]], list[str]]:
+def paper_sample(candidates: Sequence[Candidate], settings: TaskSettings) -> tuple[list[tuple[Candidate, str]], list[str]]:
     """The paper's output-prediction sample, each candidate with its band; all of them when too few.
 
     Candidates are ranked by (output length, id); the bottom and top quarters by rank are the shortest and
     longest quartiles, the rest the middle two. A band too small to give its share is taken whole and the
-    shortfall drawn from the remaining candidates; the notes say so.
+    shortfall drawn from the remaining candidates; the notes say so. Each draw takes the candidates first in the
+    order of a hash of (seed, trajectory, step), not positions in a seeded shuffle: a candidate more or fewer (one
+    step that replayed otherwise) moves itself and the band boundaries, never the rest of the sample.
     """
     size, extremes = settings.output_sample_size, settings.output_sample_extremes
     ranked = sorted(candidates, key=lambda c: (len(c.target), c.kernel_id, c.index))
@@ -316,21 +318,23 @@ def paper_sample(candidates: Sequence[_Candidate], settings: TaskSettings) -> tu
     bands = {"shortest": ranked[:quarter], "middle": ranked[quarter:len(ranked) - quarter],
              "longest": ranked[len(ranked) - quarter:]}
     wanted = {"shortest": extremes, "middle": size - 2 * extremes, "longest": extremes}
-    rng = random.Random(settings.seed)
-    chosen: list[tuple[_Candidate, str]] = []
+    def draw_order(candidate: Candidate) -> str:
+        return hashlib.sha256(f"{settings.seed}/{candidate.kernel_id}/{candidate.index}".encode()).hexdigest()
+
+    chosen: list[tuple[Candidate, str]] = []
     notes = []
-    leftovers: list[tuple[_Candidate, str]] = []
+    leftovers: list[tuple[Candidate, str]] = []
     for band, pool in bands.items():
         take = min(wanted[band], len(pool))
-        picked = set(rng.sample(range(len(pool)), take))
-        chosen += [(c, band) for i, c in enumerate(pool) if i in picked]
-        leftovers += [(c, band) for i, c in enumerate(pool) if i not in picked]
+        picked = {id(c) for c in sorted(pool, key=draw_order)[:take]}
+        chosen += [(c, band) for c in pool if id(c) in picked]
+        leftovers += [(c, band) for c in pool if id(c) not in picked]
         if take < wanted[band]:
             notes.append(f"output_prediction: the {band} band held {len(pool)} targets, fewer than "
                          f"{wanted[band]}; the rest were drawn from the other bands")
     missing = size - len(chosen)
     if missing > 0:
-        chosen += rng.sample(leftovers, missing)
+        chosen += sorted(leftovers, key=lambda pair: draw_order(pair[0]))[:missing]
     return chosen, notes
 
 

@@ -37,9 +37,16 @@ def cell_limit(logged_s: float | None, *, default_s: float = CELL_TIMEOUT_S, fac
     return max(default_s, min(ceiling_s, round(factor * logged_s, 3)))
 
 
-def describe(default_s: float, factor: float | None, ceiling_s: float) -> str:
-    """The rule in words, for the release's settings and its card."""
+def describe(default_s: float, factor: float | None, ceiling_s: float, clock: str = "wall") -> str:
+    """The rule in words, for the release's settings and its card (`clock`: what a limit's seconds count)."""
     if factor is None:
-        return f"every cell may run {default_s:g} s (a fixed limit: --cell-timeout)"
-    return (f"a cell the log saw finish may run max({default_s:g} s, min({ceiling_s:g} s, {factor:g} x the seconds "
-            f"its developer's run took)); a cell it did not see finish, {default_s:g} s")
+        rule = f"every cell may run {default_s:g} s (a fixed limit: --cell-timeout)"
+    else:
+        rule = (f"a cell the log saw finish may run max({default_s:g} s, min({ceiling_s:g} s, {factor:g} x the "
+                f"seconds its developer's run took)); a cell it did not see finish, {default_s:g} s")
+    if clock != "cpu":
+        return rule
+    from themisto.runtime.kernel_requests import CPU_CLOCK_WALL_FACTOR
+
+    return (f"{rule}; seconds of CPU of the kernel and all it started, whatever the host's load (a cell that waits "
+            f"without computing is stopped at {CPU_CLOCK_WALL_FACTOR:g} x its limit in wall seconds)")

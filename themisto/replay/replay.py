@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
 from themisto.replay.cell_limits import CELL_TIMEOUT_CEILING_S, CELL_TIMEOUT_S, LOGGED_TIME_FACTOR, cell_limit
@@ -39,6 +39,9 @@ class ReplaySettings:
     cell_timeout_s: float = CELL_TIMEOUT_S
     logged_time_factor: float | None = LOGGED_TIME_FACTOR
     cell_timeout_ceiling_s: float = CELL_TIMEOUT_CEILING_S
+    # What those seconds count (`Limits.cell_clock`): the CPU seconds of the kernel and all it started, so that a cell
+    # ends as it did on any host, busy or idle; "wall": seconds of the clock (releases built before 2026-12-04).
+    cell_clock: Literal["wall", "cpu"] = "cpu"
     # A cell the developer interrupted gets this long before replay interrupts it too.
     interrupted_timeout_s: float = 10.0
     memory_bytes: int = 4 * 2**30
@@ -279,6 +282,7 @@ def kernel_limits(settings: ReplaySettings):
     from themisto.runtime.kernel import Limits
 
     return Limits(memory_bytes=settings.memory_bytes, cell_timeout_s=settings.cell_timeout_s,
+                  cell_clock=settings.cell_clock,
                   output_bytes=settings.output_bytes, cores=settings.cores)
 
 

@@ -75,7 +75,9 @@ def recorded_replay_settings(recorded: dict) -> ReplaySettings:
     """The replay settings a release was built with (its build report's record), without snapshots: whoever walks
     the states takes its own."""
     known = {f.name for f in fields(ReplaySettings)}
-    return ReplaySettings(**{**{k: v for k, v in recorded.items() if k in known}, "snapshots": False})
+    # A release that does not say its clock was built when every limit counted wall seconds.
+    return ReplaySettings(**{"cell_clock": "wall", **{k: v for k, v in recorded.items() if k in known},
+                             "snapshots": False})
 
 
 def walk_states(rows: Sequence[dict], steps: Iterable[int], workspace: str | Path, settings: ReplaySettings,

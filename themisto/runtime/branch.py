@@ -229,8 +229,8 @@ def _replay_continuation(session: Any, cells: list[str], timeout_s: float,
                          state_names: list[str] | None) -> tuple[list[dict], dict[str, str] | None]:
     """The replay fallback's continuation: the cells in sequence after the candidate, then the asked names' hashes."""
     reports = []
-    for code in cells:
-        cell = session.execute(code, timeout=timeout_s)
+    for code in cells:  # after a candidate's state: in wall seconds, as model-written code is
+        cell = session.execute(code, timeout=timeout_s, clock="wall")
         reports.append({"status": cell.status, "ename": cell.ename, "evalue": cell.evalue, "outputs": cell.outputs,
                         "duration_s": cell.duration_s, "truncated": cell.truncated})
         if cell.status in UNFINISHED_STATUSES or getattr(cell, "kernel_restarted", False):
@@ -247,7 +247,7 @@ def _replay_one(session: Any, index: int, cells: list[str], prefix: list[str], *
     if guard is not None:
         guard.refresh()
     agent_call(session, "set_data_limit", extra_bytes=int(memory_bytes), timeout=30)
-    cell = session.execute(code, timeout=timeout_s)
+    cell = session.execute(code, timeout=timeout_s, clock="wall")
     result = BranchResult(index=index, status=cell.status, outputs=cell.outputs, ename=cell.ename,
                           evalue=cell.evalue, traceback=list(cell.traceback), duration_s=cell.duration_s,
                           truncated=cell.truncated, method="replay")

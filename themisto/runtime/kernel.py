@@ -47,6 +47,10 @@ class Limits:
     # why one); None: all of this process's cores.
     cores: int | None = 1
     cell_timeout_s: float = 120.0
+    # What a cell's timeout counts: "wall" seconds, or "cpu" seconds of the kernel and everything it started (the
+    # replay's: a cell's outcome must not depend on the host's load; `kernel_requests.CPU_CLOCK_WALL_FACTOR` x the
+    # timeout in wall seconds still ends a cell that waits without computing). Model-written code keeps "wall".
+    cell_clock: Literal["wall", "cpu"] = "wall"
     output_bytes: int = 2**20  # per cell; beyond it outputs are cut with a visible marker
     network: bool = False
     isolate_fs: bool = True  # bubblewrap: rest of the filesystem read-only, private /tmp, private pids
@@ -202,19 +206,21 @@ class AsyncKernelSession:
     # ----- execution -------------------------------------------------------------------------------------------
 
     async def execute(self, code: str, *, timeout: float | None = None, user_expressions: dict[str, str] | None = None,
-                      metadata: dict | None = None) -> CellResult:
+                      metadata: dict | None = None, clock: Literal["wall", "cpu"] | None = None) -> CellResult:
         """Run one cell as a notebook would (stored in history, counted) and return its outcome.
 
         `user_expressions` are evaluated in the same request once the cell succeeded (IPython skips them after an
         error, except the snapshot: themisto.runtime.launcher.SNAPSHOT_EXPRESSION); their results land in
         `CellResult.user_expressions`. `metadata` rides on the request as JSON (the agent's arguments for those
-        expressions: `execute_silent`).
+        expressions: `execute_silent`). `clock` overrides `Limits.cell_clock` for this cell ("wall" for model-written
+        code, whatever the session's limits say).
         """
         async with self._lock:
             replaced = await self._ensure_started()
             collector = OutputCollector(self.limits.output_bytes)
             outcome = await self._runner.request(code, collector, timeout, silent=False,
-                                          user_expressions=dict(user_expressions or {}), metadata=metadata)
+                                          user_expressions=dict(user_expressions or {}), metadata=metadata,
+                                          clock=clock)
         result = self._cell_result(outcome, collector)
         result.kernel_restarted = result.kernel_restarted or replaced
         return result

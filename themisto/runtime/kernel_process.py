@@ -105,6 +105,26 @@ class KernelProcess:
         process = self.popen()
         return process is not None and process.poll() is None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds this life's processes have used: the process jupyter_client started and all it started (the
+        kernel, its workers, what they reaped); None while none runs or when /proc cannot tell."""
+        process = self.popen()
+        if process is None:
+            return None
+        try:
+            top = psutil.Process(process.pid)
+            tree = [top] + top.children(recursive=True)
+        except psutil.Error:
+            return None
+        total = 0.0
+        for proc in tree:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:  # ended since the listing: its parent's children_* count it once it is reaped
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+        return total
+
     def popen(self) -> subprocess.Popen | None:
         """The process jupyter_client started (the launcher, or bubblewrap around it), None while none runs."""
         provisioner = getattr(self._km, "provisioner", None)

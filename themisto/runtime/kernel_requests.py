@@ -27,6 +27,11 @@ INTERRUPT_GRACE_S = 6.0
 EXPRESSIONS_TIMEOUT_S = 120.0
 # How often the kernel process is checked for life while a cell runs.
 _LIVENESS_PERIOD_S = 0.2
+# A cell timed in CPU seconds (`Limits.cell_clock` "cpu"): how often its CPU is read (a walk of /proc), and how many
+# times its timeout in wall seconds it may take all the same (a cell that waits without computing: a sleep, a lock).
+# On a host where the kernel gets less than 1/CPU_CLOCK_WALL_FACTOR of its core, the wall limit decides again.
+_CPU_PERIOD_S = 1.0
+CPU_CLOCK_WALL_FACTOR = 4.0
 
 
 @dataclass
@@ -52,10 +57,15 @@ class RequestRunner:
         self._restart = restart
 
     async def request(self, code: str, collector: OutputCollector, timeout: float | None, *, silent: bool,
-                       user_expressions: dict | None, metadata: dict | None = None) -> Outcome:
+                       user_expressions: dict | None, metadata: dict | None = None,
+                       clock: str | None = None) -> Outcome:
         await self.drain()
         timeout = self._limits.cell_timeout_s if timeout is None else timeout
+        by_cpu = (clock or self._limits.cell_clock) == "cpu" and not silent
         started = time.monotonic()
+        deadline = _Deadline(started + timeout * (CPU_CLOCK_WALL_FACTOR if by_cpu else 1.0))
+        if by_cpu and (cpu := self._process.cpu_seconds()) is not None:
+            deadline.cpu = cpu + timeout
         # jupyter_client's `execute`, with the message's metadata (which it cannot set)
         content = {"code": code, "silent": silent, "store_history": not silent,
                    "user_expressions": dict(user_expressions or {}), "allow_stdin": False, "stop_on_error": False}
@@ -65,8 +75,9 @@ class RequestRunner:
         msg_id = request["header"]["msg_id"]
         # A silent request's expressions are its work (an agent call): its timeout times them. A cell's times the cell.
         wait = _Wait(msg_id, expressions_s=EXPRESSIONS_TIMEOUT_S if user_expressions and not silent else 0.0)
-        kind = await self._wait(wait, started + timeout, collector, extend=not silent)
-        in_time = not silent and wait.cell_done is not None and wait.cell_done <= started + timeout
+        kind = await self._wait(wait, deadline, collector, extend=not silent)
+        # (a CPU deadline is only declared while the cell runs: a cell that announced its end did so in time)
+        in_time = not silent and wait.cell_done is not None and wait.cell_done <= deadline.wall
         outcome = Outcome(kind=kind, reply=wait.reply, duration_s=(wait.cell_done or time.monotonic()) - started)
         if kind == "done":
             outcome.status = "ok" if (wait.reply or {}).get("status") == "ok" else "error"
@@ -74,17 +85,17 @@ class RequestRunner:
         interrupted = kind == "deadline"
         if interrupted:
             self._process.interrupt()
-            kind = await self._wait(wait, time.monotonic() + INTERRUPT_GRACE_S, collector, extend=False)
+            kind = await self._wait(wait, _Deadline(time.monotonic() + INTERRUPT_GRACE_S), collector, extend=False)
             outcome.reply = wait.reply
         if kind == "done" and in_time:  # the snapshot ran long, not the cell: the cell's own outcome stands
             outcome.status = "ok" if (wait.reply or {}).get("status") == "ok" else "error"
         elif kind == "done":
             outcome.kind, outcome.status, outcome.ename = "timeout", "timeout", "CellTimeout"
-            outcome.evalue = f"the cell ran past its {timeout:g} s timeout; interrupted, state kept"
+            outcome.evalue = f"the cell ran past its {deadline.words(timeout)} timeout; interrupted, state kept"
         elif kind == "deadline" and not in_time:
             await self._restart()
             outcome.kind, outcome.status, outcome.ename, outcome.restarted = "timeout", "timeout", "CellTimeout", True
-            outcome.evalue = (f"the cell ran past its {timeout:g} s timeout and ignored the interrupt; "
+            outcome.evalue = (f"the cell ran past its {deadline.words(timeout)} timeout and ignored the interrupt; "
                               "kernel restarted after timeout, state lost")
         else:  # it died (perhaps of the interrupt), or what hung was the snapshot after a cell that ended in time
             outcome.kind, outcome.status, outcome.ename = "died", "kernel_died", "KernelDied"
@@ -103,10 +114,10 @@ class RequestRunner:
         when = "" if interrupted_after is None else f" when interrupted after its {interrupted_after:g} s timeout"
         return f"the kernel died{when} (exit status {code_}); a fresh kernel was started, state lost"
 
-    async def _wait(self, wait: _Wait, deadline: float, collector: OutputCollector, *, extend: bool) -> str:
+    async def _wait(self, wait: _Wait, deadline: _Deadline, collector: OutputCollector, *, extend: bool) -> str:
         """Read messages of `wait.msg_id` until its reply and idle status arrive ("done"), the deadline passes
-        ("deadline") or the kernel dies ("died"). With `extend`, a cell that ended before the deadline gives its
-        user expressions `wait.expressions_s` more."""
+        ("deadline": its wall time, or its CPU seconds while the cell runs) or the kernel dies ("died"). With
+        `extend`, a cell that ended before the deadline gives its user expressions `wait.expressions_s` more."""
         import zmq
         import zmq.asyncio
 
@@ -116,12 +127,12 @@ class RequestRunner:
         poller = zmq.asyncio.Poller()
         poller.register(iopub, zmq.POLLIN)
         poller.register(shell, zmq.POLLIN)
-        last_check = time.monotonic()
+        last_check = last_cpu = time.monotonic()
         while not (wait.idle and wait.reply is not None):
             now = time.monotonic()
-            limit = deadline
-            if extend and wait.cell_done is not None and wait.cell_done <= deadline:
-                limit = max(deadline, wait.cell_done + wait.expressions_s)
+            limit = deadline.wall
+            if extend and wait.cell_done is not None and wait.cell_done <= deadline.wall:
+                limit = max(deadline.wall, wait.cell_done + wait.expressions_s)
             if now >= limit:
                 return "deadline"
             events = dict(await poller.poll(int(min(limit - now, _LIVENESS_PERIOD_S) * 1000) + 1))
@@ -136,6 +147,11 @@ class RequestRunner:
                 if not self._process.alive:
                     await self._read_iopub(wait, collector)
                     return "died"
+            if deadline.cpu is not None and wait.cell_done is None and time.monotonic() - last_cpu >= _CPU_PERIOD_S:
+                last_cpu = time.monotonic()
+                used = self._process.cpu_seconds()
+                if used is not None and used >= deadline.cpu:
+                    return "deadline"
         return "done"
 
     async def _read_iopub(self, wait: _Wait | None, collector: OutputCollector | None, limit: int = 1000) -> None:
@@ -176,6 +192,15 @@ class RequestRunner:
         """Drop the IOPub messages waiting (a kernel life's start, an abandoned request's last words)."""
         if self._process.client is not None:
             await self._read_iopub(None, None, limit=100_000)
+
+
+@dataclass
+class _Deadline:
+    wall: float  # time.monotonic() past which the request is given up
+    cpu: float | None = None  # the kernel's CPU seconds (KernelProcess.cpu_seconds) past which its cell is given up
+
+    def words(self, timeout: float) -> str:
+        return f"{timeout:g} CPU s" if self.cpu is not None else f"{timeout:g} s"
 
 
 @dataclass
