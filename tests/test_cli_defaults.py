@@ -18,6 +18,7 @@ from themisto.generation.backends.vllm_offline import VLLMBackend
 from themisto.generation.probe_protocol import ProbeSettings
 from themisto.generation.runs import RunSettings
 from themisto.ingest.workspace import SIZES, write_workspace
+from themisto.ingest.workspace import TASKS as WORKSPACE_TASKS
 from themisto.release.parquet import BuildInputs
 from themisto.release.tasks import TaskSettings
 from themisto.release.values import ValueCaps
@@ -159,6 +160,7 @@ def test_choices_come_from_the_vocabulary_and_the_registries():
     assert choices[("generate", "split")] == RUN_SPLITS
     assert choices[("sft-export", "mix")] == MIXES
     assert choices[("replay", "size")] == choices[("workspace", "size")] == SIZES
+    assert choices[("workspace", "task")] == (*WORKSPACE_TASKS, "all")
     assert tuple(_options(commands["generate"])["context"].default) == DEFAULT_CONTEXT_MODES
 
 
