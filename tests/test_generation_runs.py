@@ -109,8 +109,9 @@ def test_a_run_folder_refuses_other_settings_and_another_release(small_release, 
 
 def test_bad_input_is_named(small_release, tmp_path, capsys):
     base = ["generate", "--release", str(small_release), "--task", "next_cell", "-o", str(tmp_path / "r")]
-    assert main(base + ["--backend", "llamacpp", "--model", "m"]) == 2
-    assert "unknown backend 'llamacpp'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # --backend's choices are the registry's (BACKENDS)
+        main(base + ["--backend", "llamacpp", "--model", "m"])
+    assert exited.value.code == 2 and "invalid choice: 'llamacpp'" in capsys.readouterr().err
     assert main(base + ["--backend", "baseline", "--model", "last-repr"]) == 2
     assert "does not apply to next_cell" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:  # argparse's own refusal of a name outside --context's choices

@@ -1,8 +1,10 @@
 """The `evaluate` metric in metrics/themisto: loads offline by folder, its docstring examples hold, it is a thin door
 to themisto.scoring.scorer (same scores, same refusals), and it reaches no network while computing."""
 
+import dataclasses
 import doctest
 import importlib.util
+import inspect
 import socket
 from pathlib import Path
 
@@ -133,3 +135,14 @@ def test_execution_through_the_metric(tmp_path, monkeypatch):
     assert matches == [True, False, True, True, True]
     assert results["pass@1"] == pytest.approx((2 / 3 + 1) / 2) and results["pass@2"] == pytest.approx(1.0)
     assert results["scored_examples"] == 2 and results["outcomes"]["ok"] == 5
+
+
+def test_the_metrics_keyword_defaults_are_the_scorers():
+    # Its defaults are ScoreSettings' own (so are the command line's: tests/test_cli_defaults.py).
+    spec = importlib.util.spec_from_file_location("themisto_metric_defaults", METRIC_DIR / "themisto.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parameters = inspect.signature(module.Themisto._compute).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(sc.ScoreSettings)}
+    for name in ("k", "timeout_s", "memory_bytes", "continuation_cells"):
+        assert parameters[name].default == fields[name], name

@@ -3,6 +3,8 @@
 import datasets
 import evaluate
 
+from themisto.scoring.records import ScoreSettings
+
 _CITATION = """\
 @misc{grotov2025themisto,
   title         = {Themisto: Jupyter-Based Runtime Benchmark},
@@ -97,11 +99,13 @@ class Themisto(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2504.12365"],
         )
 
-    def _compute(self, predictions, references, ids=None, release=None, workspace=None, execute=False, k=(1,),
-                 timeout_s=30.0, memory_bytes=2**30, continuation_cells=3, return_records=False):
+    # The keyword options' defaults are the scorer's own (ScoreSettings), so the two cannot disagree.
+    def _compute(self, predictions, references, ids=None, release=None, workspace=None, execute=False,
+                 k=ScoreSettings.k, timeout_s=ScoreSettings.timeout_s, memory_bytes=ScoreSettings.memory_bytes,
+                 continuation_cells=ScoreSettings.continuation_cells, return_records=False):
         from dataclasses import asdict
 
-        from themisto.scoring.scorer import ScoreSettings, score
+        from themisto.scoring.scorer import score
 
         settings = ScoreSettings(task=self.config_name, k=k, timeout_s=float(timeout_s),
                                  memory_bytes=int(memory_bytes), continuation_cells=int(continuation_cells))

@@ -26,28 +26,18 @@ def submit_command(args: argparse.Namespace) -> int:
     print(f"valid: {submission.model} ({submission.task}; contexts {', '.join(submission.contexts)}; "
           f"{len(submission.generations)} predictions; sha256 {submission.predictions_sha256[:12]})")
     if args.to:
-        _submit_to_hub(args, submission, release)
+        from themisto.leaderboard.hub import EvalResultsRequest, send_submission
+
+        request = (EvalResultsRequest(args.eval_results, args.dataset_id, args.dataset_revision)
+                   if args.eval_results else None)
+        done = send_submission(submission, release, args.to, eval_results=request, execute=args.execute)
+        print(f"submission pull request: {done.submission_pr}")
+        if done.eval_results_pr:
+            print(f"eval results pull request: {done.eval_results_pr}")
     if args.to_dir:
         dest = write_submission(submission, args.to_dir / submission_slug(submission))
         print(f"copied to {dest}")
     return 0
-
-
-def _submit_to_hub(args: argparse.Namespace, submission, release) -> None:
-    from themisto.leaderboard.board import rescore
-    from themisto.leaderboard.hub import EvalResultsRequest, hub_token, submit_to_hub
-    from themisto.release.eval_yaml import declared_task_ids
-
-    hub_token()  # no token: refuse before any scoring or upload
-    request = results = task_ids = None
-    if args.eval_results:
-        task_ids = declared_task_ids(args.release)
-        results, _ = rescore(submission, release, execute=args.execute)
-        request = EvalResultsRequest(args.eval_results, args.dataset_id, args.dataset_revision)
-    done = submit_to_hub(submission, args.to, eval_results=request, results=results, task_ids=task_ids)
-    print(f"submission pull request: {done.submission_pr}")
-    if done.eval_results_pr:
-        print(f"eval results pull request: {done.eval_results_pr}")
 
 
 def add_submit(subparsers: argparse._SubParsersAction) -> None:

@@ -1,9 +1,12 @@
-"""What several subcommands share: the user-error type, the trajectory inputs, the --ray option."""
+"""What several subcommands share: the user-error type, the settings' defaults, the trajectory inputs, --ray."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 from pathlib import Path
+from typing import Any
 
 TASK_CHOICES: tuple[str, ...] = ("task1", "task2", "all")
 SIZE_CHOICES: tuple[str, ...] = ("small", "medium", "full")
@@ -11,6 +14,25 @@ SIZE_CHOICES: tuple[str, ...] = ("small", "medium", "full")
 
 class CommandError(Exception):
     """A command-line mistake the user can fix; `main` prints it on stderr and exits with 2."""
+
+
+def default_of(settings: Any, name: str) -> Any:
+    """The default of the field `name` of the settings dataclass `settings` (or of the keyword `name` of a backend
+    class or function): an option that sets it takes its default from there, so the two cannot disagree
+    (tests/test_cli_defaults.py checks every such option)."""
+    if not dataclasses.is_dataclass(settings):
+        parameter = inspect.signature(settings).parameters.get(name)
+        if parameter is None or parameter.default is inspect.Parameter.empty:
+            raise AttributeError(f"{settings.__name__} has no keyword {name!r} with a default")
+        return parameter.default
+    for field in dataclasses.fields(settings):
+        if field.name == name:
+            if field.default is not dataclasses.MISSING:
+                return field.default
+            if field.default_factory is not dataclasses.MISSING:
+                return field.default_factory()
+            raise AttributeError(f"{settings.__name__}.{name} has no default")
+    raise AttributeError(f"{settings.__name__} has no field {name!r}")
 
 
 def format_counts(counts: dict[str, int]) -> str:

@@ -14,6 +14,7 @@ from themisto.cli.common import (
     add_participants_option,
     add_ray_option,
     add_trajectory_inputs,
+    default_of,
     format_counts,
     ray_target,
     read_inputs,
@@ -176,10 +177,15 @@ def _add_workers_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_cell_timeout_option(parser: argparse.ArgumentParser) -> None:
+    from themisto.replay.replay import ReplaySettings
+
+    floor, ceiling, factor = (default_of(ReplaySettings, name) for name in
+                              ("cell_timeout_s", "cell_timeout_ceiling_s", "logged_time_factor"))
     parser.add_argument("--cell-timeout", type=float, default=None, metavar="S",
                         help="a fixed limit: every replayed cell may run S seconds, whatever its developer's run took "
-                             "(default: the logged-time rule of themisto.replay.cell_limits: max(120 s, min(3600 s, "
-                             "8 x the logged seconds)), 120 s where the log did not see the cell finish)")
+                             f"(default: the logged-time rule of themisto.replay.cell_limits: max({floor:g} s, "
+                             f"min({ceiling:g} s, {factor:g} x the logged seconds)), {floor:g} s where the log did not "
+                             "see the cell finish)")
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -284,6 +290,8 @@ def build_command(args: argparse.Namespace) -> int:
 
 
 def add_build(subparsers: argparse._SubParsersAction) -> None:
+    from themisto.release.parquet import BuildInputs
+    from themisto.release.tasks import TaskSettings
     from themisto.release.values import ValueCaps
 
     parser = subparsers.add_parser("build", help="write the dataset release (Parquet per config and split + card)")
@@ -294,17 +302,21 @@ def add_build(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=Path, help="an existing replay (steps JSONL): build from it, replay nothing")
     parser.add_argument("--paper", type=Path, help="the paper's published rows (.parquet/.jsonl/.json/.csv)")
     parser.add_argument("--workspace", type=Path, help="replay input files (default: look-alike inputs)")
-    parser.add_argument("--workspace-seed", type=int, default=0, help="seed of the look-alike inputs")
+    parser.add_argument("--workspace-seed", type=int, default=default_of(BuildInputs, "workspace_seed"),
+                        help="seed of the look-alike inputs")
     parser.add_argument("--steps-out", type=Path, help="where replay writes steps (default: DIR.steps.jsonl)")
     _add_cell_timeout_option(parser)
-    parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split and the output sample")
-    parser.add_argument("--test-fraction", type=float, default=0.5, help="share of steps for `test`")
+    parser.add_argument("--split-seed", type=int, default=default_of(TaskSettings, "seed"),
+                        help="seed of the train/test split and the output sample")
+    parser.add_argument("--test-fraction", type=float, default=default_of(TaskSettings, "test_fraction"),
+                        help="share of steps for `test` (default %(default)g)")
     parser.add_argument("--all-outputs", action="store_true", help="output_prediction test: all eligible rows")
     parser.add_argument("--no-values", action="store_true",
                         help="no `values` config (a replay stores no values; --steps: its values are left out)")
-    parser.add_argument("--max-value-mb", type=float, default=ValueCaps.value_bytes / 2**20, metavar="MB",
-                        help="cap on one stored value in the release (default %(default)g)")
-    parser.add_argument("--max-values-mb", type=float, default=ValueCaps.release_bytes / 2**20, metavar="MB",
+    parser.add_argument("--max-value-mb", type=float, default=default_of(ValueCaps, "value_bytes") / 2**20,
+                        metavar="MB", help="cap on one stored value in the release (default %(default)g)")
+    parser.add_argument("--max-values-mb", type=float, default=default_of(ValueCaps, "release_bytes") / 2**20,
+                        metavar="MB",
                         help="cap on all of the release's values (default %(default)g)")
     parser.add_argument("--allow-missing-files", action="store_true",
                         help="build even when replay failed for a file the workspace lacks")

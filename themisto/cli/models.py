@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from themisto.cli.common import add_ray_option, format_counts, ray_target
-from themisto.vocabulary import (BENCHMARK_SPLIT, CONTEXT_MODES, DEFAULT_CONTEXT_MODES, PROBE_CONTEXT, PROBE_PROTOCOLS,
-                                 RUN_SPLITS, STATIC_CONTEXT_MODES, TASKS)
+from themisto.cli.common import add_ray_option, default_of, format_counts, ray_target
+from themisto.vocabulary import (CONTEXT_MODES, DEFAULT_CONTEXT_MODES, PROBE_CONTEXT, PROBE_PROTOCOLS, RUN_SPLITS,
+                                 STATIC_CONTEXT_MODES, TASKS)
 
 
 def sft_export_command(args: argparse.Namespace) -> int:
@@ -40,15 +40,21 @@ def sft_export_command(args: argparse.Namespace) -> int:
 
 
 def add_sft_export(subparsers: argparse._SubParsersAction) -> None:
+    from themisto.training.export import MIXES, ExportSettings
+
+    contexts = list(default_of(ExportSettings, "contexts"))
     parser = subparsers.add_parser("sft-export", help="a release split as fine-tuning examples (TRL format)")
     parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder")
-    parser.add_argument("--split", default="train", help="split to export (default: train)")
-    parser.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS), help="tasks (default: both)")
-    parser.add_argument("--context", nargs="+", choices=STATIC_CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES),
-                        help=f"runtime-context modes (default: {' '.join(DEFAULT_CONTEXT_MODES)})")
-    parser.add_argument("--mix", choices=("all", "one"), default="all",
+    parser.add_argument("--split", default=default_of(ExportSettings, "split"),
+                        help="split to export (default: %(default)s)")
+    parser.add_argument("--task", nargs="+", choices=TASKS, default=list(default_of(ExportSettings, "tasks")),
+                        help="tasks (default: both)")
+    parser.add_argument("--context", nargs="+", choices=STATIC_CONTEXT_MODES, default=contexts,
+                        help=f"runtime-context modes (default: {' '.join(contexts)})")
+    parser.add_argument("--mix", choices=MIXES, default=default_of(ExportSettings, "mix"),
                         help="all: each row once per context mode; one: each row once, in a seeded context mode")
-    parser.add_argument("--mix-seed", type=int, default=0, help="seed of --mix one (which context each row gets)")
+    parser.add_argument("--mix-seed", type=int, default=default_of(ExportSettings, "seed"),
+                        help="seed of --mix one (which context each row gets)")
     parser.add_argument("--max-prompt-tokens", type=int,
                         help="cut prompts to this budget as generation does (drop those that cannot fit): counted "
                              "with --count-with's tokenizer, else estimated (UTF-8 bytes / 3)")
@@ -129,7 +135,12 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def add_generate(subparsers: argparse._SubParsersAction) -> None:
-    from themisto.generation.backends.hf import DTYPES
+    from themisto.generation.backends import BACKENDS, Sampling
+    from themisto.generation.backends.hf import DTYPES, TransformersBackend
+    from themisto.generation.backends.openai_api import OpenAIBackend
+    from themisto.generation.backends.vllm_offline import VLLMBackend
+    from themisto.generation.probe_protocol import ProbeSettings
+    from themisto.generation.runs import RunSettings
 
     parser = subparsers.add_parser("generate", help="run a model (or a baseline) on a release's task, resumable")
     parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder (themisto build)")
@@ -137,41 +148,51 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES),
                         metavar="MODE", help=f"runtime-context modes: {', '.join(CONTEXT_MODES)} "
                                              f"(default: {' '.join(DEFAULT_CONTEXT_MODES)})")
-    parser.add_argument("--backend", required=True, help="transformers, openai, vllm or baseline")
+    parser.add_argument("--backend", required=True, choices=BACKENDS)
     parser.add_argument("--model", required=True, help="model folder, Hub id or .gguf file; endpoint model name; "
                         "or a baseline: previous-cell, common-cell, previous-output, last-repr (or, probing, "
                         "probe-previous-cell, probe-last-repr)")
-    parser.add_argument("--n", type=int, default=1, help="samples per example and context (default 1)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--n", type=int, default=default_of(Sampling, "n"),
+                        help="samples per example and context (default %(default)s)")
+    parser.add_argument("--temperature", type=float, default=default_of(Sampling, "temperature"),
+                        help="0 = greedy (default %(default)g)")
+    parser.add_argument("--top-p", type=float, default=default_of(Sampling, "top_p"), help="default %(default)g")
+    parser.add_argument("--seed", type=int, default=default_of(Sampling, "seed"), help="default %(default)s")
+    parser.add_argument("--max-new-tokens", type=int, default=default_of(Sampling, "max_new_tokens"),
+                        help="default %(default)s")
     parser.add_argument("--max-prompt-tokens", type=int,
                         help="prompt budget (default: the model's context length less --max-new-tokens)")
     parser.add_argument("--limit", type=int, help="only K examples, evenly spread over the split")
-    parser.add_argument("--split", choices=RUN_SPLITS, default=BENCHMARK_SPLIT,
+    parser.add_argument("--split", choices=RUN_SPLITS, default=default_of(RunSettings, "split"),
                         help="the examples: test (the default: a submission), train, or all (test, then train); a "
                              "model not trained on train may be scored on it")
-    parser.add_argument("--batch-size", type=int, default=8, help="prompts per batch and per write (default 8)")
-    parser.add_argument("--device", default="auto", help="transformers: cpu, cuda, auto (default)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+    parser.add_argument("--batch-size", type=int, default=default_of(RunSettings, "batch_size"),
+                        help="prompts per batch and per write (default %(default)s)")
+    parser.add_argument("--device", default=default_of(TransformersBackend, "device"),
+                        help="transformers: cpu, cuda, auto (default %(default)s)")
+    parser.add_argument("--dtype", default=default_of(TransformersBackend, "dtype"), choices=DTYPES,
                         help="transformers: the weights' number format (default auto: the checkpoint's own; a GGUF "
                              "is dequantized to float32); bfloat16 on a CPU or a GPU that has it, float16 on a GPU; "
                              "int8 on a CPU: float32 with every Linear layer dynamically quantized")
     parser.add_argument("--base-url", help="openai: the endpoint (default: OPENAI_BASE_URL); key from OPENAI_API_KEY")
-    parser.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight (default 8)")
-    parser.add_argument("--max-retries", type=int, default=4, help="openai: retries on 429/5xx/timeouts")
-    parser.add_argument("--request-timeout", type=float, default=120.0, help="openai: seconds per request")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per model")
+    parser.add_argument("--concurrency", type=int, default=default_of(OpenAIBackend, "concurrency"),
+                        help="openai: requests in flight (default %(default)s)")
+    parser.add_argument("--max-retries", type=int, default=default_of(OpenAIBackend, "max_retries"),
+                        help="openai: retries on 429/5xx/timeouts (default %(default)s)")
+    parser.add_argument("--request-timeout", type=float, default=default_of(OpenAIBackend, "timeout_s"),
+                        help="openai: seconds per request (default %(default)g)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=default_of(VLLMBackend, "tensor_parallel_size"),
+                        help="vllm: GPUs per model (default %(default)s)")
     parser.add_argument("--execute-probes", action="store_true",
                         help=f"the `{PROBE_CONTEXT}` mode runs the model's probes (model-written code) in branches of "
                              "the live pre-cell state: it needs this and HF_ALLOW_CODE_EVAL=1")
-    parser.add_argument("--probes", type=int, default=4, metavar="N", help="probe mode: probes per answer (default 4)")
-    parser.add_argument("--probe-chars", type=int, default=2000, metavar="C",
-                        help="probe mode: characters of each probe's output shown (default 2000)")
-    parser.add_argument("--probe-timeout", type=float, default=5.0, metavar="S",
-                        help="probe mode: seconds each probe may run (default 5)")
-    parser.add_argument("--probe-protocol", choices=PROBE_PROTOCOLS, default=PROBE_PROTOCOLS[0],
+    parser.add_argument("--probes", type=int, default=default_of(ProbeSettings, "max_probes"), metavar="N",
+                        help="probe mode: probes per answer (default %(default)s)")
+    parser.add_argument("--probe-chars", type=int, default=default_of(ProbeSettings, "output_chars"), metavar="C",
+                        help="probe mode: characters of each probe's output shown (default %(default)s)")
+    parser.add_argument("--probe-timeout", type=float, default=default_of(ProbeSettings, "timeout_s"), metavar="S",
+                        help="probe mode: seconds each probe may run (default %(default)g)")
+    parser.add_argument("--probe-protocol", choices=PROBE_PROTOCOLS, default=default_of(ProbeSettings, "protocol"),
                         help="probe mode: a fenced ```probe block (text, default) or the backend's tool calls")
     parser.add_argument("--workspace", type=Path, metavar="DIR",
                         help="probe mode: the input files the release was replayed over (default: made again from "

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from themisto.cli.common import CommandError, add_ray_option, scoring_runner
+from themisto.cli.common import CommandError, add_ray_option, default_of, scoring_runner
 from themisto.vocabulary import CLUSTER_UNITS, TASKS
 
 
@@ -74,7 +74,7 @@ def score_command(args: argparse.Namespace) -> int:
         return _score_run_folder(args)
     if args.release is None or args.predictions is None or args.output is None:
         raise CommandError("give a run folder (themisto score RUN/), or --release, --predictions and -o")
-    settings = ScoreSettings(task=args.config, k=tuple(args.k), timeout_s=args.prediction_timeout,
+    settings = ScoreSettings(task=args.task, k=tuple(args.k), timeout_s=args.prediction_timeout,
                              continuation_cells=args.continuation_cells, restore=args.restore)
     run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,
                         workspace=args.workspace, resume=not args.no_resume, runner=scoring_runner(args))
@@ -92,7 +92,23 @@ def score_command(args: argparse.Namespace) -> int:
     return 0
 
 
+class _DeprecatedAlias(argparse.Action):
+    """An option's old name: it still sets the option and prints a one-line note on stderr."""
+
+    def __init__(self, option_strings, dest, new_name: str, **kwargs):
+        self.new_name = new_name
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"themisto score: {option_string} is deprecated; use {self.new_name}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_score(subparsers: argparse._SubParsersAction) -> None:
+    from themisto.scoring.intervals import IntervalSettings
+    from themisto.scoring.records import ScoreSettings
+
+    k = list(default_of(ScoreSettings, "k"))
     parser = subparsers.add_parser("score", help="score a run folder, or predictions against a release "
                                                  "(text; --execute: run them)")
     parser.add_argument("run_dir", nargs="?", type=Path, metavar="RUN",
@@ -100,21 +116,28 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
                              "(read into the run folder LOG.run/): writes RUN/results.json and RUN/results.md")
     parser.add_argument("--release", type=Path, metavar="DIR",
                         help="release folder (themisto build); for a run folder, default: the one run.json names")
-    parser.add_argument("--config", choices=TASKS, default=TASKS[0],
-                        help="the task the predictions answer (with --predictions)")
+    parser.add_argument("--task", choices=TASKS, default=default_of(ScoreSettings, "task"),
+                        help="the task the predictions answer (with --predictions; default %(default)s)")
+    # The option's name before it was --task, as every other command calls it; kept for scripts.
+    parser.add_argument("--config", dest="task", choices=TASKS, action=_DeprecatedAlias, new_name="--task",
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--predictions", type=Path, metavar="JSONL",
                         help='one {"id": ..., "prediction": str | [str, ...]} per line')
     parser.add_argument("--execute", action="store_true",
                         help="run next_cell predictions in the pre-cell state (also needs HF_ALLOW_CODE_EVAL=1)")
-    parser.add_argument("--k", nargs="+", type=int, default=[1], help="pass@k for each k (default: 1)")
-    parser.add_argument("--prediction-timeout", type=float, default=30.0,
-                        help="seconds each executed prediction may run (grown for slow reference cells)")
-    parser.add_argument("--continuation-cells", type=int, default=3, metavar="K",
-                        help="logged cells run after each prediction for continuation_match (default 3; 0: off)")
+    parser.add_argument("--k", nargs="+", type=int, default=k,
+                        help=f"pass@k for each k (default: {' '.join(map(str, k))})")
+    parser.add_argument("--prediction-timeout", type=float, default=default_of(ScoreSettings, "timeout_s"),
+                        metavar="S", help="seconds each executed prediction may run (grown for slow reference cells; "
+                                          "default %(default)g)")
+    parser.add_argument("--continuation-cells", type=int, default=default_of(ScoreSettings, "continuation_cells"),
+                        metavar="K",
+                        help="logged cells run after each prediction for continuation_match (default %(default)s; "
+                             "0: off)")
     parser.add_argument("--workspace", type=Path, help="the release's replay inputs, if it was built with a given one")
-    parser.add_argument("--cluster", choices=CLUSTER_UNITS, default=CLUSTER_UNITS[0],
-                        help="a run folder's intervals resample whole trajectories (default) or whole participants "
-                             "(a developer's trajectories are not independent)")
+    parser.add_argument("--cluster", choices=CLUSTER_UNITS, default=default_of(IntervalSettings, "cluster"),
+                        help="a run folder's intervals resample whole trajectories or whole participants "
+                             "(a developer's trajectories are not independent; default %(default)s)")
     parser.add_argument("--restore", action="store_true",
                         help="with --execute: start each trajectory from the state its release's values restore "
                              "(checked against the state hash) instead of replaying the prefix, and restore again in "

@@ -47,7 +47,7 @@ def study_command(args: argparse.Namespace) -> int:
 
 def add_study(subparsers: argparse._SubParsersAction) -> None:
     from themisto.generation.backends.hf import DTYPES
-    from themisto.study.settings import PRESET_NAMES, STUDY_CONTEXT_MODES, StudySettings
+    from themisto.study.settings import PRESET_NAMES, PRESETS, STUDY_CONTEXT_MODES, StudySettings
 
     d = StudySettings(release="", model="")  # the defaults shown in --help are the settings' own
     parser = subparsers.add_parser("study", help="the fine-tuning study: a model per context mode and seed, trained "
@@ -55,7 +55,7 @@ def add_study(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder (themisto build)")
     parser.add_argument("--model", required=True, help="base model: a folder, a Hub id or a .gguf file")
     parser.add_argument("-o", "--output", required=True, type=Path, metavar="STUDY", help="study folder")
-    parser.add_argument("--preset", choices=PRESET_NAMES, default="custom",
+    parser.add_argument("--preset", choices=PRESET_NAMES, default=d.preset,
                         help="gpu: the study on one GPU (bf16, several models at once); cpu-check: the same path on a "
                              "reduced configuration that ends in minutes on a CPU (a path check, not a result); "
                              "options given explicitly override the preset")
@@ -85,6 +85,6 @@ def add_study(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--generation-batch", type=int, help=f"prompts per batch (default {d.generation_batch})")
     parser.add_argument("--cluster", choices=CLUSTER_UNITS, help=f"the bootstrap's unit (default {d.cluster})")
     parser.add_argument("--resamples", type=int, help=f"bootstrap resamples (default {d.resamples})")
-    parser.add_argument("--parallel", type=int, help="models trained and generated at once (default 1; gpu: 4)")
+    parser.add_argument("--parallel", type=int, help=f"models trained and generated at once (default {d.parallel}; gpu: {PRESETS['gpu']['parallel']})")
     parser.add_argument("--json", action="store_true", help="no progress bars; print a summary JSON object")
     parser.set_defaults(run=study_command)

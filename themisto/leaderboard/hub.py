@@ -4,14 +4,19 @@
 when asked, a PR on the model repo adding `.eval_results/themisto.yaml`: one `EvalResultEntry` per task and context
 mode, written with huggingface_hub's YAML helpers. Everything is built before the first request, so a refusal
 uploads nothing; a transient Hub error (429, 5xx, a dropped connection) is retried once, then named.
+`send_submission` is what `themisto submit --to` calls: the re-scoring the eval results need, then `submit_to_hub`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from themisto.errors import InputError
 from themisto.leaderboard.submission import Submission, submission_bytes, submission_slug
+
+if TYPE_CHECKING:
+    from themisto.release.folder import ReleaseInfo
 
 EVAL_RESULTS_PATH = ".eval_results/themisto.yaml"
 # The Hub leaderboard holds one number per task; exact match is the one every entry has (execution is opt-in).
@@ -175,6 +180,22 @@ def submit_to_hub(submission: Submission, repo_id: str, *, eval_results: EvalRes
             eval_results.model_repo, "model", {EVAL_RESULTS_PATH: text.encode()},
             f"Themisto eval results ({submission.task}): {', '.join(submission.contexts)}")
     return result
+
+
+def send_submission(submission: Submission, release: ReleaseInfo, repo_id: str, *,
+                    eval_results: EvalResultsRequest | None = None, execute: bool = False) -> SubmitResult:
+    """`themisto submit --to`: with `eval_results`, re-score the submission on `release` as the
+    board does (`execute`: next_cell predictions run) and read the task ids its eval.yaml declares; then open the PRs
+    (`submit_to_hub`). Without a token it refuses before any scoring."""
+    from themisto.leaderboard.board import rescore
+    from themisto.release.eval_yaml import declared_task_ids
+
+    hub_token()
+    results = task_ids = None
+    if eval_results is not None:
+        task_ids = declared_task_ids(release.path)
+        results, _ = rescore(submission, release, execute=execute)
+    return submit_to_hub(submission, repo_id, eval_results=eval_results, results=results, task_ids=task_ids)
 
 
 def push_space(space_dir, repo_id: str, *, api=None) -> str:

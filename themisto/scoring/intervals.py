@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 from themisto.scoring.results_table import units as count_of
 from themisto.vocabulary import CLUSTER_UNITS
+
+# numpy is imported inside the functions that compute: the command line reads IntervalSettings' defaults when it
+# builds its parser, and building it loads no numpy.
+if TYPE_CHECKING:
+    import numpy as np
 
 METHODS: tuple[str, ...] = ("cluster_bootstrap", "block_bootstrap")
 
@@ -106,12 +109,16 @@ class Interval:
 
 def block_length_for(sizes: Sequence[int]) -> int:
     """The block length: the cube root of the median trajectory size (examples), rounded, at least 1."""
+    import numpy as np
+
     if not sizes:
         return 1
     return max(1, round(float(np.median(sizes)) ** (1 / 3)))
 
 
 def _cluster_weights(members: list[np.ndarray], n: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    import numpy as np
+
     drawn = rng.integers(0, len(members), size=(resamples, len(members)))
     per_cluster = np.zeros((resamples, len(members)))
     np.add.at(per_cluster, (np.arange(resamples)[:, None], drawn), 1.0)
@@ -123,6 +130,8 @@ def _cluster_weights(members: list[np.ndarray], n: int, resamples: int, rng: np.
 
 def _block_weights(members: list[np.ndarray], n: int, length: int, resamples: int,
                    rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    import numpy as np
+
     weights = np.zeros((resamples, n))
     blocks = 0
     for idx in members:
@@ -143,6 +152,8 @@ def plan_resamples(clusters: Sequence[Hashable], order: Sequence,
                    settings: IntervalSettings = IntervalSettings()) -> ResamplePlan:
     """Plan the resamples of examples that belong to `clusters` (trajectories, or participants where the settings say
     so), ordered within each by `order` (any sortable keys, e.g. (trajectory, step))."""
+    import numpy as np
+
     if len(clusters) != len(order):
         raise ValueError(f"got {len(clusters)} cluster labels for {len(order)} positions")
     n = len(clusters)
@@ -178,6 +189,8 @@ def plan_resamples(clusters: Sequence[Hashable], order: Sequence,
 
 
 def _as_values(values: Sequence[float | None], plan: ResamplePlan, mask: Sequence[bool] | None) -> np.ndarray:
+    import numpy as np
+
     array = np.array([np.nan if v is None else float(v) for v in values], dtype=float)
     if array.shape != (plan.size,):
         raise ValueError(f"got {array.size} values for a plan of {plan.size} examples")
@@ -192,6 +205,8 @@ def _as_values(values: Sequence[float | None], plan: ResamplePlan, mask: Sequenc
 def mean_interval(values: Sequence[float | None], plan: ResamplePlan,
                   mask: Sequence[bool] | None = None) -> Interval:
     """The mean of `values` (None or NaN: no value) over the examples `mask` keeps, with the plan's interval."""
+    import numpy as np
+
     array = _as_values(values, plan, mask)
     present = ~np.isnan(array)
     n = int(present.sum())
