@@ -64,6 +64,8 @@ def test_a_cell_logged_longer_than_the_default_ends_ok_and_an_unfinished_one_kee
         _execution(1, _spin(2), "2023-05-06T10:01:00.000Z", None, status="unknown"),
         # waits without computing: its 1 CPU s limit is never reached, and 2 s is within 4 x 1 s of the clock
         _execution(2, SLEEP_2S, "2023-05-06T10:02:00.000Z", None, status="unknown"),
+        # hangs without computing: stopped after 4 x 1 s of the clock all the same
+        _execution(3, "import time\ntime.sleep(60)", "2023-05-06T10:03:00.000Z", None, status="unknown"),
     )
     trajectory.executions[1].damage.append(Damage("no_finish", "x.log:9", None, "the log ends first"))
     steps = list(replay_trajectory(trajectory, tmp_path, TINY))
@@ -74,8 +76,10 @@ def test_a_cell_logged_longer_than_the_default_ends_ok_and_an_unfinished_one_kee
     assert (steps[1].status, steps[1].time_limit_s, steps[1].logged.seconds) == ("timeout", 1.0, None)
     assert "1 CPU s timeout" in steps[1].evalue
     assert (steps[2].status, steps[2].output.strip()) == ("ok", "slept")
+    assert steps[3].status == "timeout" and 4.0 <= steps[3].execution_time < 30.0
     [report] = fidelity_report(steps)
-    assert [(t.step, t.limit_s, t.developer_s, t.logged) for t in report.timeouts] == [(1, 1.0, None, "unknown")]
+    assert [(t.step, t.limit_s, t.developer_s, t.logged) for t in report.timeouts] == [(1, 1.0, None, "unknown"),
+                                                                                       (3, 1.0, None, "unknown")]
 
 
 @pytest.mark.slow

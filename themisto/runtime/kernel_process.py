@@ -125,6 +125,17 @@ class KernelProcess:
             total += times.user + times.system + times.children_user + times.children_system
         return total
 
+    def queued_seconds(self) -> float | None:
+        """Seconds the kernel's main thread has spent runnable but waiting for a core (/proc/PID/schedstat: the
+        host's load, not the cell's work); None where the kernel has no schedstat."""
+        if self._pid is None:
+            return None
+        try:
+            with open(f"/proc/{self._pid}/schedstat", encoding="ascii") as handle:
+                return int(handle.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
+
     def popen(self) -> subprocess.Popen | None:
         """The process jupyter_client started (the launcher, or bubblewrap around it), None while none runs."""
         provisioner = getattr(self._km, "provisioner", None)

@@ -6,6 +6,7 @@ restart the kernel when the interrupt does not end the cell. Every request ends 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -28,8 +29,11 @@ EXPRESSIONS_TIMEOUT_S = 120.0
 # How often the kernel process is checked for life while a cell runs.
 _LIVENESS_PERIOD_S = 0.2
 # A cell timed in CPU seconds (`Limits.cell_clock` "cpu"): how often its CPU is read (a walk of /proc), and how many
-# times its timeout in wall seconds it may take all the same (a cell that waits without computing: a sleep, a lock).
-# On a host where the kernel gets less than 1/CPU_CLOCK_WALL_FACTOR of its core, the wall limit decides again.
+# times its timeout it may take all the same in seconds of the clock that the kernel did not spend waiting for a
+# core (a cell that waits without computing: a sleep, a lock). The kernel's wait for a core is its run-queue time
+# (/proc/PID/schedstat), so however busy the host, a computing cell never reaches this bound; where the kernel has
+# no schedstat, plain seconds of the clock are counted, and a host that gives the kernel less than
+# 1/CPU_CLOCK_WALL_FACTOR of its core decides again.
 _CPU_PERIOD_S = 1.0
 CPU_CLOCK_WALL_FACTOR = 4.0
 
@@ -63,9 +67,15 @@ class RequestRunner:
         timeout = self._limits.cell_timeout_s if timeout is None else timeout
         by_cpu = (clock or self._limits.cell_clock) == "cpu" and not silent
         started = time.monotonic()
-        deadline = _Deadline(started + timeout * (CPU_CLOCK_WALL_FACTOR if by_cpu else 1.0))
+        deadline = _Deadline(started + timeout)
         if by_cpu and (cpu := self._process.cpu_seconds()) is not None:
             deadline.cpu = cpu + timeout
+            queued = self._process.queued_seconds()
+            if queued is None:
+                deadline.wall = started + timeout * CPU_CLOCK_WALL_FACTOR
+            else:
+                deadline.wall = math.inf
+                deadline.paced = (started, queued, timeout * CPU_CLOCK_WALL_FACTOR)
         # jupyter_client's `execute`, with the message's metadata (which it cannot set)
         content = {"code": code, "silent": silent, "store_history": not silent,
                    "user_expressions": dict(user_expressions or {}), "allow_stdin": False, "stop_on_error": False}
@@ -132,7 +142,10 @@ class RequestRunner:
             now = time.monotonic()
             limit = deadline.wall
             if extend and wait.cell_done is not None and wait.cell_done <= deadline.wall:
-                limit = max(deadline.wall, wait.cell_done + wait.expressions_s)
+                # a CPU-timed cell (whose wall deadline may be none) gets its expressions' seconds, or a grace for its
+                # reply, from its end
+                limit = max(deadline.wall, wait.cell_done + wait.expressions_s) if deadline.cpu is None else (
+                    wait.cell_done + max(wait.expressions_s, INTERRUPT_GRACE_S))
             if now >= limit:
                 return "deadline"
             events = dict(await poller.poll(int(min(limit - now, _LIVENESS_PERIOD_S) * 1000) + 1))
@@ -149,8 +162,7 @@ class RequestRunner:
                     return "died"
             if deadline.cpu is not None and wait.cell_done is None and time.monotonic() - last_cpu >= _CPU_PERIOD_S:
                 last_cpu = time.monotonic()
-                used = self._process.cpu_seconds()
-                if used is not None and used >= deadline.cpu:
+                if deadline.passed(self._process):
                     return "deadline"
         return "done"
 
@@ -196,8 +208,21 @@ class RequestRunner:
 
 @dataclass
 class _Deadline:
-    wall: float  # time.monotonic() past which the request is given up
+    wall: float  # time.monotonic() past which the request is given up (math.inf: `paced` bounds it)
     cpu: float | None = None  # the kernel's CPU seconds (KernelProcess.cpu_seconds) past which its cell is given up
+    # (started, the kernel's run-queue seconds then, seconds): a CPU-timed cell is also given up once that many
+    # seconds of the clock have passed that the kernel did not spend waiting for a core
+    paced: tuple[float, float, float] | None = None
+
+    def passed(self, process: KernelProcess) -> bool:
+        """Whether a CPU-timed cell is past its CPU seconds, or past its paced seconds of the clock."""
+        used = process.cpu_seconds()
+        if used is not None and self.cpu is not None and used >= self.cpu:
+            return True
+        if self.paced is not None and (queued := process.queued_seconds()) is not None:
+            started, queued_then, seconds = self.paced
+            return time.monotonic() - started - (queued - queued_then) >= seconds
+        return False
 
     def words(self, timeout: float) -> str:
         return f"{timeout:g} CPU s" if self.cpu is not None else f"{timeout:g} s"
