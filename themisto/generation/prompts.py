@@ -22,7 +22,7 @@ from themisto.generation.probe_protocol import ProbeSettings, probe_rule, protoc
 from themisto.generation.trace import TRACE_INTRO, state_lines, trace_names
 from themisto.generation.variable_ranking import rank_variables
 from themisto.modes import CONTEXT_MODE_TABLE, ContextModeError, ContextModeSpec, context_mode
-from themisto.vocabulary import TASKS
+from themisto.vocabulary import CONTEXT_MODES, TASKS  # noqa: F401 - CONTEXT_MODES: callers import it from here too
 
 SYSTEM = "You are an expert Python data scientist working in a Jupyter notebook."
 
