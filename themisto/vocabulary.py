@@ -1,34 +1,35 @@
 """The closed vocabularies the stages share, declared here once: tasks, context modes, splits and statuses.
 
-Every stage, the command line's `choices` and defaults included, takes these names from here, so a new context
-mode is one edit below plus its template (`themisto.generation.prompts`). Each set is a `Literal` (for the type of
-a record's field) and the tuple of its values in their order (for checks, choices and tables), the tuple derived
-from the `Literal` so the two cannot disagree. Standard library only: `import themisto.vocabulary` loads nothing.
+Every stage, the command line's `choices` and defaults included, takes these names from here. Each set is a
+`Literal` (for the type of a record's field) and the tuple of its values in their order (for checks, choices and
+tables), the tuple derived from the `Literal` so the two cannot disagree. The context modes are the exception: they
+are objects declared in `themisto.modes` (a new mode is one entry of its table plus its template in
+`themisto.generation.prompts`), and their names here are derived from that table. Standard library only:
+`import themisto.vocabulary` loads nothing.
 """
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
+from themisto import modes as _modes
+
 # The benchmark's two tasks; each is also a config of the release (beside `trajectories`).
 Task = Literal["next_cell", "output_prediction"]
 TASKS: tuple[str, ...] = get_args(Task)
 
-# Runtime-context modes of a prompt, in the order tables show them; `none` is the baseline paired effects compare
-# against. `none` shows no snapshot; every other mode needs the release's snapshots. `trace`: each history cell
-# followed by the variables it changed, as JSON (themisto.generation.trace). `probe` is the `variables` prompt plus
-# the right to run probes (model-written code) in branches of the live pre-cell state.
-ContextMode = Literal["none", "variables", "full", "trace", "probe"]
-CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
-BASELINE_CONTEXT = "none"
-PROBE_CONTEXT = "probe"
-PROBE_BASE_CONTEXT = "variables"  # the prompt a probe-mode conversation starts from; its second paired effect
-# Modes whose prompt is a picture of the state fixed before the model runs: no code runs to make it, so these are
-# what `themisto sft-export` can write (a probe conversation exists only once a model has had it).
-STATIC_CONTEXT_MODES: tuple[str, ...] = tuple(c for c in CONTEXT_MODES if c != PROBE_CONTEXT)
-# What `themisto generate` and `themisto sft-export` run when no --context is given (`probe` needs the execution
-# opt-in; `trace` is asked for by name).
-DEFAULT_CONTEXT_MODES: tuple[str, ...] = ("none", "variables", "full")
+# Runtime-context modes of a prompt: declared in `themisto.modes` (what each needs and shows, looked up by name with
+# `context_mode`); the names below are derived from its table. `BASELINE_CONTEXT` is the control paired effects
+# compare against; `PROBE_BASE_CONTEXT` the prompt a probe-mode conversation starts from (its second paired effect).
+# `STATIC_CONTEXT_MODES`: the modes whose prompt is a picture of the state fixed before the model runs (what
+# `themisto sft-export` can write); `DEFAULT_CONTEXT_MODES`: what `generate` and `sft-export` run with no --context.
+CONTEXT_MODES: tuple[str, ...] = _modes.CONTEXT_MODES
+ContextMode = Literal[CONTEXT_MODES]  # type: ignore[valid-type]  # the table's names (nothing annotates with it)
+BASELINE_CONTEXT: str = _modes.BASELINE_CONTEXT
+PROBE_CONTEXT: str = _modes.PROBE_CONTEXT
+PROBE_BASE_CONTEXT: str = _modes.PROBE_BASE_CONTEXT
+STATIC_CONTEXT_MODES: tuple[str, ...] = _modes.STATIC_CONTEXT_MODES
+DEFAULT_CONTEXT_MODES: tuple[str, ...] = _modes.DEFAULT_CONTEXT_MODES
 
 # How a probe-mode model asks for a probe: a fenced block any model can write, or the backend's native tool calls.
 ProbeProtocol = Literal["text", "native"]

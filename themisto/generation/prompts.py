@@ -4,8 +4,9 @@
 (names, types, shapes, bounded reprs, the most relevant variables first), `full` adds memory, execution times,
 errors and restarts; `trace` follows each history cell with the variables it changed as JSON (`trace`); `probe` is
 the `variables` prompt plus the rule that lets the model probe the live state (`themisto.generation.probe_protocol`).
-Every template lives in `PROMPT_TEMPLATES`, the budget's rule (`themisto.generation.budget`) written into its text; a
-run records each template's text and sha256.
+What each mode shows is a property of its `themisto.modes.ContextModeSpec`, never a test of its name. Every template
+lives in `PROMPT_TEMPLATES`, the budget's rule (`themisto.generation.budget`) written into its text; a run records
+each template's text and sha256.
 """
 
 from __future__ import annotations
@@ -20,78 +21,68 @@ from themisto.generation.budget import WHOLE_FIELDS, Cut, Fields, Kept, budget_r
 from themisto.generation.probe_protocol import ProbeSettings, probe_rule, protocol_text
 from themisto.generation.trace import TRACE_INTRO, state_lines, trace_names
 from themisto.generation.variable_ranking import rank_variables
-from themisto.vocabulary import CONTEXT_MODES, PROBE_BASE_CONTEXT, PROBE_CONTEXT, TASKS
+from themisto.modes import CONTEXT_MODE_TABLE, ContextModeError, ContextModeSpec, context_mode
+from themisto.vocabulary import CONTEXT_MODES, TASKS  # noqa: F401 - CONTEXT_MODES: callers import it from here too
 
 SYSTEM = "You are an expert Python data scientist working in a Jupyter notebook."
 
 _HISTORY_INTRO = "The cells a developer executed in a Jupyter notebook, oldest first, with their outputs:"
 _NO_HISTORY = "(no earlier cells are shown)"
-_RUNTIME_INTRO = {
-    "none": "",
-    "variables": "Runtime state before the next cell: the user's variables, most relevant first (name, type, shape, "
-                 "repr).",
-    "full": ("Runtime state before the next cell: memory in use, and the user's variables, most relevant first "
-             "(name, type, shape, size, repr). Cell headers show status, execution time and kernel restarts."),
-    "trace": "",  # the state follows each history cell (themisto.generation.trace)
-}
 _INSTRUCTION = {
     "next_cell": ("Write the code of the next cell the developer executes. "
                   "Reply with the code only, in one ```python fenced block."),
     "output_prediction": ("Predict the exact output this cell prints or displays when it runs now. "
                           "Reply with the output text only, in one ``` fenced block (empty if it shows nothing)."),
 }
-_RUNTIME_INTRO[PROBE_CONTEXT] = _RUNTIME_INTRO[PROBE_BASE_CONTEXT]
 _STATE_LABEL = "State after it:"
 _TARGET_CELL = "The cell to run next:\n```python\n{code}\n```"
 _USER = "{history_intro}\n\n{history}\n\n{runtime}{target}{instruction}"
 
 
-def _instruction(task: str, context: str, probe: str) -> str:
+def _instruction(task: str, mode: ContextModeSpec, probe: str) -> str:
     """The task's instruction; in the probe mode, the probe rule (`probe`) comes first."""
-    return f"{probe}\n\n{_INSTRUCTION[task]}" if context == PROBE_CONTEXT else _INSTRUCTION[task]
+    return f"{probe}\n\n{_INSTRUCTION[task]}" if mode.is_probe else _INSTRUCTION[task]
 
 
-def _history_intro(context: str) -> str:
-    return f"{_HISTORY_INTRO}\n{TRACE_INTRO}" if context == "trace" else _HISTORY_INTRO
+def _history_intro(mode: ContextModeSpec) -> str:
+    return f"{_HISTORY_INTRO}\n{TRACE_INTRO}" if mode.per_cell_state else _HISTORY_INTRO
 
 
-def _has_runtime_section(context: str) -> bool:
-    """Whether the mode shows a runtime section of its own (`trace` puts the state after each history cell)."""
-    return context not in ("none", "trace")
-
-
-def _template_text(task: str, context: str) -> str:
+def _template_text(task: str, mode: ContextModeSpec) -> str:
     """The full template of one (task, context): system message, user layout and the fixed texts it fills in (the
     probe mode: its protocol's texts too), and the budget's rule (not sent: it says how an over-long prompt was
     cut)."""
-    runtime = f"{_RUNTIME_INTRO[context]}\n{{runtime}}\n\n" if _has_runtime_section(context) else ""
+    runtime = f"{mode.intro}\n{{runtime}}\n\n" if mode.runtime_section else ""
     target = _TARGET_CELL + "\n\n" if task == "output_prediction" else ""
-    history = "{history}" if context != "trace" else f"{{history}} (each cell: code, {_STATE_LABEL} {{state}}, output)"
-    user = _USER.format(history_intro=_history_intro(context), history=history, runtime=runtime, target=target,
-                        instruction=_instruction(task, context, "{probe_rule}"))
-    protocol = f"[probe]\n{protocol_text()}\n" if context == PROBE_CONTEXT else ""
-    return f"[system]\n{SYSTEM}\n[user]\n{user}\n{protocol}[budget]\n{budget_rule(context != 'none')}\n"
+    history = f"{{history}} (each cell: code, {_STATE_LABEL} {{state}}, output)" if mode.per_cell_state else "{history}"
+    user = _USER.format(history_intro=_history_intro(mode), history=history, runtime=runtime, target=target,
+                        instruction=_instruction(task, mode, "{probe_rule}"))
+    protocol = f"[probe]\n{protocol_text()}\n" if mode.is_probe else ""
+    return f"[system]\n{SYSTEM}\n[user]\n{user}\n{protocol}[budget]\n{budget_rule(mode.needs_snapshot)}\n"
 
 
 PROMPT_TEMPLATES: dict[tuple[str, str], str] = {
-    (task, context): _template_text(task, context) for task in TASKS for context in CONTEXT_MODES}
+    (task, mode.name): _template_text(task, mode) for task in TASKS for mode in CONTEXT_MODE_TABLE}
 
 
 class PromptError(InputError):
     """An unknown task or context mode, or a row that lacks what the task needs."""
 
 
-def check_task_context(task: str, context: str) -> None:
+def check_task_context(task: str, context: str | ContextModeSpec) -> ContextModeSpec:
+    """The context mode, once the task and the mode are known ones."""
     if task not in TASKS:
         raise PromptError(f"unknown task {task!r} (expected one of {', '.join(TASKS)})")
-    if context not in CONTEXT_MODES:
-        raise PromptError(f"unknown context mode {context!r} (expected one of {', '.join(CONTEXT_MODES)})")
+    try:
+        return context_mode(context)
+    except ContextModeError as error:
+        raise PromptError(str(error)) from None
 
 
-def template_sha256(task: str, context: str) -> str:
+def template_sha256(task: str, context: str | ContextModeSpec) -> str:
     """The sha256 of one (task, context) template's text."""
-    check_task_context(task, context)
-    return hashlib.sha256(PROMPT_TEMPLATES[(task, context)].encode("utf-8")).hexdigest()
+    mode = check_task_context(task, context)
+    return hashlib.sha256(PROMPT_TEMPLATES[(task, mode.name)].encode("utf-8")).hexdigest()
 
 
 @dataclass
@@ -189,8 +180,8 @@ def _render_variable(var: dict, fields: Fields, full: bool) -> str:
     return line
 
 
-def _render_runtime(row: dict, context: str, variables: list[dict], cut: Cut) -> str:
-    full = context == "full"
+def _render_runtime(row: dict, mode: ContextModeSpec, variables: list[dict], cut: Cut) -> str:
+    full = mode.execution_facts
     lines = []
     if full:
         lines.append(f"memory in use: {_human_bytes(row.get('memory_bytes_before'))}")
@@ -205,24 +196,24 @@ def _render_runtime(row: dict, context: str, variables: list[dict], cut: Cut) ->
     return "\n".join(lines)
 
 
-def _render_user(row: dict, task: str, context: str, variables: list, cut: Cut, probe: ProbeSettings) -> str:
+def _render_user(row: dict, task: str, mode: ContextModeSpec, variables: list, cut: Cut, probe: ProbeSettings) -> str:
     """The user message; `variables`: the ranked variables (the trace mode: the ranked names, `trace_names`)."""
-    full = context == "full"
+    full, traced = mode.execution_facts, mode.per_cell_state
     history = list(row.get("history") or [])
     first = len(history) - cut.history
     shown = history[first:]
-    states = state_lines(row, shown, variables, cut) if context == "trace" else [None] * len(shown)
-    cells = "\n\n".join(_render_cell(c, first + 1 + i, full, "" if context == "trace" and state is None else state)
+    states = state_lines(row, shown, variables, cut) if traced else [None] * len(shown)
+    cells = "\n\n".join(_render_cell(c, first + 1 + i, full, "" if traced and state is None else state)
                          for i, (c, state) in enumerate(zip(shown, states))) or _NO_HISTORY
-    if context == "trace" and shown and cut.variables < len(variables):
+    if traced and shown and cut.variables < len(variables):
         hidden = len(variables) - cut.variables
         cells += f"\n\n(the state lines leave out {hidden} variable{'s' if hidden > 1 else ''}, ranked lower)"
     runtime = ""
-    if _has_runtime_section(context):
-        runtime = f"{_RUNTIME_INTRO[context]}\n{_render_runtime(row, context, variables, cut)}\n\n"
+    if mode.runtime_section:
+        runtime = f"{mode.intro}\n{_render_runtime(row, mode, variables, cut)}\n\n"
     target = _TARGET_CELL.format(code=row.get("code") or "") + "\n\n" if task == "output_prediction" else ""
-    return _USER.format(history_intro=_history_intro(context), history=cells, runtime=runtime, target=target,
-                        instruction=_instruction(task, context, probe_rule(probe)))
+    return _USER.format(history_intro=_history_intro(mode), history=cells, runtime=runtime, target=target,
+                        instruction=_instruction(task, mode, probe_rule(probe)))
 
 
 def _messages(user: str) -> list[dict]:
@@ -243,10 +234,10 @@ def approx_tokens(text: str) -> int:
 # The budget
 
 
-def _kept(row: dict, context: str, variables: list, cut: Cut) -> Kept:
-    runtime = context != "none"
+def _kept(row: dict, mode: ContextModeSpec, variables: list, cut: Cut) -> Kept:
+    runtime = mode.needs_snapshot
     shown = variables[:cut.variables]
-    if context == "trace":  # the names shown (none without a cell to follow); reprs: the target's snapshot's
+    if mode.per_cell_state:  # the names shown (none without a cell to follow); reprs: the target's snapshot's
         reprs = {v["name"]: v.get("repr") or "" for v in row.get("variables_before") or []}
         shown = [{"repr": reprs.get(name, "")} for name in shown] if cut.history else []
         cut = Cut(cut.history, len(shown), cut.fields)
@@ -257,27 +248,29 @@ def _kept(row: dict, context: str, variables: list, cut: Cut) -> Kept:
                 variables_total=len(variables) if runtime else None, repr_chars=limit, reprs_cut=reprs_cut)
 
 
-def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[[str], int] | None = None,
-                  max_prompt_tokens: int | None = None, probe: ProbeSettings | None = None) -> Prompt:
-    """Render one row as chat messages; over `max_prompt_tokens`, cut the history and the runtime section by the
-    budget's rule (`themisto.generation.budget`), counting with `count_tokens` (default: `approx_tokens`). The probe
-    mode states the probe rule of `probe` (default: `ProbeSettings()`)."""
+def render_prompt(row: dict, task: str, context: str | ContextModeSpec, *,
+                  count_tokens: Callable[[str], int] | None = None, max_prompt_tokens: int | None = None,
+                  probe: ProbeSettings | None = None) -> Prompt:
+    """Render one row as chat messages in a context mode (its name or its `ContextModeSpec`); over
+    `max_prompt_tokens`, cut the history and the runtime section by the budget's rule (`themisto.generation.budget`),
+    counting with `count_tokens` (default: `approx_tokens`). The probe mode states the probe rule of `probe`
+    (default: `ProbeSettings()`)."""
     probe = probe or ProbeSettings()
-    check_task_context(task, context)
+    mode = check_task_context(task, context)
     if task == "output_prediction" and "code" not in row:
         raise PromptError(f"row {row.get('id')}: an output_prediction row needs the cell's `code`")
-    variables: list = rank_variables(row, task) if context != "none" else []
-    if context == "trace":
+    variables: list = rank_variables(row, task) if mode.needs_snapshot else []
+    if mode.per_cell_state:
         variables = trace_names(row, variables)
     history = len(row.get("history") or [])
 
     def messages(cut: Cut) -> list[dict]:
-        return _messages(_render_user(row, task, context, variables, cut, probe))
+        return _messages(_render_user(row, task, mode, variables, cut, probe))
 
     def prompt(cut: Cut | None, tokens: int | None, reason: str | None = None) -> Prompt:
         shown = cut or Cut(0, 0)
-        return Prompt(messages(shown), template_sha256(task, context),
-                      _kept(row, context, variables, cut) if cut else None, reason, row.get("id"), context, tokens,
+        return Prompt(messages(shown), template_sha256(task, mode),
+                      _kept(row, mode, variables, cut) if cut else None, reason, row.get("id"), mode.name, tokens,
                       task, row)
 
     whole = Cut(history, len(variables))
@@ -285,9 +278,9 @@ def render_prompt(row: dict, task: str, context: str, *, count_tokens: Callable[
         return prompt(whole, count_tokens(messages_text(messages(whole))) if count_tokens else None)
     count = count_tokens or approx_tokens
     chosen = fit(lambda cut: count(messages_text(messages(cut))), max_prompt_tokens, history,
-                 len(variables) if context != "none" else None)
+                 len(variables) if mode.needs_snapshot else None)
     if chosen.cut is None:
-        section = " and no variable" if context != "none" else ""
+        section = " and no variable" if mode.needs_snapshot else ""
         return prompt(None, chosen.tokens, f"prompt over budget: {chosen.tokens} tokens with no history cell{section} "
                                            f"shown (budget {max_prompt_tokens})")
     return prompt(chosen.cut, chosen.tokens)

@@ -3,8 +3,10 @@ and joined with what the trajectories config knows (when each variable last chan
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
+from themisto.modes import ContextModeSpec, context_modes
 from themisto.release.folder import TRAJECTORIES, ReleaseError, ReleaseInfo, open_release
 from themisto.vocabulary import ALL_SPLITS, BASELINE_CONTEXT, BENCHMARK_SPLIT, SPLITS
 
@@ -94,25 +96,27 @@ def _with_states(row: dict, states: dict[tuple[str, int], dict]) -> dict:
             "history": [{**cell, "state_after": _state(states.get((kernel, cell["step"])))} for cell in history]}
 
 
-def load_task_rows(info: ReleaseInfo, task: str, contexts: tuple[str, ...], *, limit: int | None = None,
-                   split: str = BENCHMARK_SPLIT) -> list[dict]:
+def load_task_rows(info: ReleaseInfo, task: str, contexts: Iterable[str | ContextModeSpec], *,
+                   limit: int | None = None, split: str = BENCHMARK_SPLIT) -> list[dict]:
     """The task's rows of `split` (`all`: test, then train; `limit` of them, spread), checked for ids and for the
-    snapshots the modes need."""
+    snapshots the modes (names or `ContextModeSpec`s) need, joined with the execution times and states they show."""
+    modes = context_modes(contexts)
     rows = spread([row for s in splits_of(info, task, split) for row in info.rows(task, s)], limit)
     seen: set[str] = set()
     for row in rows:
         if row["id"] in seen:
             raise ReleaseError(f"{info.path}: {task} has two rows with id {row['id']!r}")
         seen.add(row["id"])
-    runtime = [c for c in contexts if c != BASELINE_CONTEXT]
+    runtime = [mode.name for mode in modes if mode.needs_snapshot]
     if runtime and rows and not any(row.get("variables_before") for row in rows):
         raise ReleaseError(f"{info.path}: context mode {runtime[0]} needs runtime snapshots, and no {task} row "
-                           f"has any (variables_before is empty everywhere); use --context none")
+                           f"has any (variables_before is empty everywhere); use --context {BASELINE_CONTEXT}")
     if not runtime:
         return rows
     joined = []
     for part in splits_of(info, task, split):  # test rows come first, so the order stays the spread one
         ids = set(info.ids(task, part))
-        joined += _joined(info, [r for r in rows if r["id"] in ids], part, times="full" in contexts,
-                          trace="trace" in contexts)
+        joined += _joined(info, [r for r in rows if r["id"] in ids], part,
+                          times=any(mode.needs_times for mode in modes),
+                          trace=any(mode.per_cell_state for mode in modes))
     return joined

@@ -37,6 +37,7 @@ from themisto.generation.run_folder import (
     read_generations,
     read_run_json,
 )
+from themisto.modes import ContextModeSpec, context_mode, context_modes
 from themisto.release.folder import ReleaseInfo
 from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
 from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, PROBE_CONTEXT, RUN_SPLITS, TASKS
@@ -86,9 +87,14 @@ class RunSettings:
             raise RunSettingsError(f"unknown split {self.split!r} (expected one of {', '.join(RUN_SPLITS)})")
 
     @property
+    def modes(self) -> tuple[ContextModeSpec, ...]:
+        """The run's context modes, in order."""
+        return context_modes(self.contexts)
+
+    @property
     def probing(self) -> bool:
         """Whether the run has the `probe` mode, which runs model-written probes (the execution opt-in)."""
-        return PROBE_CONTEXT in self.contexts
+        return any(mode.is_probe for mode in self.modes)
 
 
 @dataclass
@@ -160,7 +166,7 @@ def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_
     probe-mode line's transcript."""
     ok = generation.status == "ok"
     # A probe-mode answer is read from the final reply with any probe block taken out (it asked for no more).
-    text = without_probes(generation.raw) if prompt.context == PROBE_CONTEXT else generation.raw
+    text = without_probes(generation.raw) if context_mode(prompt.context).is_probe else generation.raw
     prediction = (text if raw_is_answer else extract_answer(text, task)) if ok else ""
     record = replace(generation, id=prompt.id, task=task, context=prompt.context, sample=sample,
                      prediction=prediction, kept=prompt.kept.to_dict() if prompt.kept else None,
@@ -257,8 +263,8 @@ def _generate(release: str | Path, out: Path, settings: RunSettings, backend, pr
 
     bar = tqdm(total=len(rows) * len(settings.contexts), initial=len(rows) * len(settings.contexts) - len(todo),
                desc=f"generate {settings.task}", unit="prompt", disable=not progress)
-    probing = [row for row, context in todo if context == PROBE_CONTEXT]
-    todo = [(row, context) for row, context in todo if context != PROBE_CONTEXT]
+    probing = [row for row, context in todo if context_mode(context).is_probe]
+    todo = [(row, context) for row, context in todo if not context_mode(context).is_probe]
     with GenerationWriter(out) as writer, bar:
         for start in range(0, len(todo), settings.batch_size):
             chunk = todo[start:start + settings.batch_size]

@@ -16,7 +16,8 @@ from themisto.errors import InputError
 from themisto.generation.backends.base import Sampling
 from themisto.generation.probe_protocol import ProbeSettings
 from themisto.generation.prompts import Prompt, approx_tokens, render_prompt
-from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, PROBE_CONTEXT, RUN_SPLITS, TASKS
+from themisto.modes import context_mode
+from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, RUN_SPLITS, TASKS
 
 TOKEN_COUNTER = "approx_tokens (UTF-8 bytes / 3)"
 
@@ -58,7 +59,7 @@ class HarnessSettings:
 
     @property
     def probing(self) -> bool:
-        return self.context == PROBE_CONTEXT
+        return context_mode(self.context).is_probe
 
 
 def resolve_release(release: str) -> Path:

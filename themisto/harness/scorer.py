@@ -23,14 +23,14 @@ from pathlib import Path
 from themisto.generation.probe_protocol import without_probes
 from themisto.generation.prompts import extract_answer
 from themisto.scoring.run_scores import EXECUTION_METRICS, metrics_for
-from themisto.vocabulary import PROBE_CONTEXT
+from themisto.modes import context_mode
 
 CLUSTER_KEY = "kernel_id"  # the sample metadata the intervals resample on: the trajectory
 
 
 def answer_of(completion: str, task: str, context: str) -> str:
     """The prediction in a reply, as a run folder's line records it (a probe-mode reply without its probe blocks)."""
-    text = without_probes(completion) if context == PROBE_CONTEXT else completion
+    text = without_probes(completion) if context_mode(context).is_probe else completion
     return extract_answer(text, task)
 
 

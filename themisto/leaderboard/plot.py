@@ -67,7 +67,7 @@ def _scores_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
 
 
 def _effect_axis(ax, task: str, tables: list[Table], models: list[str]) -> None:
-    _intervals(ax, [t for t in tables if t.context != "none"], models, lambda table, row: row.effect, "diff")
+    _intervals(ax, [t for t in tables if t.paired], models, lambda table, row: row.effect, "diff")
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(models)), [_short(m) for m in models], rotation=20, ha="right", fontsize=8)
     ax.set_xlim(-0.6, max(len(models), 1) - 0.4)

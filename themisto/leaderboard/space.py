@@ -95,7 +95,7 @@ def _row_html(rank: int, row: Row, table: Table) -> str:
     cells = [_cell(str(rank), rank), _cell(escape(row.model), row.model, "text name"), _cell(escape(row.kind), row.kind,
                                                                                         "text")]
     cells += [_score_cell(row.values.get(column)) for column in table.columns]
-    if table.context != "none":
+    if table.paired:
         cells += [_score_cell(row.effect, "diff"), _score_cell(row.effect_generated, "diff")]
     cells.append(_cell(unanswered(row), row.answered["unanswered"] if row.answered else None))
     return f'<tr class="{escape(row.kind)}">' + "".join(cells) + "</tr>"
@@ -105,7 +105,7 @@ def _table_html(table: Table) -> str:
     heads = ['<th data-type="num">#</th>', '<th class="text" data-type="text">model</th>',
              '<th class="text" data-type="text">kind</th>']
     heads += [f'<th data-type="num">{escape(column_label(c))}</th>' for c in table.columns]
-    if table.context != "none":
+    if table.paired:
         heads += [f'<th data-type="num" title="over every example; a skipped or failed generation scores 0">'
                   f'Δ {escape(table.lead)} vs none, all</th>',
                   f'<th data-type="num" title="over the examples where both modes generated: like with like">'

@@ -48,6 +48,12 @@ class Table:
     columns: list[str]  # "metric/subset", in display order
     rows: list[Row]
 
+    @property
+    def paired(self) -> bool:
+        """Whether the table shows the paired effect against the baseline mode (every table but the baseline's; a
+        submission's mode is a name the board may not know, so it is not looked up)."""
+        return self.context != BASELINE_CONTEXT
+
 
 def column_label(column: str) -> str:
     metric, subset = column.split("/")
@@ -148,7 +154,7 @@ def to_markdown(board: Board, tables: list[Table]) -> str:
         for rank, row in enumerate(table.rows, start=1):
             cells = [str(rank), _md_text(row.model), row.kind] + [fmt(row.values.get(c)) for c in table.columns]
             both = row.effect_generated
-            paired = table.context != BASELINE_CONTEXT
+            paired = table.paired
             cells += [fmt(row.effect, "diff") if paired else "–",
                       f"{fmt(both, 'diff')} (n={both['n']})" if paired and both else "–",
                       unanswered(row)]

@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from themisto.jsonrecords import from_dict
 from themisto.runtime.agent import WorkdirGuard
-from themisto.runtime.agent.delta import namespace_delta
+from themisto.runtime.agent.delta import NAMESPACE_CHANGES, namespace_delta
+from themisto.runtime.agent.workdir import UNRESTORED, WORKDIR_CHANGES
 from themisto.runtime.outputs import strip_ansi
 from themisto.runtime.rebuild import RerunCell, StateLost, rebuild_state
 from themisto.runtime.snapshot import AgentError, agent_call, take_snapshot
@@ -43,6 +44,7 @@ class BranchResult:
     evalue: str | None = None
     traceback: list[str] = field(default_factory=list)  # ANSI-free
     duration_s: float = 0.0
+    # The namespace delta, one field per word of `NAMESPACE_CHANGES` (the report's keys are these fields' names).
     added: dict[str, str] = field(default_factory=dict)  # name -> content hash after
     changed: dict[str, str] = field(default_factory=dict)  # name -> content hash after
     deleted: dict[str, str] = field(default_factory=dict)  # name -> content hash before
@@ -66,7 +68,7 @@ class BranchResult:
 
     def delta(self) -> dict[str, dict[str, str]]:
         """The namespace delta in `namespace_delta`'s shape: added, changed, deleted."""
-        return {"added": dict(self.added), "changed": dict(self.changed), "deleted": dict(self.deleted)}
+        return {kind: dict(getattr(self, kind)) for kind in NAMESPACE_CHANGES}
 
     @property
     def changed_state(self) -> bool | None:
@@ -100,15 +102,15 @@ def _from_agent(raw: Any, index: int, output_bytes: int) -> BranchResult:
                             evalue=f"the branch's report was malformed: {problem}",
                             suspicious=_strings(suspicious) + ["malformed report"], method="fork")
     workdir = raw.get("workdir") or {}
-    changes = {key: list(workdir.get(key, [])) for key in ("added", "deleted", "modified") if workdir.get(key)}
+    changes = {key: list(workdir.get(key, [])) for key in WORKDIR_CHANGES if workdir.get(key)}
     outputs = raw.get("outputs", [])
     return BranchResult(
         index=index, status=raw["status"], outputs=outputs, ename=raw.get("ename"),
         evalue=raw.get("evalue"), traceback=_traceback(outputs), duration_s=float(raw.get("duration_s", 0.0)),
-        added=raw.get("added") or {}, changed=raw.get("changed") or {}, deleted=raw.get("deleted") or {},
+        **{kind: raw.get(kind) or {} for kind in NAMESPACE_CHANGES},
         state_hash_after=raw.get("state_hash_after"), truncated=bool(raw.get("truncated", False)),
         unverified=list(raw.get("unverified", [])), workdir_changes=changes,
-        workdir_restored=not workdir.get("unrestored"), method="fork",
+        workdir_restored=not workdir.get(UNRESTORED), method="fork",
         continuation=_continuation_cells(raw.get("continuation")), continuation_state=_name_hashes(raw),
         suspicious=_strings(raw.get("suspicious")), walled=raw.get("walled") is True,
         kept_by_pages=_strings(raw.get("kept_by_pages")))
@@ -168,7 +170,7 @@ def _report_problem(raw: Any, output_bytes: int) -> str | None:
     size = len(json.dumps(outputs, default=str))
     if size > 2 * output_bytes + _REPORT_SLACK_BYTES:
         return f"its outputs take {size:,} bytes, over the output cap of {output_bytes:,}"
-    for key in ("added", "changed", "deleted", "continuation_state"):
+    for key in (*NAMESPACE_CHANGES, "continuation_state"):
         problem = _hashes_problem(raw, key)
         if problem is not None:
             return problem
@@ -255,15 +257,16 @@ def _replay_one(session: Any, index: int, cells: list[str], prefix: list[str], *
         agent_call(session, "set_data_limit", extra_bytes=None, timeout=30)
         after = take_snapshot(session)
         delta = namespace_delta(before.hashes(), after.hashes())
-        result.added, result.changed, result.deleted = delta["added"], delta["changed"], delta["deleted"]
+        for kind in NAMESPACE_CHANGES:
+            setattr(result, kind, delta[kind])
         result.state_hash_after = after.state_hash
         if len(cells) > 1 and result.status != "timeout":
             result.continuation, result.continuation_state = _replay_continuation(session, cells[1:], timeout_s,
                                                                                   state_names)
     if guard is not None:
         changes = guard.check_and_restore()
-        result.workdir_changes = {key: changes[key] for key in ("added", "deleted", "modified") if changes[key]}
-        result.workdir_restored = not changes["unrestored"]
+        result.workdir_changes = {key: changes[key] for key in WORKDIR_CHANGES if changes[key]}
+        result.workdir_restored = not changes[UNRESTORED]
     return result
 
 
@@ -306,7 +309,7 @@ def _with_state_check(early: BranchResult, full: BranchResult) -> BranchResult:
         suspicious.append(f"the state check failed: {full.status}: {full.ename}: {str(full.evalue)[:160]}")
         full = BranchResult(index=full.index, status=full.status, outputs=[], workdir_changes=full.workdir_changes,
                             workdir_restored=full.workdir_restored, walled=full.walled)
-    return replace(early, added=full.added, changed=full.changed, deleted=full.deleted,
+    return replace(early, **{kind: getattr(full, kind) for kind in NAMESPACE_CHANGES},
                    state_hash_after=full.state_hash_after, unverified=full.unverified,
                    workdir_changes=full.workdir_changes, workdir_restored=full.workdir_restored,
                    suspicious=suspicious, walled=full.walled, kept_by_pages=full.kept_by_pages)

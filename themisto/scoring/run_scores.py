@@ -21,10 +21,11 @@ from statistics import fmean
 from typing import Callable
 
 from themisto.generation.run_folder import Generation, RunFolder, RunFolderError, find_release, read_run
+from themisto.modes import context_mode
 from themisto.resume import hold_folder, write_text_atomic
 from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
 from themisto.scoring.probe_scores import probe_summary
-from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS, PROBE_BASE_CONTEXT, PROBE_CONTEXT
+from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS
 
 TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
 # continuation_match first: the headline (metrics/themisto/README.md says why).
@@ -228,9 +229,12 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
 def _versus(system: str, contexts: list[str]) -> list[str]:
     """The contexts a system's paired effect is taken against: `none` for every runtime mode, and `variables` too
     for the probe mode (what asking adds to being shown)."""
-    if system not in contexts or system == BASELINE_CONTEXT:
+    if system not in contexts:  # a model-free baseline, not a mode
         return []
-    wanted = [BASELINE_CONTEXT] + ([PROBE_BASE_CONTEXT] if system == PROBE_CONTEXT else [])
+    mode = context_mode(system)
+    if mode.is_baseline:
+        return []
+    wanted = [BASELINE_CONTEXT] + ([mode.base] if mode.base else [])  # probe: also the variables prompt it extends
     return [c for c in wanted if c in contexts]
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from themisto.modes import BASELINE_CONTEXT, context_mode
 from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
 from themisto.study.settings import StudyError, StudySettings, what_differs
 
@@ -48,8 +49,9 @@ def units_of(settings: StudySettings) -> list[Unit]:
 
 
 def eval_contexts(mode: str) -> tuple[str, ...]:
-    """Where a model trained with `mode` is evaluated: its own mode, and `none` (does it rely on the context?)."""
-    return (mode,) if mode == "none" else (mode, "none")
+    """Where a model trained with `mode` is evaluated: its own mode, and the baseline's `none` (does it rely on the
+    context?)."""
+    return (mode,) if context_mode(mode).is_baseline else (mode, BASELINE_CONTEXT)
 
 
 # ---------------------------------------------------------------------------------------------------------------

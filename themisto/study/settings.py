@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from themisto.errors import InputError
+from themisto.modes import context_modes
 from themisto.vocabulary import BASELINE_CONTEXT, CLUSTER_UNITS, STATIC_CONTEXT_MODES, TASKS
 
 # Every mode whose prompt is fixed before the model runs (a probe conversation exists only once a model had it).
@@ -87,7 +88,7 @@ class StudySettings:
 
     @property
     def runtime_modes(self) -> tuple[str, ...]:
-        return tuple(c for c in self.contexts if c != BASELINE_CONTEXT)
+        return tuple(mode.name for mode in context_modes(self.contexts) if not mode.is_baseline)
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -21,6 +21,7 @@ from typing import Callable, Collection
 
 from themisto.errors import InputError
 from themisto.generation.prompts import render_prompt, template_sha256
+from themisto.modes import context_mode
 from themisto.resume import folder_written_whole
 from themisto.training.verify import DROP_REASONS, Verifier, has_snapshot
 from themisto.vocabulary import DEFAULT_CONTEXT_MODES, STATIC_CONTEXT_MODES, TASKS
@@ -148,7 +149,7 @@ class _Collected:
 
 def _add(collected: _Collected, row: dict, task: str, context: str, settings: ExportSettings,
          count_tokens: Callable[[str], int] | None) -> None:
-    if context != "none" and not has_snapshot(row):
+    if context_mode(context).needs_snapshot and not has_snapshot(row):
         collected.dropped.append({"id": row["id"], "task": task, "context": context, "reason": "no_snapshot"})
         return
     prompt = render_prompt(row, task, context, count_tokens=count_tokens,

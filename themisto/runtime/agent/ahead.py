@@ -35,7 +35,7 @@ from themisto.runtime.agent.handoff import go_message
 from themisto.runtime.agent.namespace import get_shell, user_variables
 from themisto.runtime.agent.snapshots import CACHE
 from themisto.runtime.agent.walls import connection_folder, set_dumpable
-from themisto.runtime.agent.workdir import WorkdirGuard, guard_workdir, restore_home
+from themisto.runtime.agent.workdir import UNRESTORED, WorkdirGuard, guard_workdir, restore_home
 
 
 @dataclass
@@ -90,7 +90,7 @@ def _end(served: _Served, index: int, started: candidate.Started) -> dict:
     if served.guard is not None:
         result["workdir"] = served.guard.check_and_restore()
         restore_home(result["workdir"])
-        if result["workdir"].get("unrestored"):
+        if result["workdir"].get(UNRESTORED):
             served.key = None  # the folder is not as it was: the next probe takes it as it is now
     result["probe"] = index
     return result

@@ -110,14 +110,18 @@ def footprint(value: Any, content: bool = True) -> tuple[str | None, str, tuple]
     return (digest if content else None), sink.print.hexdigest()[:HASH_CHARS], tuple(sink.spans)
 
 
+# The words of a namespace delta, declared once: the keys of a branch's report and the fields of the host's
+# `BranchResult` (themisto.runtime.branch) that hold what a candidate or a probe did to the user's variables.
+NAMESPACE_CHANGES: tuple[str, ...] = ("added", "changed", "deleted")
+
+
 def namespace_delta(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """Names added, changed and deleted between two {name: content hash} maps: added and changed carry the hash after,
-    deleted the hash before."""
-    return {
-        "added": {n: h for n, h in after.items() if n not in before},
-        "changed": {n: h for n, h in after.items() if n in before and before[n] != h},
-        "deleted": {n: h for n, h in before.items() if n not in after},
-    }
+    """Names added, changed and deleted between two {name: content hash} maps (keyed by `NAMESPACE_CHANGES`): added
+    and changed carry the hash after, deleted the hash before."""
+    added = {n: h for n, h in after.items() if n not in before}
+    changed = {n: h for n, h in after.items() if n in before and before[n] != h}
+    deleted = {n: h for n, h in before.items() if n not in after}
+    return dict(zip(NAMESPACE_CHANGES, (added, changed, deleted)))
 
 
 @dataclass

@@ -12,6 +12,11 @@ import tempfile
 from dataclasses import dataclass, field
 
 
+# The words of what a guard found a branch did to the files, declared once: the keys of its report, which the host
+# reads (themisto.runtime.branch), and the key of the paths it could not put back.
+WORKDIR_CHANGES: tuple[str, ...] = ("added", "deleted", "modified")
+UNRESTORED = "unrestored"
+
 # ----- the workdir guard ----------------------------------------------------------------------------------------
 
 
@@ -117,7 +122,7 @@ class WorkdirGuard:
             for rel in deleted + modified:  # restored files have a new inode and ctime; remember those
                 if rel in restored_now and rel not in unrestored:
                     self.listing[rel] = restored_now[rel]
-        return {"added": added, "deleted": deleted, "modified": modified, "unrestored": sorted(set(unrestored))}
+        return {**dict(zip(WORKDIR_CHANGES, (added, deleted, modified))), UNRESTORED: sorted(set(unrestored))}
 
     def close(self) -> None:
         """Remove the backup copies."""
@@ -156,6 +161,6 @@ def restore_home(changes: dict) -> None:
     if guard is None:
         return
     found = guard.check_and_restore()
-    for key in ("added", "deleted", "modified", "unrestored"):
+    for key in (*WORKDIR_CHANGES, UNRESTORED):
         if found.get(key):
             changes[key] = list(changes.get(key) or []) + [os.path.join("~", path) for path in found[key]]
