@@ -49,4 +49,5 @@ def describe(default_s: float, factor: float | None, ceiling_s: float, clock: st
     from themisto.runtime.kernel_requests import CPU_CLOCK_WALL_FACTOR
 
     return (f"{rule}; seconds of CPU of the kernel and all it started, whatever the host's load (a cell that waits "
-            f"without computing is stopped at {CPU_CLOCK_WALL_FACTOR:g} x its limit in wall seconds)")
+            f"without computing is stopped after {CPU_CLOCK_WALL_FACTOR:g} x its limit in seconds of the clock not "
+            f"spent waiting for a core)")
