@@ -85,7 +85,9 @@ def test_addresses_and_counters_are_masked_alike_in_targets_and_predictions():
 
 # Step 2 kills its kernel only where the workspace holds a file named `lose`: replay then rebuilds the state from
 # steps 0-1, so the kernel has run one cell fewer when step 3 raises, and its traceback says `Cell In[3]`, not 4.
-COUNTER_CELLS = ["x = 1", "y = x + 1", "import os\nif os.path.exists('lose'):\n    os._exit(1)", "y / 0", "x"]
+COUNTER_CELLS = ["x = 1", "y = x + 1", "import os\nif os.path.exists('lose'):\n    os._exit(1)", "y / 0", "x",
+                 # unseeded draws: the same in both replays (each kernel life seeds random and numpy's generator)
+                 "import random\nimport numpy as np\nprint(random.random(), np.random.rand())"]
 
 
 @pytest.mark.slow
@@ -109,6 +111,7 @@ def test_a_rebuild_in_one_replay_changes_no_target_of_the_steps_after_it(tmp_pat
     assert "Cell In[4]" in outputs[0] and "Cell In[3]" in outputs[1]  # the replays themselves differ
     assert targets[0]["counter/3"][0].startswith("ZeroDivisionError") and "Cell In[…]" in targets[0]["counter/3"][0]
     assert targets[0]["counter/3"] == targets[1]["counter/3"] and targets[0]["counter/4"] == targets[1]["counter/4"]
+    assert targets[0]["counter/5"] == targets[1]["counter/5"] and targets[0]["counter/5"][0].startswith("0.")
 
 
 @pytest.mark.slow

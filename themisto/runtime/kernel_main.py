@@ -7,6 +7,11 @@ trajectory and again at every restart. IPython's completer imports jedi (and par
 requests, which no one sends here. The kernel starts as if neither were installed (no debugger is offered, the
 completer completes without jedi), and the block is lifted before any cell runs, so a cell that imports them gets
 them.
+
+Randomness a cell does not seed (`df.sample(100)`, a model fit without `random_state`) draws the same in every kernel
+life: `random` is seeded before ipykernel starts and numpy's global generator as numpy.random is first imported, so
+two builds of a log, and the scorer's replay of a prefix, hold the same values. (The developer's own draws are lost
+to any replay; `numpy.random.default_rng()` without a seed still draws from the system.)
 """
 
 from __future__ import annotations
@@ -14,9 +19,36 @@ from __future__ import annotations
 import sys
 
 _NOT_AT_START = ("debugpy", "jedi")
+SEED = 0  # of `random` and numpy's global generator in every kernel life
+
+
+class _SeedNumpyOnImport:
+    """A meta-path finder that seeds numpy's global generator once numpy.random has been executed (importing numpy
+    at start-up would cost every kernel that never uses it)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "numpy.random":
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def run_and_seed(module):
+            run(module)
+            module.seed(SEED)
+
+        spec.loader.exec_module = run_and_seed
+        return spec
 
 
 def main() -> None:
+    import random
+
+    random.seed(SEED)
+    sys.meta_path.insert(0, _SeedNumpyOnImport())
     for name in _NOT_AT_START:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]  (None: `import debugpy` raises ImportError)
     try:
