@@ -185,7 +185,8 @@ def _add_cell_timeout_option(parser: argparse.ArgumentParser) -> None:
                         help="a fixed limit: every replayed cell may run S seconds, whatever its developer's run took "
                              f"(default: the logged-time rule of themisto.replay.cell_limits: max({floor:g} s, "
                              f"min({ceiling:g} s, {factor:g} x the logged seconds)), {floor:g} s where the log did not "
-                             "see the cell finish)")
+                             "see the cell finish; seconds of CPU of the kernel and all it started, whatever the "
+                             "host's load)")
 
 
 def replay_command(args: argparse.Namespace) -> int:
