@@ -29,7 +29,7 @@ class ContextModeSpec:
     name: str
     needs_snapshot: bool = False  # the row's variables (the snapshot before the target); `none` alone does without
     # Memory, each cell's status, execution time and restart, each variable's size (the release joins the times).
-    execution_facts: bool = False
+    needs_times: bool = False
     runtime_section: bool = False  # a section of its own after the history, opened by `intro`
     per_cell_state: bool = False  # each history cell followed by the state it left (the release joins those states)
     is_probe: bool = False  # the model may run probes in branches of the live pre-cell state (the execution opt-in)
@@ -37,11 +37,6 @@ class ContextModeSpec:
     is_default: bool = False  # run when no --context is given
     base: str | None = None  # the mode whose prompt this one extends; the control of its second paired effect
     intro: str = ""  # the first line of the runtime section
-
-    @property
-    def needs_times(self) -> bool:
-        """Whether rows need each history cell's execution time joined from the release's trajectories."""
-        return self.execution_facts
 
     @property
     def is_static(self) -> bool:
@@ -66,7 +61,7 @@ _FULL_INTRO = ("Runtime state before the next cell: memory in use, and the user'
 CONTEXT_MODE_TABLE: tuple[ContextModeSpec, ...] = (
     ContextModeSpec("none", is_baseline=True, is_default=True),
     ContextModeSpec("variables", needs_snapshot=True, runtime_section=True, is_default=True, intro=_VARIABLES_INTRO),
-    ContextModeSpec("full", needs_snapshot=True, execution_facts=True, runtime_section=True, is_default=True,
+    ContextModeSpec("full", needs_snapshot=True, needs_times=True, runtime_section=True, is_default=True,
                     intro=_FULL_INTRO),
     ContextModeSpec("trace", needs_snapshot=True, per_cell_state=True),
     ContextModeSpec("probe", needs_snapshot=True, runtime_section=True, is_probe=True, base="variables",

@@ -181,7 +181,7 @@ def _render_variable(var: dict, fields: Fields, full: bool) -> str:
 
 
 def _render_runtime(row: dict, mode: ContextModeSpec, variables: list[dict], cut: Cut) -> str:
-    full = mode.execution_facts
+    full = mode.needs_times
     lines = []
     if full:
         lines.append(f"memory in use: {_human_bytes(row.get('memory_bytes_before'))}")
@@ -198,7 +198,7 @@ def _render_runtime(row: dict, mode: ContextModeSpec, variables: list[dict], cut
 
 def _render_user(row: dict, task: str, mode: ContextModeSpec, variables: list, cut: Cut, probe: ProbeSettings) -> str:
     """The user message; `variables`: the ranked variables (the trace mode: the ranked names, `trace_names`)."""
-    full, traced = mode.execution_facts, mode.per_cell_state
+    full, traced = mode.needs_times, mode.per_cell_state
     history = list(row.get("history") or [])
     first = len(history) - cut.history
     shown = history[first:]
