@@ -5,6 +5,7 @@ import dataclasses
 import doctest
 import importlib.util
 import inspect
+import re
 import socket
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import evaluate
 import pytest
 
 from themisto.scoring import scorer as sc
+from themisto.scoring.records import SLOW_REFERENCE_FACTOR
 from themisto.gate import ExecutionRefused
 from themisto.settings import settings as env_settings
 
@@ -146,3 +148,27 @@ def test_the_metrics_keyword_defaults_are_the_scorers():
     fields = {f.name: f.default for f in dataclasses.fields(sc.ScoreSettings)}
     for name in ("k", "timeout_s", "memory_bytes", "continuation_cells"):
         assert parameters[name].default == fields[name], name
+
+
+def test_the_metric_cards_stated_defaults_are_the_scorers():
+    # The card is prose for people, so it spells its defaults out; this keeps them the scorer's.
+    spec = importlib.util.spec_from_file_location("themisto_metric_card", METRIC_DIR / "themisto.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    compute = inspect.signature(module.Themisto._compute).parameters
+    card = " ".join((METRIC_DIR / "README.md").read_text(encoding="utf-8").split())
+
+    def stated(pattern: str) -> str:
+        found = re.search(pattern, card)
+        assert found, f"the metric card no longer states {pattern!r}"
+        return found.group(1)
+
+    assert stated(r"\*\*execute\*\* \(`bool`, default `(\w+)`\)") == str(compute["execute"].default)
+    assert stated(r"\*\*return_records\*\* \(default `(\w+)`\)") == str(compute["return_records"].default)
+    assert stated(r"\*\*k\*\* \(`list\[int\]`, default `\[([\d, ]+)\]`\)") == ", ".join(map(str, sc.ScoreSettings.k))
+    assert float(stated(r"\*\*timeout_s\*\* \(default ([\d.]+) s")) == sc.ScoreSettings.timeout_s
+    assert float(stated(r"raised to ([\d.]+)× the slowest")) == SLOW_REFERENCE_FACTOR
+    assert float(stated(r"\*\*memory_bytes\*\* \(default ([\d.]+) GiB")) * 2**30 == sc.ScoreSettings.memory_bytes
+    assert int(stated(r"\*\*continuation_cells\*\* \(default (\d+)")) == sc.ScoreSettings.continuation_cells
+    assert int(stated(r"A prediction over ([\d,]+) characters").replace(",", "")) == \
+        sc.ScoreSettings.max_prediction_chars
