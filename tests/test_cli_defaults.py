@@ -78,6 +78,7 @@ SETTINGS = {
     ("replay", "size"): (write_workspace, "size", None),
     ("study", "preset"): (StudySettings, "preset", None),
     ("study", "execute"): (StudySettings, "execute", None),
+    ("study", "generate_only"): (StudySettings, "generate_only", None),
 }
 # Flags that turn a setting off: absent, the setting keeps its (true) default.
 NEGATED = {

@@ -155,6 +155,38 @@ def test_one_writer_then_a_rerun_trains_nothing_and_other_settings_are_refused(s
     assert "other settings" in err and "seeds is 2 there, 3 here" in err
 
 
+def test_a_study_generated_on_one_machine_is_scored_on_another(study, sample_release, tiny_model_dir, tmp_path,
+                                                                 capsys):
+    # As from a GPU machine: the folder without its models and exports, the release and the base model elsewhere.
+    import shutil
+
+    moved, release, model = tmp_path / "moved", tmp_path / "release-here", tmp_path / "model-here"
+    shutil.copytree(study, moved, ignore=shutil.ignore_patterns("models", "exports", "scored", "results.*",
+                                                                 "effects.png"))
+    shutil.copytree(sample_release, release)
+    shutil.copytree(tiny_model_dir, model)
+    capsys.readouterr()
+    assert _study(release, model, moved, "--generate-only") == 0
+    assert json.loads(capsys.readouterr().out)["generated"] == ["none-s0", "none-s1", "variables-s0", "variables-s1"]
+    assert not (moved / "results.json").exists()
+    assert _study(release, model, moved) == 0
+    assert not (moved / "models").exists() and not (moved / "exports").exists()  # nothing trained again
+    here, there = (json.loads((folder / "results.json").read_text()) for folder in (moved, study))
+    for task in ("next_cell", "output_prediction"):
+        assert here["tasks"][task]["cells"] == there["tasks"][task]["cells"]
+        assert here["tasks"][task]["effects"] == there["tasks"][task]["effects"]
+    # Other weights under the same name are another model.
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_model_dir, other)
+    weights = next(other.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert _study(release, other, moved) == 2
+    assert "another base model" in capsys.readouterr().err
+
+
 def _plan(n: int = 60, clusters: int = 12, resamples: int = 2000):
     return plan_resamples([f"k{i % clusters}" for i in range(n)], list(range(n)),
                           IntervalSettings(resamples=resamples))

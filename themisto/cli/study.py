@@ -26,12 +26,19 @@ def study_command(args: argparse.Namespace) -> int:
         if name in given:
             given[name] = tuple(given[name])
     settings = with_preset(args.preset, {"release": str(args.release), "model": args.model,
-                                         "execute": args.execute, "progress": not args.json, **given})
+                                         "execute": args.execute, "progress": not args.json,
+                                         "generate_only": args.generate_only, **given})
     try:
         results = run_study(settings, args.output)
     except KeyboardInterrupt:
         print(f"themisto study: interrupted; rerun the same command to resume into {args.output}", file=sys.stderr)
         return 130
+    if settings.generate_only:
+        print(json.dumps({"output": str(args.output), "seconds": results["seconds"], "generated": results["generated"]},
+                         sort_keys=True) if args.json else
+              f"{len(results['generated'])} models generated into {args.output}/runs in {results['seconds']:.0f} s; "
+              "the same command without --generate-only scores them")
+        return 0
     if args.json:
         print(json.dumps({"output": str(args.output), "seconds": results["seconds"],
                           "path_check": results["path_check"],
@@ -86,5 +93,9 @@ def add_study(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", choices=CLUSTER_UNITS, help=f"the bootstrap's unit (default {d.cluster})")
     parser.add_argument("--resamples", type=int, help=f"bootstrap resamples (default {d.resamples})")
     parser.add_argument("--parallel", type=int, help=f"models trained and generated at once (default {d.parallel}; gpu: {PRESETS['gpu']['parallel']})")
+    parser.add_argument("--generate-only", action="store_true",
+                        help="stop once every model has generated (on a GPU machine, say); the same command without "
+                             "it scores, here or on a machine given STUDY without models/ and exports/: the release "
+                             "and the base model are matched by their content, not their paths")
     parser.add_argument("--json", action="store_true", help="no progress bars; print a summary JSON object")
     parser.set_defaults(run=study_command)

@@ -12,6 +12,10 @@
 A unit is one (mode, seed): fine-tune, then generate on the test split; a finished unit leaves
 `units/<mode>-s<seed>.json` and is not run again. With `parallel` > 1 units run side by side in processes of their
 own (on one GPU several small models fit).
+
+Generation and scoring may run on two machines: `generate_only` stops once every model has generated; the folder
+without `models/` and `exports/` (the predictions are small) is then finished by the same command elsewhere, the
+release and the base model matched by their content, not their paths.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Callable
 
 from themisto.modes import BASELINE_CONTEXT, context_mode
 from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
-from themisto.study.settings import StudyError, StudySettings, what_differs
+from themisto.study.settings import LOCATIONS, StudyError, StudySettings, what_differs
 
 STUDY_FILE, ROWS_FILE = "study.json", "rows.json"
 BASE_SYSTEM = "base"
@@ -60,9 +64,16 @@ def eval_contexts(mode: str) -> tuple[str, ...]:
 
 def _header(settings: StudySettings, release_hash: str) -> dict:
     from themisto.generation.runs import git_commit, package_versions
+    from themisto.training.finetune import describe_base_model
 
     return {"format": FORMAT, "settings": settings.to_dict(), "release_hash": release_hash,
-            "packages": package_versions(), "git_commit": git_commit()}
+            "base_model": describe_base_model(settings.model), "packages": package_versions(),
+            "git_commit": git_commit()}
+
+
+def _model_identity(base_model: dict) -> str:
+    """Local weights by their hash; a Hub id by its name."""
+    return base_model.get("weights_sha256") or base_model["model"]
 
 
 def open_study(out: Path, settings: StudySettings, release_hash: str) -> dict:
@@ -76,13 +87,18 @@ def open_study(out: Path, settings: StudySettings, release_hash: str) -> dict:
         if not isinstance(recorded, dict) or recorded.get("format") != FORMAT or \
                 not isinstance(recorded.get("settings"), dict):
             raise StudyError(f"{path}: not a study folder's {STUDY_FILE} (format {FORMAT}, with its settings)")
-        changed = what_differs(recorded["settings"], header["settings"])
+        # Folders written before the base model was recorded by its weights match it by its path.
+        located = LOCATIONS if isinstance(recorded.get("base_model"), dict) else ("release",)
+        changed = what_differs(recorded["settings"], header["settings"], ignore=located)
         if changed:
             raise StudyError(f"{out}: holds a study with other settings ({changed}); give another folder or the "
                              "same settings")
         if recorded.get("release_hash") != release_hash:
             raise StudyError(f"{out}: written against another release (content hash {recorded.get('release_hash')} "
                              f"there, {release_hash} here)")
+        if "model" in located and _model_identity(recorded["base_model"]) != _model_identity(header["base_model"]):
+            raise StudyError(f"{out}: written with another base model ({recorded['base_model']['model']} there, "
+                             f"{settings.model} here, whose weights differ)")
         return recorded
     if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise StudyError(f"{out}: not empty and has no {STUDY_FILE}; give a new or empty folder")
@@ -91,7 +107,8 @@ def open_study(out: Path, settings: StudySettings, release_hash: str) -> dict:
     return header
 
 
-def _rows(out: Path, settings: StudySettings, tokenizer, counter, say):
+def _rows(out: Path, settings: StudySettings, tokenizer, counter, say, modes: tuple[str, ...]):
+    """The common rows (chosen once), and the exports of `modes` (those with a model still to train)."""
     from themisto.study.rows import CommonRows, common_rows, export_mode
 
     path = out / ROWS_FILE
@@ -101,7 +118,7 @@ def _rows(out: Path, settings: StudySettings, tokenizer, counter, say):
         say("choosing the train rows every mode can verify and fit")
         rows = common_rows(settings, tokenizer, counter)
         write_json_atomic(path, rows.to_dict())
-    for mode in settings.contexts:
+    for mode in modes:
         folder = out / "exports" / mode
         if not (folder / "manifest.json").is_file():
             say(f"exporting {len(rows.keys)} rows in mode {mode}")
@@ -206,7 +223,7 @@ def run_study(settings: StudySettings, out: str | Path, *, progress: Callable[[s
 
     started = time.perf_counter()
     say = progress or (lambda msg: print(f"study: {msg}", file=sys.stderr, flush=True))
-    if settings.execute:
+    if settings.execute and not settings.generate_only:
         permit(execute=True)  # refuse before anything is trained
     out = Path(out)
     info = open_release(settings.release)
@@ -226,9 +243,9 @@ def _run(settings: StudySettings, out: Path, info, say: Callable[[str], None], s
     open_study(out, settings, info.content_hash)
     tokenizer = load_tokenizer(settings.model)
     counter = prompt_token_counter(tokenizer)
-    rows = _rows(out, settings, tokenizer, counter, say)
     units = units_of(settings)
     todo = [u for u in units if unit_record(out, u) is None]
+    rows = _rows(out, settings, tokenizer, counter, say, tuple(dict.fromkeys(u.mode for u in todo)))
     say(f"{len(units)} models ({len(settings.contexts)} modes x {settings.seeds} seeds) on {len(rows.keys)} rows "
         f"each; {len(units) - len(todo)} done before")
     _run_units(out, settings, todo, say)
@@ -236,6 +253,10 @@ def _run(settings: StudySettings, out: Path, info, say: Callable[[str], None], s
         say("the base model in every mode")
         _generate(settings, settings.model, settings.contexts, out / "runs" / BASE_SYSTEM, settings.progress)
         write_json_atomic(out / "runs" / BASE_SYSTEM / "done.json", {"contexts": list(settings.contexts)})
+    if settings.generate_only:
+        say(f"every model has generated; to score, run the same command without --generate-only (on another "
+            f"machine: copy {out} without models/ and exports/)")
+        return {"generated": [u.name for u in units], "seconds": round(time.perf_counter() - started, 1)}
     scores = score_study(out, settings, info, units, say)
     records = [unit_record(out, u) for u in units]
     return write_report(out, settings, rows, records, scores, seconds=time.perf_counter() - started)

@@ -1,7 +1,9 @@
 """What a fine-tuning study is: its modes, seeds, training and generation settings, and the presets that fill them.
 
 A study folder records its settings in `study.json`; a rerun with other settings is refused, naming what differs
-(`what_differs`), except `parallel` and `progress`, which change how it runs, not what it computes.
+(`what_differs`), except `parallel`, `progress` and `generate_only`, which change how it runs, not what it computes.
+Where the release and the base model lie may change too (a study generated on a GPU machine is scored on another):
+they are matched by the release's content hash and the model's weights (themisto.study.run.open_study).
 
 >>> StudySettings(release="r", model="m", contexts=("variables",)).contexts
 ('none', 'variables')
@@ -21,7 +23,9 @@ from themisto.vocabulary import BASELINE_CONTEXT, CLUSTER_UNITS, STATIC_CONTEXT_
 # Every mode whose prompt is fixed before the model runs (a probe conversation exists only once a model had it).
 STUDY_CONTEXT_MODES: tuple[str, ...] = STATIC_CONTEXT_MODES
 # Settings that do not change a study's results: a folder may be resumed with other values of these.
-NOT_RESULTS: tuple[str, ...] = ("parallel", "progress")
+NOT_RESULTS: tuple[str, ...] = ("parallel", "progress", "generate_only")
+# Settings that say where something lies: a folder is matched by what lies there (content hash, weights hash).
+LOCATIONS: tuple[str, ...] = ("release", "model")
 
 
 class StudyError(InputError):
@@ -62,6 +66,7 @@ class StudySettings:
     # How the work runs (not what it computes).
     parallel: int = 1  # (mode, seed) models trained and generated at once: on one GPU several small ones fit
     progress: bool = True
+    generate_only: bool = False  # stop once every model has generated: score later, here or on another machine
 
     def __post_init__(self) -> None:
         contexts = tuple(dict.fromkeys((BASELINE_CONTEXT, *self.contexts)))
@@ -129,11 +134,12 @@ def is_path_check(settings: StudySettings) -> bool:
     return settings.preset == "cpu-check"
 
 
-def what_differs(recorded: dict, asked: dict) -> str | None:
-    """The first setting that differs between a folder's recorded study and the one asked for, as a sentence."""
+def what_differs(recorded: dict, asked: dict, *, ignore: tuple[str, ...] = ()) -> str | None:
+    """The first setting that differs between a folder's recorded study and the one asked for, as a sentence
+    (`ignore`: settings checked otherwise, such as LOCATIONS by content)."""
     from themisto.resume import settings_difference
 
     def results_only(data: dict) -> dict:
-        return {k: v for k, v in data.items() if k not in NOT_RESULTS}
+        return {k: v for k, v in data.items() if k not in NOT_RESULTS and k not in ignore}
 
     return settings_difference(results_only(recorded), results_only(asked))

@@ -285,12 +285,14 @@ def finetune(settings: FinetuneSettings, *, overwrite: bool = False, callbacks: 
     return FinetuneResult(out, trainer.state.global_step, losses, resume, record)
 
 
-def _base_description(settings: FinetuneSettings) -> dict:
+def describe_base_model(model: str) -> dict:
+    """A base model as given, with the sha256 of its weights where they are local files (a study moved to another
+    machine is matched by them, not by where the files lie)."""
     from themisto.generation.backends.base import weights_sha256
     from themisto.generation.backends.hf import split_model_path
 
-    source, gguf_file = split_model_path(settings.base_model, None)
-    info: dict[str, Any] = {"model": settings.base_model, "gguf_file": gguf_file, "dequantized": bool(gguf_file)}
+    source, gguf_file = split_model_path(model, None)
+    info: dict[str, Any] = {"model": model, "gguf_file": gguf_file, "dequantized": bool(gguf_file)}
     folder = Path(source)
     if folder.is_dir():
         files = [folder / gguf_file] if gguf_file else [p for p in folder.iterdir()
@@ -311,7 +313,7 @@ def _record(settings: FinetuneSettings, manifest: dict, trainer, losses: list[fl
         "format": 1,
         "settings": asdict(settings),
         "learning_rate": settings.lr,
-        "base_model": _base_description(settings),
+        "base_model": describe_base_model(settings.base_model),
         "export": {"path": str(Path(settings.data).resolve()), "release": manifest.get("release"),
                    "split": manifest.get("split"), "counts": manifest.get("counts")},
         "examples": examples,
