@@ -115,6 +115,29 @@ def test_a_rebuild_in_one_replay_changes_no_target_of_the_steps_after_it(tmp_pat
 
 
 @pytest.mark.slow
+def test_the_draws_after_a_cell_stopped_by_its_limit_do_not_depend_on_how_far_it_got(tmp_path):
+    # A developer-interrupted cell that draws until it is stopped: stopped after 1 CPU second in one replay and 2 in
+    # the other (as a busy host and an idle one may stop a cell near its limit), it drew a different number of times.
+    cells = ["import random\nimport numpy as np",
+             "n = 0\nwhile True:\n    np.random.random(64)\n    random.random()\n    n += 1",
+             "print(n > 0, np.random.randint(10**9), random.randrange(10**9))"]
+    statuses = ["ok", "error", "ok"]
+    trajectory = Trajectory(id="stopped-draws", notebook="nb.ipynb", source="test", task="task1",
+                            executions=[Execution(cell_id=f"c{i}", code=c, status=s, ename=None if s == "ok" else
+                                                  "KeyboardInterrupt") for i, (c, s) in enumerate(zip(cells, statuses))])
+    replays = []
+    for i, seconds in enumerate((1.0, 2.0)):
+        workspace = tmp_path / f"ws-{i}"
+        workspace.mkdir()
+        settings = ReplaySettings(cell_timeout_s=30, interrupted_timeout_s=seconds, snapshots=False, values=False)
+        replays.append(list(replay_trajectory(trajectory, workspace, settings)))
+    assert [s.status for s in replays[0]] == [s.status for s in replays[1]] == ["ok", "timeout", "ok"]
+    assert not any(s.kernel_restarted for steps in replays for s in steps)  # stopped, the state kept
+    assert replays[0][2].output.startswith("True ")
+    assert replays[0][2].output == replays[1][2].output
+
+
+@pytest.mark.slow
 def test_two_fresh_builds_give_identical_ids_and_targets(tmp_path):
     log = tmp_path / SAMPLE_LOG.name
     log.write_bytes(b"".join(SAMPLE_LOG.read_bytes().splitlines(keepends=True)[:SAMPLE_LINES]))

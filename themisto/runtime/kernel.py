@@ -34,6 +34,9 @@ from themisto.runtime.outputs import strip_ansi
 from themisto.runtime.sandbox import KernelResources, kernel_python, release_resources
 from themisto.vocabulary import CellStatus
 
+# The reseed after a stopped cell is two calls; a kernel that cannot take it in this time is left to its watchdog.
+RESEED_TIMEOUT_S = 10.0
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -221,9 +224,21 @@ class AsyncKernelSession:
             outcome = await self._runner.request(code, collector, timeout, silent=False,
                                           user_expressions=dict(user_expressions or {}), metadata=metadata,
                                           clock=clock)
+            if outcome.status == "timeout" and not outcome.restarted:
+                outcome.restarted = await self._reseed_after_stop(code)
         result = self._cell_result(outcome, collector)
         result.kernel_restarted = result.kernel_restarted or replaced
         return result
+
+    async def _reseed_after_stop(self, code: str) -> bool:
+        """How far a stopped cell drew from the global generators depends on the host: reseed them from its code
+        (themisto.runtime.kernel_main.reseed_code). True when the kernel could not take it and was restarted (the
+        state is then lost, as if the cell had lost it)."""
+        from themisto.runtime.kernel_main import reseed_code
+
+        outcome = await self._runner.request(reseed_code(code), OutputCollector(self.limits.output_bytes),
+                                             RESEED_TIMEOUT_S, silent=True, user_expressions={})
+        return outcome.restarted
 
     async def execute_silent(self, code: str = "", *, user_expressions: dict[str, str] | None = None,
                              timeout: float | None = None, metadata: dict | None = None) -> dict:

@@ -10,8 +10,10 @@ them.
 
 Randomness a cell does not seed (`df.sample(100)`, a model fit without `random_state`) draws the same in every kernel
 life: `random` is seeded before ipykernel starts and numpy's global generator as numpy.random is first imported, so
-two builds of a log, and the scorer's replay of a prefix, hold the same values. (The developer's own draws are lost
-to any replay; `numpy.random.default_rng()` without a seed still draws from the system.)
+two builds of a log, and the scorer's replay of a prefix, hold the same values. A cell stopped by its limit drew as far
+as it got, which the host decides; the session reseeds both generators after it from the cell's code
+(`reseed_code`), so the cells after it draw the same on any host. (The developer's own draws are lost to any replay;
+`numpy.random.default_rng()` without a seed still draws from the system.)
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ import sys
 
 _NOT_AT_START = ("debugpy", "jedi")
 SEED = 0  # of `random` and numpy's global generator in every kernel life
+
+
+def reseed_code(stopped_cell: str) -> str:
+    """Code for a silent request that reseeds `random` and numpy's global generator (where numpy.random is loaded)
+    from a stopped cell's code; it binds no name and displays nothing."""
+    import hashlib
+
+    seed = int.from_bytes(hashlib.sha256(f"{SEED}\0{stopped_cell}".encode("utf-8", "surrogatepass")).digest()[:4], "big")
+    return (f"if True:\n    __import__('random').seed({seed})\n"
+            f"    if 'numpy.random' in __import__('sys').modules:\n"
+            f"        __import__('sys').modules['numpy.random'].seed({seed})\n")
 
 
 class _SeedNumpyOnImport:
