@@ -123,8 +123,9 @@ def test_the_draws_after_a_cell_stopped_by_its_limit_do_not_depend_on_how_far_it
              "print(n > 0, np.random.randint(10**9), random.randrange(10**9))"]
     statuses = ["ok", "error", "ok"]
     trajectory = Trajectory(id="stopped-draws", notebook="nb.ipynb", source="test", task="task1",
-                            executions=[Execution(cell_id=f"c{i}", code=c, status=s, ename=None if s == "ok" else
-                                                  "KeyboardInterrupt") for i, (c, s) in enumerate(zip(cells, statuses))])
+                            executions=[Execution(cell_id=f"c{i}", code=c, status=s,
+                                                  ename=None if s == "ok" else "KeyboardInterrupt")
+                                        for i, (c, s) in enumerate(zip(cells, statuses))])
     replays = []
     for i, seconds in enumerate((1.0, 2.0)):
         workspace = tmp_path / f"ws-{i}"

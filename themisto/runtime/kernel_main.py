@@ -29,7 +29,8 @@ def reseed_code(stopped_cell: str) -> str:
     from a stopped cell's code; it binds no name and displays nothing."""
     import hashlib
 
-    seed = int.from_bytes(hashlib.sha256(f"{SEED}\0{stopped_cell}".encode("utf-8", "surrogatepass")).digest()[:4], "big")
+    digest = hashlib.sha256(f"{SEED}\0{stopped_cell}".encode("utf-8", "surrogatepass")).digest()
+    seed = int.from_bytes(digest[:4], "big")
     return (f"if True:\n    __import__('random').seed({seed})\n"
             f"    if 'numpy.random' in __import__('sys').modules:\n"
             f"        __import__('sys').modules['numpy.random'].seed({seed})\n")
