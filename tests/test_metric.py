@@ -37,12 +37,17 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def test_docstring_examples(monkeypatch, no_code_eval):
+def _metric_module(name: str):
     # Loaded under its own name: as `themisto` it would shadow the package it wraps (pytest cannot collect
     # metrics/ with its default import mode for the same reason).
-    spec = importlib.util.spec_from_file_location("themisto_metric_doctest", METRIC_DIR / "themisto.py")
+    spec = importlib.util.spec_from_file_location(name, METRIC_DIR / "themisto.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_docstring_examples(monkeypatch, no_code_eval):
+    module = _metric_module("themisto_metric_doctest")
     monkeypatch.chdir(METRIC_DIR.parents[1])  # the examples load "metrics/themisto" from the repository root
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 8 and result.failed == 0
@@ -141,9 +146,7 @@ def test_execution_through_the_metric(tmp_path, monkeypatch):
 
 def test_the_metrics_keyword_defaults_are_the_scorers():
     # Its defaults are ScoreSettings' own (so are the command line's: tests/test_cli_defaults.py).
-    spec = importlib.util.spec_from_file_location("themisto_metric_defaults", METRIC_DIR / "themisto.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _metric_module("themisto_metric_defaults")
     parameters = inspect.signature(module.Themisto._compute).parameters
     fields = {f.name: f.default for f in dataclasses.fields(sc.ScoreSettings)}
     for name in ("k", "timeout_s", "memory_bytes", "continuation_cells"):
@@ -152,9 +155,7 @@ def test_the_metrics_keyword_defaults_are_the_scorers():
 
 def test_the_metric_cards_stated_defaults_are_the_scorers():
     # The card is prose for people, so it spells its defaults out; this keeps them the scorer's.
-    spec = importlib.util.spec_from_file_location("themisto_metric_card", METRIC_DIR / "themisto.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _metric_module("themisto_metric_card")
     compute = inspect.signature(module.Themisto._compute).parameters
     card = " ".join((METRIC_DIR / "README.md").read_text(encoding="utf-8").split())
 

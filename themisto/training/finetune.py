@@ -288,16 +288,13 @@ def finetune(settings: FinetuneSettings, *, overwrite: bool = False, callbacks: 
 def describe_base_model(model: str) -> dict:
     """A base model as given, with the sha256 of its weights where they are local files (a study moved to another
     machine is matched by them, not by where the files lie)."""
-    from themisto.generation.backends.base import weights_sha256
-    from themisto.generation.backends.hf import split_model_path
+    from themisto.generation.backends.hf import local_weights_sha256, split_model_path
 
     source, gguf_file = split_model_path(model, None)
     info: dict[str, Any] = {"model": model, "gguf_file": gguf_file, "dequantized": bool(gguf_file)}
-    folder = Path(source)
-    if folder.is_dir():
-        files = [folder / gguf_file] if gguf_file else [p for p in folder.iterdir()
-                                                         if p.suffix in (".safetensors", ".bin")]
-        info["weights_sha256"] = weights_sha256(files)
+    digest = local_weights_sha256(source, gguf_file)
+    if digest is not None:
+        info["weights_sha256"] = digest
     return info
 
 

@@ -32,6 +32,15 @@ def split_model_path(model: str, gguf_file: str | None) -> tuple[str, str | None
     return model, gguf_file
 
 
+def local_weights_sha256(source: str, gguf_file: str | None) -> str | None:
+    """The sha256 of a local model's weights (the GGUF file, or the folder's weight files); None for a Hub id."""
+    local = Path(source)
+    if not local.is_dir():
+        return None
+    files = [local / gguf_file] if gguf_file else [p for p in local.iterdir() if p.suffix in _WEIGHT_SUFFIXES]
+    return weights_sha256(files)
+
+
 def native_bfloat16(device: str, torch) -> bool:
     """Whether `device` computes in bfloat16 itself: a GPU that has it, or a CPU with AVX512-BF16 or AMX (elsewhere
     torch emulates it: measured on this project's AVX2 machine, SmolLM2 ran 4x slower than in float32)."""
@@ -200,11 +209,9 @@ class TransformersBackend:
         info = {"backend": "transformers", "version": transformers.__version__, "model": self.model_name,
                 "device": self.device, "dtype": self.dtype,
                 "chat_template": self.has_chat_template}
-        local = Path(self.source)
-        if local.is_dir():
-            files = [local / self.gguf_file] if self.gguf_file else [
-                p for p in local.iterdir() if p.suffix in _WEIGHT_SUFFIXES]
-            info["weights_sha256"] = weights_sha256(files)
+        digest = local_weights_sha256(self.source, self.gguf_file)
+        if digest is not None:
+            info["weights_sha256"] = digest
         else:
             info["model_revision"] = getattr(self.model.config, "_commit_hash", None)
         return info
