@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -130,12 +131,43 @@ def test_the_draws_after_a_cell_stopped_by_its_limit_do_not_depend_on_how_far_it
     for i, seconds in enumerate((1.0, 2.0)):
         workspace = tmp_path / f"ws-{i}"
         workspace.mkdir()
-        settings = ReplaySettings(cell_timeout_s=30, interrupted_timeout_s=seconds, snapshots=False, values=False)
+        settings = ReplaySettings(cell_timeout_s=30, interrupted_timeout_s=seconds, interrupted_lines=None,
+                                  snapshots=False, values=False)
         replays.append(list(replay_trajectory(trajectory, workspace, settings)))
     assert [s.status for s in replays[0]] == [s.status for s in replays[1]] == ["ok", "timeout", "ok"]
     assert not any(s.kernel_restarted for steps in replays for s in steps)  # stopped, the state kept
     assert replays[0][2].output.startswith("True ")
     assert replays[0][2].output == replays[1][2].output
+
+
+# A host whose other core is busy, inside one kernel: a thread started before the cell takes half the interpreter.
+_BUSY_HOST = "import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()"
+
+
+@pytest.mark.slow
+def test_a_cell_its_developer_interrupted_stops_at_the_same_point_on_a_busy_host(tmp_path):
+    # The developer interrupted a loop that fills a list; replay interrupts it too. By seconds, a busy host stops it
+    # with a shorter list; by executed lines (themisto.runtime.line_budget), busy or idle, with the same one.
+    def replayed(busy: bool, settings: ReplaySettings, name: str) -> list:
+        cells = [_BUSY_HOST if busy else "import threading", "rows = []\nwhile True:\n    rows.append(len(rows))",
+                 "print(len(rows))"]
+        trajectory = Trajectory(id=name, notebook="nb.ipynb", source="test", task="task1", executions=[
+            Execution(cell_id=f"c{i}", code=code, status="ok" if i != 1 else "error",
+                      ename=None if i != 1 else "KeyboardInterrupt") for i, code in enumerate(cells)])
+        workspace = tmp_path / name
+        workspace.mkdir()
+        return list(replay_trajectory(trajectory, workspace, settings))
+
+    by_lines = ReplaySettings(interrupted_timeout_s=30, interrupted_lines=300_000, snapshots=False, values=False)
+    idle, busy = replayed(False, by_lines, "idle"), replayed(True, by_lines, "busy")
+    for steps in (idle, busy):
+        assert [(s.status, s.ename) for s in steps] == [("ok", None), ("error", "KeyboardInterrupt"), ("ok", None)]
+        assert "KeyboardInterrupt" in steps[1].output and not steps[1].kernel_restarted
+    assert int(idle[2].output) > 0 and idle[2].output == busy[2].output
+    by_seconds = replace(by_lines, interrupted_timeout_s=1.0, interrupted_lines=None)
+    idle, busy = replayed(False, by_seconds, "idle-s"), replayed(True, by_seconds, "busy-s")
+    assert idle[1].status == busy[1].status == "timeout"
+    assert int(busy[2].output) < int(idle[2].output)  # what the budget is for
 
 
 @pytest.mark.slow

@@ -288,7 +288,8 @@ def _cell_limit_rule(replay: dict) -> str:
     if "logged_time_factor" not in replay:  # replayed before the rule existed: one limit for every cell
         return describe(replay["cell_timeout_s"], None, replay["cell_timeout_s"])
     return describe(replay["cell_timeout_s"], replay["logged_time_factor"], replay["cell_timeout_ceiling_s"],
-                    replay.get("cell_clock", "wall"))
+                    replay.get("cell_clock", "wall"), interrupted_s=replay.get("interrupted_timeout_s"),
+                    interrupted_lines=replay.get("interrupted_lines"))
 
 
 def fidelity_of(steps: Sequence, trajectories: Sequence, finals: dict[str, Path]) -> dict[str, dict]:

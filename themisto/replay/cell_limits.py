@@ -37,13 +37,20 @@ def cell_limit(logged_s: float | None, *, default_s: float = CELL_TIMEOUT_S, fac
     return max(default_s, min(ceiling_s, round(factor * logged_s, 3)))
 
 
-def describe(default_s: float, factor: float | None, ceiling_s: float, clock: str = "wall") -> str:
-    """The rule in words, for the release's settings and its card (`clock`: what a limit's seconds count)."""
+def describe(default_s: float, factor: float | None, ceiling_s: float, clock: str = "wall", *,
+             interrupted_s: float | None = None, interrupted_lines: int | None = None) -> str:
+    """The rule in words, for the release's settings and its card (`clock`: what a limit's seconds count;
+    `interrupted_s` and `interrupted_lines`: the limits of a cell its developer interrupted, where recorded)."""
     if factor is None:
         rule = f"every cell may run {default_s:g} s (a fixed limit: --cell-timeout)"
     else:
         rule = (f"a cell the log saw finish may run max({default_s:g} s, min({ceiling_s:g} s, {factor:g} x the "
                 f"seconds its developer's run took)); a cell it did not see finish, {default_s:g} s")
+    if interrupted_lines is not None:
+        rule += (f"; a cell its developer interrupted is interrupted after {interrupted_lines:,} executed lines (the "
+                 f"same point on any host), or after {interrupted_s:g} s if it spends them in compiled code first")
+    elif interrupted_s is not None:
+        rule += f"; a cell its developer interrupted, {interrupted_s:g} s"
     if clock != "cpu":
         return rule
     from themisto.runtime.kernel_requests import CPU_CLOCK_WALL_FACTOR

@@ -42,8 +42,14 @@ class ReplaySettings:
     # What those seconds count (`Limits.cell_clock`): the CPU seconds of the kernel and all it started, so that a cell
     # ends as it did on any host, busy or idle; "wall": seconds of the clock (releases built before 2026-12-04).
     cell_clock: Literal["wall", "cpu"] = "cpu"
-    # A cell the developer interrupted gets this long before replay interrupts it too.
-    interrupted_timeout_s: float = 10.0
+    # A cell the developer interrupted (the log never says when) is interrupted by replay too, after
+    # interrupted_lines executed lines: the same point, and the same state after it, on any host
+    # (themisto.runtime.line_budget); or after interrupted_timeout_s seconds of `cell_clock` if it spends them in C
+    # first. interrupted_lines None: the seconds alone (releases built before 2026-12-05: 10 s). 30 million lines are
+    # 4 s of a pandas row-append loop and 1 s of a bare Python loop here, 9 s and 5 s counted (counting slows them);
+    # a host whose other core is busy can double those seconds, which the 30 s still hold.
+    interrupted_timeout_s: float = 30.0
+    interrupted_lines: int | None = 30_000_000
     memory_bytes: int = 4 * 2**30
     output_bytes: int = 2**20
     cores: int | None = 1  # per kernel (`Limits.cores`): a cell's results and time the same on any host
@@ -138,17 +144,30 @@ def life_start(trajectory: Trajectory, step: int) -> int:
     return max([0] + [point for point in _restart_points(trajectory) if point <= step])
 
 
+def interrupted_by_developer(status: str | None, ename: str | None) -> bool:
+    """Whether the log says its developer interrupted the execution (its KeyboardInterrupt, or a cell left
+    running when the kernel was interrupted)."""
+    return ename == "KeyboardInterrupt" or status == "interrupted"
+
+
 def cell_limits(trajectory: Trajectory, settings: ReplaySettings) -> list[float]:
     """The seconds each execution of `trajectory` may run in replay: a cell the developer interrupted gets
     `interrupted_timeout_s`, any other the rule of `themisto.replay.cell_limits` over its logged seconds."""
     out = []
     for execution, seconds in zip(trajectory.executions, trajectory.logged_seconds()):
-        if execution.ename == "KeyboardInterrupt" or execution.status == "interrupted":
+        if interrupted_by_developer(execution.status, execution.ename):
             out.append(settings.interrupted_timeout_s)
         else:
             out.append(cell_limit(seconds, default_s=settings.cell_timeout_s, factor=settings.logged_time_factor,
                                   ceiling_s=settings.cell_timeout_ceiling_s))
     return out
+
+
+def line_budgets(trajectory: Trajectory, settings: ReplaySettings) -> list[int | None]:
+    """The lines each execution of `trajectory` may run in replay (themisto.runtime.line_budget): a cell the
+    developer interrupted `interrupted_lines`, any other no count (None)."""
+    return [settings.interrupted_lines if interrupted_by_developer(e.status, e.ename) else None
+            for e in trajectory.executions]
 
 
 class _Held:
@@ -181,6 +200,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     `values` (and snapshots on), each snapshot's values are stored there. From `start` on, when the session holds
     the state before it already (restored from stored values: themisto.replay.restore). `limits`: each execution's
     seconds, where the caller knows better than `cell_limits` (a release's trajectory: `states.release_limits`)."""
+    from themisto.runtime.line_budget import request_metadata
     from themisto.runtime.outputs import output_text, output_types, rich_outputs
     from themisto.runtime.rebuild import rebuild_state
     from themisto.runtime.snapshot import held_arguments, snapshot_expressions
@@ -192,6 +212,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     session_start = life_start(trajectory, start)  # first step of the current kernel life, as the log recorded it
     lost: set[int] = set()  # steps that cost the namespace; never re-run when rebuilding it
     limits = list(limits) if limits is not None else cell_limits(trajectory, settings)
+    budgets = line_budgets(trajectory, settings)
     logged_seconds = trajectory.logged_seconds()
     for i, execution in enumerate(trajectory.executions):
         if i < start:
@@ -205,8 +226,8 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         cleaned = clean_for_replay(execution.code)
         # The snapshot rides on the cell's own request (no second round trip), after a failed cell too
         # (themisto.runtime.launcher); a cell that lost the state is read with a separate silent request below.
-        result = session.execute(cleaned.code, timeout=limits[i],
-                                 user_expressions=expressions, metadata=held_arguments(held.news(session)))
+        result = session.execute(cleaned.code, timeout=limits[i], user_expressions=expressions,
+                                 metadata=request_metadata(budgets[i], held_arguments(held.news(session))))
         rebuilt = 0
         if result.kernel_restarted:
             # The developer's kernel kept its state here; ours lost it. Re-run this kernel life's earlier steps
@@ -257,12 +278,14 @@ def _snapshot_after(session, result, settings: ReplaySettings, rebuilt: bool, va
 
 def life_cells(trajectory: Trajectory, start: int, end: int, settings: ReplaySettings,
                limits: Sequence[float] | None = None) -> list:
-    """Steps start..end-1 as replay runs them (cleaned, each with its limit: `limits`, else `cell_limits`): what
-    rebuilds the state they made."""
+    """Steps start..end-1 as replay runs them (cleaned, each with its limit: `limits`, else `cell_limits`, and its
+    line budget): what rebuilds the state they made."""
     from themisto.runtime.rebuild import RerunCell
 
     limits = limits if limits is not None else cell_limits(trajectory, settings)
-    return [RerunCell(j, clean_for_replay(trajectory.executions[j].code).code, limits[j]) for j in range(start, end)]
+    budgets = line_budgets(trajectory, settings)
+    return [RerunCell(j, clean_for_replay(trajectory.executions[j].code).code, limits[j], budgets[j])
+            for j in range(start, end)]
 
 
 def rebuild_before(session, trajectory: Trajectory, step: int, settings: ReplaySettings = ReplaySettings(), *,

@@ -57,11 +57,12 @@ def release_limits(rows: Sequence[dict], settings: ReplaySettings) -> list[float
     `themisto.replay.cell_limits` runs over the seconds the build's replay took (a step it stopped at its limit is
     stopped after as long again), so that a long cell that ended in the build ends here too, on a host of any load."""
     from themisto.replay.cell_limits import cell_limit
+    from themisto.replay.replay import interrupted_by_developer
 
     out = []
     for row in rows:
         seconds = float(row.get("execution_time") or 0.0)
-        if row.get("logged_ename") == "KeyboardInterrupt" or row.get("logged_status") == "interrupted":
+        if interrupted_by_developer(row.get("logged_status"), row.get("logged_ename")):
             out.append(settings.interrupted_timeout_s)
         elif row.get("status") == "timeout":
             out.append(max(seconds, 1.0))
@@ -75,8 +76,10 @@ def recorded_replay_settings(recorded: dict) -> ReplaySettings:
     """The replay settings a release was built with (its build report's record), without snapshots: whoever walks
     the states takes its own."""
     known = {f.name for f in fields(ReplaySettings)}
-    # A release that does not say its clock was built when every limit counted wall seconds.
-    return ReplaySettings(**{"cell_clock": "wall", **{k: v for k, v in recorded.items() if k in known},
+    # A release that does not say its clock was built when every limit counted wall seconds, one that does not say
+    # its line budget before interrupted cells had one.
+    return ReplaySettings(**{"cell_clock": "wall", "interrupted_lines": None,
+                             **{k: v for k, v in recorded.items() if k in known},
                              "snapshots": False})
 
 

@@ -304,7 +304,11 @@ def load_ipython_extension(ipython: object) -> None:
     """Kernel side: announce the end of each cell (CELL_DONE_MSG) and evaluate its snapshot after a failed cell too
     (SNAPSHOT_EXPRESSION); stop forwarding stdout/stderr once a cell has written past its cap, so a cell printing
     200 MB does not ship 200 MB to the host (the host cuts precisely and marks the cut; this only spares the
-    transfer)."""
+    transfer); stop a cell whose request carries a line budget once it has run that many lines
+    (themisto.runtime.line_budget)."""
+    from themisto.runtime import line_budget
+
+    line_budget.install(ipython)
     _announce_cell_done(ipython)
     _snapshot_after_every_cell(ipython)
     cap = int(os.environ.get(OUTPUT_CAP_ENV, "0") or 0)

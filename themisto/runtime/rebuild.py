@@ -11,14 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from themisto.runtime.line_budget import request_metadata
+
 
 @dataclass(frozen=True)
 class RerunCell:
-    """One cell of a rebuild: its step in the trajectory, the code to run and its timeout (None: the session's)."""
+    """One cell of a rebuild: its step in the trajectory, the code to run, its timeout (None: the session's) and its
+    line budget (themisto.runtime.line_budget; None: not counted)."""
 
     step: int
     code: str
     timeout_s: float | None = None
+    lines: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ def rebuild_state(session: Any, cells: Sequence[RerunCell], *, restart: bool = T
         for cell in cells:
             if cell.step in left_out:
                 continue
-            result = session.execute(cell.code, timeout=cell.timeout_s)
+            result = session.execute(cell.code, timeout=cell.timeout_s, metadata=request_metadata(cell.lines))
             ran += 1
             if result.kernel_restarted:
                 if strict:
