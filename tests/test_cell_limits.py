@@ -102,7 +102,7 @@ def test_a_release_walked_again_gives_each_cell_the_rule_over_the_builds_own_sec
             {"status": "ok", "execution_time": 0.5, "logged_status": "ok"},
             {"status": "timeout", "execution_time": 1153.6, "logged_status": "ok"},  # stopped there: stopped here too
             {"status": "timeout", "execution_time": 10.0, "logged_status": "error", "logged_ename": "KeyboardInterrupt"}]
-    assert release_limits(rows, ReplaySettings()) == [2400.0, 120.0, 1153.6, 30.0]
+    assert release_limits(rows, ReplaySettings()) == [2400.0, 120.0, 1153.6, 60.0]
     assert release_limits(rows, ReplaySettings(logged_time_factor=None, interrupted_timeout_s=10.0)) == [120.0, 120.0, 1153.6, 10.0]
 
 

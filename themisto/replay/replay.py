@@ -45,11 +45,12 @@ class ReplaySettings:
     # A cell the developer interrupted (the log never says when) is interrupted by replay too, after
     # interrupted_lines executed lines: the same point, and the same state after it, on any host
     # (themisto.runtime.line_budget); or after interrupted_timeout_s seconds of `cell_clock` if it spends them in C
-    # first. interrupted_lines None: the seconds alone (releases built before 2026-12-05: 10 s). 30 million lines are
-    # 4 s of a pandas row-append loop and 1 s of a bare Python loop here, 9 s and 5 s counted (counting slows them);
-    # a host whose other core is busy can double those seconds, which the 30 s still hold.
-    interrupted_timeout_s: float = 30.0
-    interrupted_lines: int | None = 30_000_000
+    # first. interrupted_lines None: the seconds alone (releases built before 2026-12-05: 10 s). The real logs'
+    # counted cells (a row loop, a search's Python) ran about 1.5 million lines a CPU second while counted: 10
+    # million lines are about 7 s of them, which a host whose other core is busy can double, well inside the 60 s
+    # (with 30 million lines and 30 s, four of them ended at 18-20 s on an idle host: too near).
+    interrupted_timeout_s: float = 60.0
+    interrupted_lines: int | None = 10_000_000
     memory_bytes: int = 4 * 2**30
     output_bytes: int = 2**20
     cores: int | None = 1  # per kernel (`Limits.cores`): a cell's results and time the same on any host
