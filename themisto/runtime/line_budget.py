@@ -1,7 +1,7 @@
 """Kernel side: stop a cell after a fixed amount of Python work, the same point on any host.
 
-A cell its developer interrupted did not finish for them, and the log does not say when they pressed stop (its
-`execute` line is missing). A limit in seconds, even CPU seconds, stops such a cell wherever the host had got it to:
+A cell its developer interrupted did not finish for them, and the log does not say when they pressed stop (in the
+real logs such a cell's `execute` line is missing). A limit in seconds, even CPU seconds, stops such a cell wherever the host had got it to:
 on a host whose other core is busy the same work costs up to twice the CPU seconds (the real release's cells took
 1.5 to 2.4 times as long beside two busy processes), and a loop that fills a table leaves a longer or a shorter
 table for every later step. So the host gives such a cell a budget of executed lines (`LINE_BUDGET_KEY` in its
