@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.collector import OutputCollector
 from themisto.runtime.kernel_process import KernelProcess
+from themisto.runtime.line_budget import LINE_BUDGET_KEY, LineBudgetSpent
 from themisto.vocabulary import CellStatus
 
 if TYPE_CHECKING:
@@ -91,6 +92,10 @@ class RequestRunner:
         outcome = Outcome(kind=kind, reply=wait.reply, duration_s=(wait.cell_done or time.monotonic()) - started)
         if kind == "done":
             outcome.status = "ok" if (wait.reply or {}).get("status") == "ok" else "error"
+            lines = (metadata or {}).get(LINE_BUDGET_KEY)
+            if lines and (wait.reply or {}).get("ename") == LineBudgetSpent.__name__:
+                outcome.kind, outcome.status, outcome.ename = "timeout", "timeout", "CellTimeout"
+                outcome.evalue = f"the cell ran past its budget of {lines:,} lines; interrupted, state kept"
             return outcome
         interrupted = kind == "deadline"
         if interrupted:

@@ -6,7 +6,9 @@ on a host whose other core is busy the same work costs up to twice the CPU secon
 1.5 to 2.4 times as long beside two busy processes), and a loop that fills a table leaves a longer or a shorter
 table for every later step. So the host gives such a cell a budget of executed lines (`LINE_BUDGET_KEY` in its
 request's metadata): the kernel counts the lines the cell and the code it calls execute, and raises
-KeyboardInterrupt, as the developer's Ctrl-C did, when the budget is spent. The count leaves out the kernel's own
+`LineBudgetSpent` (a KeyboardInterrupt, as the developer's Ctrl-C was) when the budget is spent; the host reports
+the cell stopped at its limit (`timeout`), as it reports one stopped by seconds, and reseeds the random generators
+after either, so a cell stopped by lines on one host and by seconds on another leaves the same status and draws. The count leaves out the kernel's own
 machinery (ipykernel, IPython, zmq, asyncio, threading, logging, tqdm and themisto), whose paths depend on the clock
 (whether an output flush is already scheduled, whether a progress bar redraws), so a cell that does not branch on
 the clock itself stops at the same line with the same state. A cell that spends its time in C (a model fit) executes
@@ -22,6 +24,10 @@ import sys
 
 # The request metadata key that carries a cell's budget (an int: lines).
 LINE_BUDGET_KEY = "themisto_line_budget"
+
+
+class LineBudgetSpent(KeyboardInterrupt):
+    """Raised in a counted cell once its budget of lines is spent (the host reads its name in the reply)."""
 # Modules whose lines are not counted: the kernel's own machinery, whose paths depend on the clock.
 _NOT_COUNTED = ("ipykernel", "IPython", "zmq", "tornado", "jupyter_client", "traitlets", "comm", "asyncio",
                 "threading", "logging", "selectors", "queue", "tqdm", "themisto")
@@ -53,7 +59,7 @@ class LineBudget:
     def __init__(self) -> None:
         self._uncounted = _uncounted_places()
         self._counted: dict[object, bool] = {}  # per code object: whether its lines count
-        self.left = 0
+        self.lines = self.left = 0
 
     def _on_call(self, frame, event, arg):
         code = frame.f_code
@@ -67,11 +73,11 @@ class LineBudget:
             self.left -= 1
             if self.left <= 0:
                 # Raised here, it surfaces in the cell at this line; CPython then stops tracing the thread.
-                raise KeyboardInterrupt
+                raise LineBudgetSpent(f"the cell ran its budget of {self.lines:,} lines")
         return self._on_line
 
     def start(self, lines: int) -> None:
-        self.left = int(lines)
+        self.lines = self.left = int(lines)
         sys.settrace(self._on_call)
 
     def stop(self) -> None:
