@@ -60,6 +60,7 @@ class LineBudget:
         self._uncounted = _uncounted_places()
         self._counted: dict[object, bool] = {}  # per code object: whether its lines count
         self.lines = self.left = 0
+        self.counting = False
 
     def _on_call(self, frame, event, arg):
         code = frame.f_code
@@ -78,10 +79,14 @@ class LineBudget:
 
     def start(self, lines: int) -> None:
         self.lines = self.left = int(lines)
+        self.counting = True
         sys.settrace(self._on_call)
 
     def stop(self) -> None:
-        sys.settrace(None)
+        # Only after a counted cell: a branch child's audit hook reports every sys.settrace as tampering.
+        if self.counting:
+            self.counting = False
+            sys.settrace(None)
 
 
 def install(ipython: object) -> None:
