@@ -1,20 +1,20 @@
 """Kernel side: stop a cell after a fixed amount of Python work, the same point on any host.
 
 A cell its developer interrupted did not finish for them, and the log does not say when they pressed stop (in the
-real logs such a cell's `execute` line is missing). A limit in seconds, even CPU seconds, stops such a cell wherever the host had got it to:
-on a host whose other core is busy the same work costs up to twice the CPU seconds (the real release's cells took
-1.5 to 2.4 times as long beside two busy processes), and a loop that fills a table leaves a longer or a shorter
-table for every later step. So the host gives such a cell a budget of executed lines (`LINE_BUDGET_KEY` in its
-request's metadata): the kernel counts the lines the cell and the code it calls execute, and raises
-`LineBudgetSpent` (a KeyboardInterrupt, as the developer's Ctrl-C was) when the budget is spent; the host reports
-the cell stopped at its limit (`timeout`), as it reports one stopped by seconds, and reseeds the random generators
-after either, so a cell stopped by lines on one host and by seconds on another leaves the same status and draws. The count leaves out the kernel's own
-machinery (ipykernel, IPython, zmq, asyncio, threading, logging, tqdm and themisto), whose paths depend on the clock
-(whether an output flush is already scheduled, whether a progress bar redraws), so a cell that does not branch on
-the clock itself stops at the same line with the same state. A cell that spends its time in C (a model fit) executes
-few lines and meets the host's limit in seconds first; a cell that catches KeyboardInterrupt goes on until it does.
-Tracing costs a counted cell 2-6 times its speed (measured here: a pandas row-append loop 2.4x, a bare Python loop
-5.8x); only cells with a budget are traced.
+real logs such a cell's `execute` line is missing). A limit in seconds, even CPU seconds, stops such a cell wherever
+the host had got it to: on a host whose other core is busy the same work costs up to twice the CPU seconds (the real
+release's cells took 1.5 to 2.4 times as long beside two busy processes), and a loop that fills a table leaves a
+longer or a shorter table for every later step. So the host gives such a cell a budget of executed lines
+(`LINE_BUDGET_KEY` in its request's metadata): the kernel counts the lines the cell and the code it calls execute,
+and raises `LineBudgetSpent` (a KeyboardInterrupt, as the developer's Ctrl-C was) when the budget is spent; the host
+reports the cell stopped at its limit (`timeout`), as it reports one stopped by seconds, and reseeds the random
+generators after either, so a cell stopped by lines on one host and by seconds on another leaves the same status and
+draws. The count leaves out the kernel's own machinery (ipykernel, IPython, zmq, asyncio, threading, logging, tqdm
+and themisto), whose paths depend on the clock (whether an output flush is already scheduled, whether a progress bar
+redraws), so a cell that does not branch on the clock itself stops at the same line with the same state. A cell that
+spends its time in C (a model fit) executes few lines and meets the host's limit in seconds first; a cell that
+catches KeyboardInterrupt goes on until it does. Tracing costs a counted cell 2-6 times its speed (measured here: a
+pandas row-append loop 2.4x, a bare Python loop 5.8x); only cells with a budget are traced.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class LineBudget:
     `lines` have run; `stop` ends the count."""
 
     def __init__(self) -> None:
-        self._uncounted = _uncounted_places()
+        self._uncounted: tuple[str, ...] | None = None  # found at the first counted cell, not at every kernel start
         self._counted: dict[object, bool] = {}  # per code object: whether its lines count
         self.lines = self.left = 0
         self.counting = False
@@ -78,6 +78,8 @@ class LineBudget:
         return self._on_line
 
     def start(self, lines: int) -> None:
+        if self._uncounted is None:
+            self._uncounted = _uncounted_places()
         self.lines = self.left = int(lines)
         self.counting = True
         sys.settrace(self._on_call)
