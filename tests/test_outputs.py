@@ -12,7 +12,9 @@ from themisto.ingest.june_format import decode_log_line
 from themisto.runtime.kernel import KernelSession
 from themisto.ingest.output_size import output_size, summarize
 from themisto.runtime.outputs import (
+    as_displayed,
     error_text,
+    mask_volatile,
     output_text,
     output_types,
     rich_outputs,
@@ -32,6 +34,9 @@ def captured() -> dict[str, list[dict]]:
                  "print('warn', file=sys.stderr); sys.stderr.flush()\nprint('done')",
         "plot": "import matplotlib.pyplot as plt\nprint('before')\nplt.plot([1, 2, 3])\nplt.show()",
         "error": "df['missing']",
+        # No flushes: a warning (stderr) and then prints (stdout), in a cell that ends before either buffer's timer.
+        "warning_then_prints": "import warnings\nwarnings.warn('first')\nprint('second')\nprint('third')",
+        "progress": "from tqdm import tqdm\nfor _ in tqdm(range(40)):\n    pass\nprint('after')",
     }
     with KernelSession() as kernel:
         return {name: kernel.execute(code).outputs for name, code in cells.items()}
@@ -81,6 +86,52 @@ def test_error_text_is_ansi_free(captured):
     assert "df['missing']" in text
     assert output_text(outputs, traceback=False) == "KeyError: 'missing'"
     assert summarize(outputs) == [OutputSummary("error", 0)]
+
+
+@pytest.mark.slow
+def test_streams_keep_the_order_the_cell_wrote_them(captured):
+    """ipykernel sends stdout and stderr from two buffers; the kernel side sends one before writing the other, so a
+    warning before two prints stays before them (without it the end-of-cell flush sent the prints first)."""
+    outputs = captured["warning_then_prints"]
+    assert [o["name"] for o in outputs] == ["stderr", "stdout"]
+    lines = output_text(outputs).splitlines()
+    assert "UserWarning: first" in lines[0] and lines[-2:] == ["second", "third"]
+
+
+@pytest.mark.slow
+def test_a_progress_bar_reads_as_the_notebook_shows_it(captured):
+    """A tqdm bar redraws itself with carriage returns on stderr; the output keeps its last state, and its clock
+    is masked, so two runs at two speeds give one text."""
+    outputs = captured["progress"]
+    raw = "".join(o["text"] for o in outputs if o["name"] == "stderr")
+    assert raw.count("\r") >= 2  # at least the first and the last draw
+    text = output_text(outputs)
+    assert "\r" not in text
+    assert text.splitlines() == [text.splitlines()[0], "after"]
+    assert mask_volatile(text) == "100%|██████████| 40/40 […<…, …it/s]\nafter"
+
+
+def test_carriage_returns_overwrite_within_one_stream_only():
+    """A notebook merges consecutive writes to one stream and applies `\\r` within them; stdout never overwrites
+    stderr. Shorter redraws keep the longer line's tail, as a terminal does, less the padding spaces."""
+    outputs = [{"output_type": "stream", "name": "stderr", "text": "\r 10%|#    | 1/10"},
+               {"output_type": "stream", "name": "stderr", "text": "\r 20%|##   | 2/10"},
+               {"output_type": "stream", "name": "stdout", "text": "\rloss 0.5\n"},
+               {"output_type": "stream", "name": "stderr", "text": "\r 30%|###  | 3/10   \r\n"}]
+    assert output_text(outputs) == " 20%|##   | 2/10loss 0.5\n 30%|###  | 3/10"
+    assert as_displayed("abcdef\rXY") == "XYcdef"
+    assert as_displayed("no returns\n") == "no returns\n"
+
+
+def test_progress_clocks_of_two_speeds_mask_to_one_text():
+    fast = "100%|##########| 200/200 [00:00<00:00, 20569.39it/s]"
+    slow = "100%|##########| 200/200 [01:05<00:00,  3.06s/it]"
+    unknown_total = "200it [00:04, 47.71it/s]"
+    assert mask_volatile(fast) == mask_volatile(slow) == "100%|##########| 200/200 […<…, …it/s]"
+    assert mask_volatile(unknown_total) == "200it […, …it/s]"
+    assert mask_volatile("Map: 100%|#| 5/5 [00:00<00:00, 1234.56 examples/s]").endswith("[…<…, …examples/s]")
+    kept = "[12:30, 4.5 out of 5 stars] at 10:15"  # not a bar's clock
+    assert mask_volatile(kept) == kept
 
 
 def test_error_text_drops_the_repeated_last_line():

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.agent import skops_names as skops_table
 from themisto.runtime.agent.values import VALUES_DIR_ENV
+from themisto.runtime.outputs import KERNEL_FOLDER_PREFIX
 from themisto.runtime.sandbox import (KernelResources, SandboxWarning, bwrap_works, choose_uid, claim_cores,
                                       interpreter_paths, kernel_python, remove_tree, skops_names)
 from themisto.settings import settings
@@ -89,7 +90,7 @@ def _plan_sandbox(limits: Limits, resources: KernelResources) -> tuple[str | Non
 
 def _prepare_folders(workspace: Path | None, python: str, uid: int | None,
                      resources: KernelResources) -> kernel_launcher.SandboxPaths:
-    root = Path(tempfile.mkdtemp(prefix="themisto-kernel-", dir=settings().tmp_dir))
+    root = Path(tempfile.mkdtemp(prefix=KERNEL_FOLDER_PREFIX, dir=settings().tmp_dir))
     resources.root = root
     paths = kernel_launcher.SandboxPaths(root=root, work=root / "work", home=root / "home", run=root / "run")
     if workspace is not None:

@@ -300,38 +300,64 @@ def _snapshot_after_every_cell(ipython: object) -> None:
     kernel.do_execute = do_execute
 
 
-def load_ipython_extension(ipython: object) -> None:
-    """Kernel side: announce the end of each cell (CELL_DONE_MSG) and evaluate its snapshot after a failed cell too
-    (SNAPSHOT_EXPRESSION); stop forwarding stdout/stderr once a cell has written past its cap, so a cell printing
-    200 MB does not ship 200 MB to the host (the host cuts precisely and marks the cut; this only spares the
-    transfer); stop a cell whose request carries a line budget once it has run that many lines
-    (themisto.runtime.line_budget)."""
-    from themisto.runtime import line_budget
+def _flush_soon(stream: object) -> None:
+    """Send what `stream` holds before anything written after this call: ipykernel's OutStream sends from its IO
+    thread, which runs what it is handed in order, so handing it the flush is enough (flush() would also wait for
+    it, a round trip per call)."""
+    pub_thread, flush = getattr(stream, "pub_thread", None), getattr(stream, "_flush", None)
+    if pub_thread is not None and callable(flush) and hasattr(pub_thread, "schedule"):
+        pub_thread.schedule(flush)
+    else:
+        stream.flush()  # type: ignore[attr-defined]
 
-    line_budget.install(ipython)
-    _announce_cell_done(ipython)
-    _snapshot_after_every_cell(ipython)
+
+def _wrap_streams(ipython: object) -> None:
+    """Keep stdout and stderr in the order the cell wrote them, and stop forwarding them once a cell has written
+    past its cap (OUTPUT_CAP_ENV).
+
+    ipykernel buffers each stream apart and sends each buffer a moment after its first write, so three prints and a
+    warning arrive in either order depending on the host's load (the same real cell came out both ways in two
+    builds). A write to one stream after the other therefore first sends what the other holds. The cap spares the
+    transfer of a cell printing 200 MB; the host cuts precisely and marks the cut."""
     cap = int(os.environ.get(OUTPUT_CAP_ENV, "0") or 0)
-    if cap <= 0:
-        return
-    cap += _OUTPUT_CAP_SLACK
+    room_for = cap + _OUTPUT_CAP_SLACK if cap > 0 else None
     written = [0]
+    last: list[object] = [None]
+    pid = os.getpid()
 
     def reset(*_: object) -> None:
         written[0] = 0
 
     ipython.events.register("pre_execute", reset)  # type: ignore[attr-defined]
-    for stream in (sys.stdout, sys.stderr):
+    streams = (sys.stdout, sys.stderr)
+    for stream, other in (streams, streams[::-1]):
         original = stream.write
 
-        def capped_write(text: str, _original=original) -> int:
-            room = cap - written[0]
+        def write(text: str, _original=original, _stream=stream, _other=other) -> int:
+            if last[0] is _other and os.getpid() == pid:  # a branch child has no IO thread of its own
+                _flush_soon(_other)
+            last[0] = _stream
+            if room_for is None:
+                return _original(text)
+            room = room_for - written[0]
             written[0] += len(text)
             if room > 0:
                 _original(text if len(text) <= room else text[:room])
             return len(text)
 
-        stream.write = capped_write  # type: ignore[method-assign]
+        stream.write = write  # type: ignore[method-assign]
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """Kernel side: announce the end of each cell (CELL_DONE_MSG) and evaluate its snapshot after a failed cell too
+    (SNAPSHOT_EXPRESSION); keep stdout and stderr in the order they were written and cap them (_wrap_streams); stop
+    a cell whose request carries a line budget once it has run that many lines (themisto.runtime.line_budget)."""
+    from themisto.runtime import line_budget
+
+    line_budget.install(ipython)
+    _announce_cell_done(ipython)
+    _snapshot_after_every_cell(ipython)
+    _wrap_streams(ipython)
 
 
 if __name__ == "__main__":
