@@ -34,8 +34,11 @@ def captured() -> dict[str, list[dict]]:
                  "print('warn', file=sys.stderr); sys.stderr.flush()\nprint('done')",
         "plot": "import matplotlib.pyplot as plt\nprint('before')\nplt.plot([1, 2, 3])\nplt.show()",
         "error": "df['missing']",
-        # No flushes: a warning (stderr) and then prints (stdout), in a cell that ends before either buffer's timer.
-        "warning_then_prints": "import warnings\nwarnings.warn('first')\nprint('second')\nprint('third')",
+        # No flushes: a print, a warning (stderr), prints, in a cell that ends before either buffer's timer; ipykernel's
+        # IO thread is kept busy meanwhile, as on a loaded host, so a flush only handed to it would run late.
+        "warning_then_prints": "import sys, time, warnings\nprint('zero')\n"
+                               "sys.stdout.pub_thread.schedule(lambda: time.sleep(0.5))\n"
+                               "warnings.warn('first')\nprint('second')\nprint('third')",
         "progress": "from tqdm import tqdm\nfor _ in tqdm(range(40)):\n    pass\nprint('after')",
     }
     with KernelSession() as kernel:
@@ -90,12 +93,13 @@ def test_error_text_is_ansi_free(captured):
 
 @pytest.mark.slow
 def test_streams_keep_the_order_the_cell_wrote_them(captured):
-    """ipykernel sends stdout and stderr from two buffers; the kernel side sends one before writing the other, so a
-    warning before two prints stays before them (without it the end-of-cell flush sent the prints first)."""
+    """ipykernel sends stdout and stderr from two buffers; the kernel side sends one, and waits until it is sent,
+    before writing the other, so a warning between prints stays between them (without it the end-of-cell flush sent
+    the prints first; with the flush only handed to a late IO thread, it sent later prints with the first)."""
     outputs = captured["warning_then_prints"]
-    assert [o["name"] for o in outputs] == ["stderr", "stdout"]
+    assert [o["name"] for o in outputs] == ["stdout", "stderr", "stdout"]
     lines = output_text(outputs).splitlines()
-    assert "UserWarning: first" in lines[0] and lines[-2:] == ["second", "third"]
+    assert lines[0] == "zero" and "UserWarning: first" in lines[1] and lines[-2:] == ["second", "third"]
 
 
 @pytest.mark.slow
