@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
 import re
 
@@ -87,13 +88,15 @@ def as_displayed(text: str) -> str:
     """
     if "\r" not in text and "\b" not in text:
         return text
-    kept: list[str] = []
-    for char in text:
-        if char != "\b":
-            kept.append(char)
-        elif kept and kept[-1] != "\n":
-            kept.pop()
-    lines = re.sub(r"\r+\n", "\n", "".join(kept)).split("\n")
+    if "\b" in text:
+        kept: list[str] = []
+        for char in text:
+            if char != "\b":
+                kept.append(char)
+            elif kept and kept[-1] != "\n":
+                kept.pop()
+        text = "".join(kept)
+    lines = re.sub(r"\r+\n", "\n", text).split("\n")
     for index, line in enumerate(lines):
         if "\r" in line:
             parts = line.split("\r")
@@ -123,6 +126,13 @@ def error_text(output: dict) -> str:
     return f"{head}\n{body}" if body else head
 
 
+def _shown_streams(parts: list[tuple[object, str]]) -> str:
+    """Consecutive stream outputs as one text: each run of one stream merged, as a notebook merges them, and shown
+    as the notebook shows it (`as_displayed`: stdout never overwrites stderr)."""
+    return "".join(as_displayed(strip_ansi("".join(text for _, text in run)))
+                   for _, run in itertools.groupby(parts, key=lambda part: part[0]))
+
+
 def output_text(outputs: list[dict], *, traceback: bool = True) -> str:
     """The cell's output as one text: streams in order (each run of one stream as a notebook shows it:
     `as_displayed`), the `text/plain` of results and displays, errors as `ename: evalue` (plus the ANSI-free
@@ -134,26 +144,15 @@ def output_text(outputs: list[dict], *, traceback: bool = True) -> str:
     'a\\nb\\n3'
     """
     blocks: list[str] = []
-    stream = ""
-    run: tuple[object, str] = (None, "")  # consecutive writes to one stream, as a notebook merges them
-
-    def end_run() -> str:
-        return as_displayed(strip_ansi(run[1]))
-
+    stream: list[tuple[object, str]] = []
     for output in outputs:
         kind = output.get("output_type")
         if kind == "stream":
-            name = output.get("name")
-            if name != run[0]:
-                stream += end_run()
-                run = (name, "")
-            run = (name, run[1] + _text(output.get("text", "")))
+            stream.append((output.get("name"), _text(output.get("text", ""))))
             continue
-        stream += end_run()
-        run = (None, "")
         if stream:
-            blocks.append(stream)
-            stream = ""
+            blocks.append(_shown_streams(stream))
+            stream = []
         if kind in ("execute_result", "display_data"):
             plain = (output.get("data") or {}).get("text/plain")
             if plain is not None:
@@ -163,9 +162,8 @@ def output_text(outputs: list[dict], *, traceback: bool = True) -> str:
                 blocks.append(error_text(output))
             else:
                 blocks.append(f"{output.get('ename', '')}: {output.get('evalue', '')}")
-    stream += end_run()
     if stream:
-        blocks.append(stream)
+        blocks.append(_shown_streams(stream))
     return "\n".join(block.rstrip("\n") for block in blocks if block.strip("\n"))
 
 
