@@ -99,11 +99,12 @@ def as_displayed(text: str) -> str:
     lines = re.sub(r"\r+\n", "\n", text).split("\n")
     for index, line in enumerate(lines):
         if "\r" in line:
-            parts = line.split("\r")
-            shown = parts[0]
-            for part in parts[1:]:
-                shown = part + shown[len(part):]
-            lines[index] = shown.rstrip(" ")
+            # One slot per column, and each redraw writes only its own characters: a line redrawn n times costs its
+            # length, not n times it (a predicted cell's `print("a" * 500_000 + "\\rx" * 250_000)` copied 10^11 bytes).
+            shown: list[str] = []
+            for part in line.split("\r"):
+                shown[:len(part)] = part
+            lines[index] = "".join(shown).rstrip(" ")
     return "\n".join(lines)
 
 
