@@ -81,7 +81,9 @@ def test_an_unknown_format_is_refused_with_the_known_ones(with_toy):
 
 # Each table a format declares, by one of its entries: found in its own module and nowhere else in the package.
 _DECLARED_ONCE = {
-    "tagged_json.py": ['"date",\n', '"timedelta", "re.Pattern", "re.Match"', '"Timedelta": "pandas"'],  # its tags
+    "builtin_tags.py": ['Tag("date"', 'Tag("re.Match"', "(tuple, set, frozenset)"],  # tagged JSON's tags
+    "library_tags.py": ['Tag("Timedelta"', 'Tag("groupby"'],
+    "tags.py": ['Tag("ref"'],
     "definitions.py": ['"source", "import"'],  # a definition's tags
     "skops.py": ['"complex128"', '"TreeNode"', '"builtins.NoneType"'],  # the trust list, the loaders, the builtins
     "npz.py": ['"_has_sorted_indices"', '"indptr", "row"'],  # the sparse flags and arrays

@@ -284,7 +284,7 @@ def grouping_keys(grouping: Any) -> Any:
 def _hash_groupby(value: Any, h: Any) -> None:
     """A groupby's content, not its pickle: what is grouped, by which keys (names and values), with which options.
     Its caches (which `.mean()` or `len()` fill) and the frame its keys were taken from do not count: they change
-    no result. `themisto.runtime.agent.formats.tagged_json` stores and rebuilds a groupby from these same parts."""
+    no result. `themisto.runtime.agent.formats.library_tags` stores and rebuilds a groupby from these same parts."""
     h.update(qualname(value).encode())
     h.update(content_hash(value.obj).encode())
     frame = type(value).__name__ == "DataFrameGroupBy"

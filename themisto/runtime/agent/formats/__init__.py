@@ -1,7 +1,8 @@
 """The safe formats of stored values, one module each, with its writer, reader and check side by side: tagged JSON
-(`tagged_json`, with `definitions`: the user's functions and classes as their source, a library's by name), `.npy`
-(`npy`), scipy's sparse matrices as `.npz` (`npz`), pandas' frames, series and indexes as Parquet (`parquet`), fitted
-scikit-learn models as skops (`skops`, with its trust list). No format runs code when read; no pickle is written or
+(`tagged_json`, one table of tags: `tags`, `builtin_tags`, `library_tags`; with `definitions`: the user's functions
+and classes as their source, a library's by name), `.npy` (`npy`), scipy's sparse matrices as `.npz` (`npz`),
+pandas' frames, series and indexes as Parquet (`parquet`), fitted scikit-learn models as skops (`skops`, with its
+trust list). No format runs code when read; no pickle is written or
 read. The kernel's store (themisto.runtime.agent.values), the restore (themisto.runtime.agent.restore,
 themisto.replay.restore) and the release's check (themisto.release.values) go through this registry; nothing else
 knows a format.
