@@ -18,7 +18,7 @@ def oversized(roots: list[Path], module_lines: int, function_lines: int) -> tupl
     for root in roots:
         for path in sorted(root.rglob("*.py") if root.is_dir() else [root]):
             text = path.read_text(encoding="utf-8")
-            rel = path.relative_to(REPO)
+            rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
             if len(text.splitlines()) > module_lines:
                 modules.append((str(rel), "", len(text.splitlines())))
             for node in ast.walk(ast.parse(text)):

@@ -4,6 +4,7 @@ with the format and shares read off the participant's outputs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Iterator
 
@@ -34,10 +35,29 @@ CLEAN_FIRST_LINES = 50  # drafts parsing data[:30], data[:40] and data[:50] foun
 def jetnet_log_lines(spec: SizeSpec, seed: int, chunk_sessions: int = 4096) -> Iterator[str]:
     """Yield the JetNet log text in chunks: one `@User<id>: Action_k (dd/mm/yy | HH:MM:SS) -> … -> END (…)` line
     per session, with the kinds of dirt the participant's parser had to survive (see the module constants)."""
-    # One function on purpose (over 60 lines): every draw comes from one seeded stream in a fixed order, and the
-    # shipped sample's logged outcomes depend on these exact bytes; splitting it invites reordered draws.
-    ss = seed_for(seed, "task1")
-    rng = np.random.default_rng(ss)
+    # Every draw comes from one seeded stream in a fixed order, and the shipped sample's logged outcomes depend on
+    # these exact bytes: the helpers are called in that order, each drawing in its own; keep both orders.
+    rng = np.random.default_rng(seed_for(seed, "task1"))
+    user_ids, owner, n_actions, has_end = _sessions(rng, spec)
+    names, gaps, first, elapsed, duration = _actions(rng, n_actions)
+    start = _starts(rng, spec, duration)
+    shown = _shown_times(rng, gaps, first, elapsed, n_actions, start)
+    long_arrow = rng.random(len(names)) < LONG_ARROW_SHARE
+    order = rng.permutation(spec.sessions)  # sessions appear in the file in no particular order
+    if order[0] < 2:  # the first line has no END (below); the two sessions that pin the dates need theirs
+        order[[0, 2]] = order[[2, 0]]
+    has_end[order[0]] = False
+    dirt_at = _dirt(rng, order, first, n_actions)
+    # Plain lists: indexing numpy arrays one element at a time is several times slower.
+    log = _Log(user_ids, owner, first, n_actions, has_end, start + duration, names.tolist(), shown.tolist(),
+               long_arrow.tolist(), order, dirt_at)
+    clock = _Clock(FIRST_ACTION)
+    for lo in range(0, spec.sessions, chunk_sessions):
+        yield "".join(_line(log, s, clock) for s in order[lo:lo + chunk_sessions].tolist())
+
+
+def _sessions(rng: np.random.Generator, spec: SizeSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The users' ids, and each session's user (by position in those ids), number of actions and whether it ends."""
     n = spec.sessions
     user_ids = np.sort(rng.choice(143, size=spec.users, replace=False)) if spec.users < 143 \
         else np.arange(spec.users)
@@ -47,7 +67,13 @@ def jetnet_log_lines(spec: SizeSpec, seed: int, chunk_sessions: int = 4096) -> I
                             rng.choice(spec.users, size=max(n - spec.users, 0), p=weights / weights.sum())])[:n]
     n_actions = rng.integers(SESSION_ACTIONS[0], SESSION_ACTIONS[1] + 1, size=n)
     has_end = rng.random(n) >= NO_END_SHARE
-    has_end[:2] = True  # the first and last sessions by time pin the date range (below)
+    has_end[:2] = True  # the first and last sessions by time pin the date range (`_starts`)
+    return user_ids, owner, n_actions, has_end
+
+
+def _actions(rng: np.random.Generator, n_actions: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each action's name, gap before it, and seconds since its session's start (the sessions' actions in a row,
+    `first` the index of each session's first); each session's duration, its END included."""
     total = int(n_actions.sum())
     names = rng.choice(len(ACTION_SHARES), size=total, p=np.array(list(ACTION_SHARES.values())))
     # Gaps before each action and before END; the first action of a session has gap 0.
@@ -57,9 +83,13 @@ def jetnet_log_lines(spec: SizeSpec, seed: int, chunk_sessions: int = 4096) -> I
     elapsed = np.cumsum(gaps)
     elapsed -= np.repeat(elapsed[first], n_actions)
     last = first + n_actions - 1
-    end_gap = rng.exponential(MEAN_ACTION_GAP_S, size=n).astype(np.int64) + 5
-    duration = elapsed[last] + end_gap
+    end_gap = rng.exponential(MEAN_ACTION_GAP_S, size=len(n_actions)).astype(np.int64) + 5
+    return names, gaps, first, elapsed, elapsed[last] + end_gap
 
+
+def _starts(rng: np.random.Generator, spec: SizeSpec, duration: np.ndarray) -> np.ndarray:
+    """Each session's start in seconds after FIRST_ACTION; the first two pin the real date range's two ends."""
+    n = spec.sessions
     span = int((LAST_ACTION - FIRST_ACTION).total_seconds())
     if spec.active_days is None:
         start = (rng.random(n) * np.maximum(span - duration, 0)).astype(np.int64)
@@ -71,20 +101,23 @@ def jetnet_log_lines(spec: SizeSpec, seed: int, chunk_sessions: int = 4096) -> I
         start = np.clip(start, 0, np.maximum(span - duration, 0))
     start[0] = 0
     start[1] = span - duration[1]
+    return start
 
-    # Shown times: some actions (never the first two of a session) are logged earlier than their position.
+
+def _shown_times(rng: np.random.Generator, gaps: np.ndarray, first: np.ndarray, elapsed: np.ndarray,
+                 n_actions: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Each action's logged time in seconds after FIRST_ACTION: some (never the first two of a session) are logged
+    earlier than their position."""
     shown = elapsed.copy()
-    pos = np.arange(total) - np.repeat(first, n_actions)
-    jitter = (rng.random(total) < OUT_OF_ORDER_SHARE) & (pos >= 2)
+    pos = np.arange(len(gaps)) - np.repeat(first, n_actions)
+    jitter = (rng.random(len(gaps)) < OUT_OF_ORDER_SHARE) & (pos >= 2)
     shown[jitter] -= (rng.random(int(jitter.sum())) * 1.5 * gaps[jitter]).astype(np.int64)
-    shown = np.maximum(shown, 0) + np.repeat(start, n_actions)
-    end_at = start + duration
+    return np.maximum(shown, 0) + np.repeat(start, n_actions)
 
-    long_arrow = rng.random(total) < LONG_ARROW_SHARE
-    order = rng.permutation(n)  # sessions appear in the file in no particular order
-    if order[0] < 2:  # the first line has no END (below); the two sessions that pin the dates need theirs
-        order[[0, 2]] = order[[2, 0]]
-    has_end[order[0]] = False
+
+def _dirt(rng: np.random.Generator, order: np.ndarray, first: np.ndarray, n_actions: np.ndarray) -> dict[int, int]:
+    """The dirty actions: index -> which of `_DIRT`."""
+    total = int(n_actions.sum())
     # The real file's first CLEAN_FIRST_LINES lines had no dirt: drafts that parsed only data[:30] with a
     # strict regex succeeded. The first action of the earliest session pins the start date: keep it too.
     dirty_ok = np.ones(total, dtype=bool)
@@ -92,30 +125,45 @@ def jetnet_log_lines(spec: SizeSpec, seed: int, chunk_sessions: int = 4096) -> I
     for s in order[:CLEAN_FIRST_LINES].tolist():
         dirty_ok[first[s]:first[s] + n_actions[s]] = False
     dirty = np.flatnonzero((rng.random(total) < DIRTY_ACTION_SHARE) & dirty_ok)
-    dirt_at = dict(zip(dirty.tolist(), rng.integers(0, len(_DIRT), size=len(dirty)).tolist()))
+    return dict(zip(dirty.tolist(), rng.integers(0, len(_DIRT), size=len(dirty)).tolist()))
 
-    clock = _Clock(FIRST_ACTION)
-    action_names = list(ACTION_SHARES)
-    # Plain lists: indexing numpy arrays one element at a time is several times slower.
-    names, shown, long_arrow = names.tolist(), shown.tolist(), long_arrow.tolist()
-    for lo in range(0, n, chunk_sessions):
-        lines = []
-        for s in order[lo:lo + chunk_sessions].tolist():
-            a, b = int(first[s]), int(first[s] + n_actions[s])
-            tokens = []
-            for i in range(a, b):
-                name = action_names[names[i]]
-                date, time = clock.parts(shown[i])
-                kind = dirt_at.get(i)
-                tokens.append(f"{name} ({date} | {time})" if kind is None else _DIRT[kind](name, date, time))
-                tokens.append(" --> " if long_arrow[i] else " -> ")
-            if has_end[s]:
-                date, time = clock.parts(int(end_at[s]))
-                tokens.append(f"END ({date} | {time})")
-            else:
-                tokens[-1] = " -> "  # the line stops after a separator, as the real file's first line does
-            lines.append(f"@User{user_ids[owner[s]]}: {''.join(tokens)}\n")
-        yield "".join(lines)
+
+@dataclass(frozen=True)
+class _Log:
+    """Every draw of one log, by session (in time order) or by action (the sessions' actions in a row)."""
+
+    user_ids: np.ndarray
+    owner: np.ndarray
+    first: np.ndarray
+    n_actions: np.ndarray
+    has_end: np.ndarray
+    end_at: np.ndarray
+    names: list[int]
+    shown: list[int]
+    long_arrow: list[bool]
+    order: np.ndarray
+    dirt_at: dict[int, int]
+
+
+_ACTION_NAMES = list(ACTION_SHARES)
+
+
+def _line(log: _Log, s: int, clock: _Clock) -> str:
+    """Session `s`'s line."""
+    a, b = int(log.first[s]), int(log.first[s] + log.n_actions[s])
+    tokens = []
+    for i in range(a, b):
+        name = _ACTION_NAMES[log.names[i]]
+        date, time = clock.parts(log.shown[i])
+        kind = log.dirt_at.get(i)
+        tokens.append(f"{name} ({date} | {time})" if kind is None else _DIRT[kind](name, date, time))
+        tokens.append(" --> " if log.long_arrow[i] else " -> ")
+    if log.has_end[s]:
+        date, time = clock.parts(int(log.end_at[s]))
+        tokens.append(f"END ({date} | {time})")
+    else:
+        tokens[-1] = " -> "  # the line stops after a separator, as the real file's first line does
+    return f"@User{log.user_ids[log.owner[s]]}: {''.join(tokens)}\n"
 
 
 # Dirty action tokens: each keeps the line parseable by the participant's final parser (no "@", "-> ", ": "

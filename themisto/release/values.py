@@ -14,7 +14,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from themisto.runtime.agent import formats
 from themisto.runtime.agent.formats.base import Malformed, ValueFormatError
@@ -100,19 +100,38 @@ def release_values(trajectories: dict[str, list[dict]], folder: Path | None,
     (no file, refused by the format check, over a cap). Values enter in the order the steps first hold them."""
     from themisto.replay.values import ValueFolder
 
-    store = ValueFolder(folder) if folder is not None else None
+    taker = _Taker(ValueFolder(folder) if folder is not None else None, caps)
     built = ValuesBuild(rows={})
-    total = 0
-    checked: dict[str, str | None] = {}  # hash -> None (taken) or the reason it is not
+    for split, rows in trajectories.items():
+        taker.pending, taker.checked = [], {}  # each split holds every value its rows point to
+        for row in rows:
+            if row.get("stored_values") is not None:
+                _count_row(built, row, taker.take)
+        if taker.pending:
+            taker.pending.sort(key=lambda r: r["hash"])
+            built.rows[split] = taker.pending
+            built.bytes += sum(r["bytes"] for r in taker.pending)
+    return built
 
-    def take(digest: str) -> str | None:
-        nonlocal total
-        if digest in checked:
-            return checked[digest]
+
+class _Taker:
+    """The values of one build taken from the replay's values folder: each checked once per split, within the caps
+    (the release's across every split), with every value it holds."""
+
+    def __init__(self, store: Any, caps: ValueCaps) -> None:
+        self.store, self.caps, self.total = store, caps, 0
+        self.checked: dict[str, str | None] = {}  # hash -> None (taken) or the reason it is not
+        self.pending: list[dict] = []  # the split's values rows
+
+    def take(self, digest: str) -> str | None:
+        """None where the value `digest` names is in the split's rows (taken now or before); else why it is not."""
+        if digest in self.checked:
+            return self.checked[digest]
+        store, caps = self.store, self.caps
         entry = store.entry(digest) if store is not None and HASH.match(digest) else None
         if entry is None:
-            checked[digest] = "no stored file: the replay did not store it"
-            return checked[digest]
+            self.checked[digest] = "no stored file: the replay did not store it"
+            return self.checked[digest]
         data = store.file(entry).read_bytes()
         try:
             check_value(entry.format, data, caps)
@@ -120,50 +139,42 @@ def release_values(trajectories: dict[str, list[dict]], folder: Path | None,
                 raise ValueFormatError("its file changed since the replay stored it")
             refs = formats.refs(entry.format, lambda: data)
         except ValueFormatError as error:
-            checked[digest] = f"refused by the format check: {error}"
-            return checked[digest]
-        if total + len(data) > caps.release_bytes:
-            checked[digest] = f"over the release's cap on values ({caps.release_bytes:,} bytes)"
-            return checked[digest]
-        checked[digest] = None
-        missing = next((why for ref in refs if (why := take(ref)) is not None), None)
+            self.checked[digest] = f"refused by the format check: {error}"
+            return self.checked[digest]
+        if self.total + len(data) > caps.release_bytes:
+            self.checked[digest] = f"over the release's cap on values ({caps.release_bytes:,} bytes)"
+            return self.checked[digest]
+        self.checked[digest] = None
+        missing = next((why for ref in refs if (why := self.take(ref)) is not None), None)
         if missing is not None:
-            checked[digest] = f"a value it holds is not stored ({missing})"
-            return checked[digest]
-        total += len(data)
-        pending.append({"hash": digest, "type": entry.type, "format": entry.format, "exact": entry.exact,
-                        "bytes": len(data), "sha256": entry.sha256, "data": data})
+            self.checked[digest] = f"a value it holds is not stored ({missing})"
+            return self.checked[digest]
+        self.total += len(data)
+        self.pending.append({"hash": digest, "type": entry.type, "format": entry.format, "exact": entry.exact,
+                             "bytes": len(data), "sha256": entry.sha256, "data": data})
         return None
 
-    for split, rows in trajectories.items():
-        pending: list[dict] = []
-        checked.clear()  # each split holds every value its rows point to
-        for row in rows:
-            stored = row.get("stored_values")
-            if stored is None:
-                continue
-            unstored = {item["name"]: item["reason"] for item in stored["unstored"]}
-            for variable in row["variables"]:
-                built.variables += 1
-                name = variable["name"]
-                if name not in unstored:
-                    why = take(str(variable["hash"]))
-                    if why is not None:
-                        unstored[name] = why
-                counted = built.kinds.setdefault(variable_kind(str(variable.get("type"))), [0, 0])
-                counted[0] += 1
-                if name in unstored:
-                    kind = _reason_kind(unstored[name])
-                    built.unstored[kind] = built.unstored.get(kind, 0) + 1
-                else:
-                    built.stored += 1
-                    counted[1] += 1
-            stored["unstored"] = [{"name": k, "reason": v} for k, v in sorted(unstored.items())]
-        if pending:
-            pending.sort(key=lambda r: r["hash"])
-            built.rows[split] = pending
-            built.bytes += sum(r["bytes"] for r in pending)
-    return built
+
+def _count_row(built: ValuesBuild, row: dict, take: Callable[[str], str | None]) -> None:
+    """One row's variables taken (`take`) and counted into `built`; its `unstored` gains those not taken."""
+    stored = row["stored_values"]
+    unstored = {item["name"]: item["reason"] for item in stored["unstored"]}
+    for variable in row["variables"]:
+        built.variables += 1
+        name = variable["name"]
+        if name not in unstored:
+            why = take(str(variable["hash"]))
+            if why is not None:
+                unstored[name] = why
+        counted = built.kinds.setdefault(variable_kind(str(variable.get("type"))), [0, 0])
+        counted[0] += 1
+        if name in unstored:
+            kind = _reason_kind(unstored[name])
+            built.unstored[kind] = built.unstored.get(kind, 0) + 1
+        else:
+            built.stored += 1
+            counted[1] += 1
+    stored["unstored"] = [{"name": k, "reason": v} for k, v in sorted(unstored.items())]
 
 
 def values_note(built: ValuesBuild) -> str:

@@ -3,9 +3,9 @@
 `AsyncKernelSession` holds three parts, each in a module of its own that reads alone: the layout made before it starts
 (`kernel_setup.KernelLayout`: folders, uid, cores, sandbox arguments), the owner of its process
 (`kernel_process.KernelProcess`: each kernel life started and stopped) and the request runner with its watchdog
-(`kernel_requests.RequestRunner`); host probes, uids and process cleanup live in `sandbox`, IOPub messages into
-outputs in `collector`. Here: its limits and results, its public calls, and `KernelSession`, the blocking twin, which
-wraps each of them.
+(`kernel_requests.RequestRunner`); its limits are `kernel_limits.Limits`, host probes, uids and process cleanup live in
+`sandbox`, IOPub messages into outputs in `collector`. Here: its results, its public calls, and `KernelSession`, the
+blocking twin, which wraps each of them.
 
 Every cell ends in a closed outcome (ok, error, timeout, kernel_died). A cell past its timeout is interrupted, and
 the kernel is restarted when the interrupt does not end it; a dead kernel is replaced by a fresh one. The kernel runs
@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from themisto.runtime.agent.recorder import cut_text, text_bytes
 from themisto.runtime.collector import OutputCollector
+from themisto.runtime.kernel_limits import Limits  # the session's callers take it from here too
 from themisto.runtime.kernel_process import KernelProcess
 from themisto.runtime.kernel_requests import Outcome, RequestRunner
 from themisto.runtime.kernel_setup import KernelLayout, lay_out
@@ -36,31 +37,6 @@ from themisto.vocabulary import CellStatus
 
 # The reseed after a stopped cell is two calls; a kernel that cannot take it in this time is left to its watchdog.
 RESEED_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of one kernel; they hold for the kernel and everything it forks."""
-
-    memory_bytes: int = 4 * 2**30  # RLIMIT_DATA in the kernel (MemoryError, kernel lives on)
-    max_processes: int = 256  # RLIMIT_NPROC for the kernel's own uid (threads count too)
-    file_size_bytes: int = 2**30  # RLIMIT_FSIZE
-    cpu_seconds: int | None = None  # RLIMIT_CPU counts the kernel's whole life: off by default
-    # Cores the kernel is pinned to, its own while there are free ones (themisto.runtime.sandbox.claim_cores says
-    # why one); None: all of this process's cores.
-    cores: int | None = 1
-    cell_timeout_s: float = 120.0
-    # What a cell's timeout counts: "wall" seconds, or "cpu" seconds of the kernel and everything it started (the
-    # replay's: a cell's outcome must not depend on the host's load; `kernel_requests.CPU_CLOCK_WALL_FACTOR` x the
-    # timeout in wall seconds still ends a cell that waits without computing). Model-written code keeps "wall".
-    cell_clock: Literal["wall", "cpu"] = "wall"
-    output_bytes: int = 2**20  # per cell; beyond it outputs are cut with a visible marker
-    network: bool = False
-    isolate_fs: bool = True  # bubblewrap: rest of the filesystem read-only, private /tmp, private pids
-    # What of the host's filesystem the kernel sees (with isolate_fs and bubblewrap): "host", all of it read-only;
-    # "minimal", only the system folders, its interpreter, the themisto package and its own folder: no project
-    # checkout, release, run folder or data (a probe must not read the answers, or a log's later cells).
-    view: Literal["host", "minimal"] = "host"
 
 
 @dataclass

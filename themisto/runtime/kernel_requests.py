@@ -9,16 +9,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.collector import OutputCollector
+from themisto.runtime.kernel_limits import Limits
 from themisto.runtime.kernel_process import KernelProcess
 from themisto.runtime.line_budget import LINE_BUDGET_KEY, LineBudgetSpent
 from themisto.vocabulary import CellStatus
-
-if TYPE_CHECKING:
-    from themisto.runtime.kernel import Limits
 
 # After an interrupt, how long the cell gets to end before the kernel is restarted. A restart loses the state, and
 # replay then reruns the kernel life's earlier cells, so the grace is generous: on a loaded machine a cell that

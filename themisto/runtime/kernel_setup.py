@@ -15,18 +15,15 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.agent import skops_names as skops_table
 from themisto.runtime.agent.values import VALUES_DIR_ENV
+from themisto.runtime.kernel_limits import Limits
 from themisto.runtime.outputs import KERNEL_FOLDER_PREFIX
 from themisto.runtime.sandbox import (KernelResources, SandboxWarning, bwrap_works, choose_uid, claim_cores,
                                       interpreter_paths, kernel_python, remove_tree, skops_names)
 from themisto.settings import settings
-
-if TYPE_CHECKING:
-    from themisto.runtime.kernel import Limits
 
 KERNEL_NAME = "themisto-sandbox"
 # What a kernel with the minimal view sees of the host (read-only; symlinks such as a merged /usr's /lib as links).

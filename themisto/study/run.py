@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from themisto.modes import BASELINE_CONTEXT, context_mode
 from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
+from themisto.study.scores import BASE_SYSTEM, eval_contexts
 from themisto.study.settings import LOCATIONS, StudyError, StudySettings, what_differs
 
 STUDY_FILE, ROWS_FILE = "study.json", "rows.json"
-BASE_SYSTEM = "base"
 FORMAT = 1
 
 
@@ -50,12 +49,6 @@ class Unit:
 
 def units_of(settings: StudySettings) -> list[Unit]:
     return [Unit(mode, seed) for mode in settings.contexts for seed in range(settings.seeds)]
-
-
-def eval_contexts(mode: str) -> tuple[str, ...]:
-    """Where a model trained with `mode` is evaluated: its own mode, and the baseline's `none` (does it rely on the
-    context?)."""
-    return (mode,) if context_mode(mode).is_baseline else (mode, BASELINE_CONTEXT)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from themisto.modes import BASELINE_CONTEXT, context_mode
 from themisto.study.settings import StudyError, StudySettings
+
+BASE_SYSTEM = "base"
 
 
 @dataclass
@@ -39,10 +42,15 @@ def system_name(kind: str, trained: str | None, evaluated: str) -> str:
     return f"baseline:{evaluated}"
 
 
+def eval_contexts(mode: str) -> tuple[str, ...]:
+    """Where a model trained with `mode` is evaluated: its own mode, and the baseline's `none` (does it rely on the
+    context?)."""
+    return (mode,) if context_mode(mode).is_baseline else (mode, BASELINE_CONTEXT)
+
+
 def _read_runs(out: Path, settings: StudySettings, units, task: str):
     """Each system's generations of `task` (sample 0), per seed, and the examples' ids (the same in every run)."""
     from themisto.generation.run_folder import read_run
-    from themisto.study.run import BASE_SYSTEM, eval_contexts
 
     base = read_run(out / "runs" / BASE_SYSTEM / task)
     ids = base.ids

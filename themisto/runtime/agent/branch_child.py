@@ -243,6 +243,38 @@ def read_report(channel: mmap.mmap, early: bool = False) -> bytes | None:
     return channel[at:at + length] if 0 < length and at + length <= len(channel) else None
 
 
+def _candidate_alone(plan: BranchPlan, alarm_fd: int, go_fd: int) -> dict[int, int]:
+    """The candidate's process set apart, before its code is there: its own process group, the default signals, the
+    kernel's random state, output files of its own and no other inherited descriptor. Gives the output's fds."""
+    os.setpgid(0, 0)  # its own process group, so the kernel can kill it with everything it forks
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    random.setstate(plan.random_state)  # `random` reseeds itself after fork; the branch must see the parent's
+    fd_out = {1: os.memfd_create("themisto-stdout"), 2: os.memfd_create("themisto-stderr")}
+    for target, source in fd_out.items():
+        os.dup2(source, target)  # fd-level output must not reach the kernel's capture pipe (it would leak)
+    close_inherited({0, 1, 2, alarm_fd, go_fd})  # the kernel's zmq sockets and pipes included
+    return {1: 1, 2: 2}  # read back through 1 and 2: the candidate gets no other descriptor to them
+
+
+def _candidate_sealed(shell: Any, plan: BranchPlan, alarm_fd: int) -> tuple[dict, Any]:
+    """The candidate's walls, before its code is there: the agent's code sealed, no capabilities, its guard, its
+    memory cap and its output recorder installed. Gives this module's sealed copy and the recorder."""
+    # Every agent module, so the hashing and delta code the child runs after the candidate is the sealed copy.
+    spaces = seal([module for name, module in list(sys.modules.items()) if name.startswith(_AGENT)])
+    space = spaces[__name__]  # this module's sealed copy: _run_cell, _delta and _run_continuation below
+    space["CACHE"] = _SealedCache(sealed_method(CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
+    seal_candidate()  # no capabilities, no new privileges, no page moving
+    plan.guard = Guard(alarm_fd)
+    import resource
+
+    limit, _ = data_limit(plan.memory_bytes)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    recorder = space["OutputRecorder"](plan.output_bytes)
+    space["install_capture"](shell, recorder)  # before the go: its cost is not the cell's wait
+    return space, recorder
+
+
 def _unsafe_run_candidate(shell: Any, cells: list[str] | None, plan: BranchPlan, channel: mmap.mmap,
                           alarm_fd: int, go_fd: int) -> None:
     """The one place a candidate runs: in the grandchild, under its own memory cap and timer, followed by its
@@ -256,28 +288,9 @@ def _unsafe_run_candidate(shell: Any, cells: list[str] | None, plan: BranchPlan,
     exit_now, encode, end, say = os._exit, None, end_descendants, os.write  # bound before the candidate runs
     write, early_sent = _write_report, False
     try:
-        os.setpgid(0, 0)  # its own process group, so the kernel can kill it with everything it forks
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        random.setstate(plan.random_state)  # `random` reseeds itself after fork; the branch must see the parent's
-        fd_out = {1: os.memfd_create("themisto-stdout"), 2: os.memfd_create("themisto-stderr")}
-        for target, source in fd_out.items():
-            os.dup2(source, target)  # fd-level output must not reach the kernel's capture pipe (it would leak)
-        fd_out = {1: 1, 2: 2}  # read back through 1 and 2: the candidate gets no other descriptor to them
-        close_inherited({0, 1, 2, alarm_fd, go_fd})  # the kernel's zmq sockets and pipes included
+        fd_out = _candidate_alone(plan, alarm_fd, go_fd)
         encode = json_encoder()
-        # Every agent module, so the hashing and delta code the child runs after the candidate is the sealed copy.
-        spaces = seal([module for name, module in list(sys.modules.items()) if name.startswith(_AGENT)])
-        space = spaces[__name__]  # this module's sealed copy: _run_cell, _delta and _run_continuation below
-        space["CACHE"] = _SealedCache(sealed_method(CACHE.kept_hash, spaces["themisto.runtime.agent.snapshots"]))
-        seal_candidate()  # no capabilities, no new privileges, no page moving
-        plan.guard = Guard(alarm_fd)
-        import resource
-
-        limit, _ = data_limit(plan.memory_bytes)
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-        recorder = space["OutputRecorder"](plan.output_bytes)
-        space["install_capture"](shell, recorder)  # before the go: its cost is not the cell's wait
+        space, recorder = _candidate_sealed(shell, plan, alarm_fd)
         go, sent = await_go(go_fd, plan)
         if not go:
             exit_now(0)  # cancelled: the kernel never let it go, and reads no report
