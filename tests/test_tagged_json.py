@@ -127,7 +127,8 @@ def test_a_groupby_is_written_as_before_and_regroups_the_same(make, type_name, e
 
 
 def test_every_tag_of_the_table_has_a_pinned_document():
-    pinned = set(re.findall(r'"\$":"([^"]+)"', "".join([text for _, _, text in _PINNED] + [text for _, _, text, _ in _GROUPBYS])))
+    texts = [text for _, _, text in _PINNED] + [text for _, _, text, _ in _GROUPBYS]
+    pinned = set(re.findall(r'"\$":"([^"]+)"', "".join(texts)))
     assert pinned == {tag.name for tag in tagged_json.TABLE}
     assert tagged_json.plain_tags() == {tag.name for tag in tagged_json.TABLE if not tag.needs} == {
         "tuple", "set", "frozenset", "dict", "OrderedDict", "Counter", "defaultdict", "bytes", "bytearray", "float",
