@@ -1,10 +1,12 @@
 """The documentation cannot drift from the code: every relative link and repository path that README.md,
 dataset_card.md and docs/ name exists; every `themisto` command they show parses; their Python examples and the
 README's tour run against a small release; the README stays short and undated; docs/measurements.md's current
-figures each name a dated entry; the benches' entries and docs/results.md's writer do what they say."""
+figures each name a dated entry; the benches' entries and docs/results.md's writer do what they say; the architecture
+page's module table is the modules' docstrings."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -22,6 +24,34 @@ DOCS_PAGES = ["architecture", "data", "replay", "values", "release", "model-runs
 
 def test_every_page_the_readme_promises_is_there():
     assert [p for p in DOCS_PAGES if not (REPO / "docs" / f"{p}.md").is_file()] == []
+
+
+def _module_table():
+    spec = importlib.util.spec_from_file_location("module_table", REPO / "scripts" / "module_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_module_table_is_what_the_docstrings_say(tmp_path):
+    module_table = _module_table()
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert module_table.with_table(page, REPO / "themisto") == page, \
+        "docs/architecture.md's module table is not the modules' docstrings: run python scripts/module_table.py"
+    # a module's row is its docstring's first paragraph, in its stage's place; one without a docstring is refused
+    package = tmp_path / "themisto"
+    (package / "replay").mkdir(parents=True)
+    (package / "replay" / "steps.py").write_text('"""Steps | in order,\n   one a line.\n\nThe rest."""\n')
+    (package / "gate.py").write_text('"""The one door."""\n')
+    (package / "ingest").mkdir()
+    (package / "ingest" / "__init__.py").write_text('"""Ingest."""\n')
+    rows = module_table.module_rows(package, ["ingest", "replay"])
+    assert rows == [("themisto/ingest/__init__.py", "Ingest."),
+                    ("themisto/replay/steps.py", "Steps | in order, one a line."), ("themisto/gate.py", "The one door.")]
+    assert "| `themisto/replay/steps.py` | Steps \\| in order, one a line. |" in module_table.table(rows)
+    (package / "replay" / "bare.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match=r"without a docstring: \['themisto/replay/bare.py'\]"):
+        module_table.module_rows(package, ["ingest", "replay"])
 
 
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))

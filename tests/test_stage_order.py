@@ -179,7 +179,8 @@ def test_a_cycle_through_an_import_in_a_function_is_found(tmp_path):
     (package / "__init__.py").write_text("from pkg.a import f\n")  # a package's __init__: no cycle with a
     (package / "a.py").write_text("import os\n\n\ndef f():\n    from pkg.sub import c\n    return c\n")
     (package / "sub" / "__init__.py").write_text("")
-    (package / "sub" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..b import g\n")
+    (package / "sub" / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                                          "if TYPE_CHECKING:\n    from ..b import g\n")
     (package / "b.py").write_text("from pkg import a\ng = 1\n")
     graph = import_graph(package)
     assert graph["pkg.a"] == {"pkg.sub.c": 5} and graph["pkg.sub.c"] == {"pkg.b": 3} and graph["pkg"] == {"pkg.a": 1}
