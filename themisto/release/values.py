@@ -98,9 +98,11 @@ def release_values(trajectories: dict[str, list[dict]], folder: Path | None,
     """The `values` rows of each split from the replay's values folder, for the variables of `trajectories` rows
     (split -> rows, in order); each row's `stored_values.unstored` gains the variables this build cannot store
     (no file, refused by the format check, over a cap). Values enter in the order the steps first hold them."""
+    from themisto.release.scrub import Scrubber
     from themisto.replay.values import ValueFolder
 
     store = ValueFolder(folder) if folder is not None else None
+    scrubber = Scrubber()
     built = ValuesBuild(rows={})
     total = 0
     checked: dict[str, str | None] = {}  # hash -> None (taken) or the reason it is not
@@ -121,6 +123,9 @@ def release_values(trajectories: dict[str, list[dict]], folder: Path | None,
             refs = formats.refs(entry.format, lambda: data)
         except ValueFormatError as error:
             checked[digest] = f"refused by the format check: {error}"
+            return checked[digest]
+        if scrubber.holds(data):
+            checked[digest] = "holds personal data or a credential (themisto.release.scrub)"
             return checked[digest]
         if total + len(data) > caps.release_bytes:
             checked[digest] = f"over the release's cap on values ({caps.release_bytes:,} bytes)"

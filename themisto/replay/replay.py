@@ -310,15 +310,27 @@ def kernel_limits(settings: ReplaySettings):
                   output_bytes=settings.output_bytes, cores=settings.cores)
 
 
+def kernel_session(trajectory: Trajectory, workspace: str | Path | None, settings: ReplaySettings):
+    """A (not yet started) sandboxed kernel session for `trajectory`: over a copy of its own subfolder of `workspace`
+    where it names one (`Trajectory.workspace`), started in its `start_dir`, in its kernel environment."""
+    from themisto.runtime.kernel import KernelSession
+    from themisto.runtime.sandbox import environment_python
+
+    folder = workspace
+    if workspace is not None and trajectory.workspace:
+        folder = Path(workspace) / trajectory.workspace
+    environment = (trajectory.provenance or {}).get("environment")
+    return KernelSession(folder, kernel_limits(settings), python=environment_python(environment),
+                         start_dir=trajectory.start_dir)
+
+
 def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
                       settings: ReplaySettings = ReplaySettings(), *,
                       before_step: BeforeStep | None = None,
                       values: ValueFolder | None = None) -> Iterator[Step]:
     """Replay `trajectory` in its own fresh sandboxed kernel over a copy of `workspace` (values stored in
     `values` when given and the settings ask for them)."""
-    from themisto.runtime.kernel import KernelSession
-
-    with KernelSession(workspace, kernel_limits(settings)) as session:
+    with kernel_session(trajectory, workspace, settings) as session:
         yield from replay(trajectory, session, settings, before_step=before_step,
                           values=values if settings.values else None)
 
@@ -334,8 +346,8 @@ def replay_in_turn(trajectories: list[Trajectory], workspace: str | Path | None,
 
     from themisto.runtime.kernel import KernelSession
 
-    def started() -> KernelSession:
-        session = KernelSession(workspace, kernel_limits(settings))
+    def started(trajectory: Trajectory) -> KernelSession:
+        session = kernel_session(trajectory, workspace, settings)
         session.start()  # closes what it began when it fails
         return session
 
@@ -350,10 +362,10 @@ def replay_in_turn(trajectories: list[Trajectory], workspace: str | Path | None,
     current: KernelSession | None = None
     try:
         for index, trajectory in enumerate(trajectories):
-            future, ahead = ahead or pool.submit(started), None
+            future, ahead = ahead or pool.submit(started, trajectory), None
             current = future.result()  # a start that failed raises here, at its own trajectory
             if index + 1 < len(trajectories):
-                ahead = pool.submit(started)
+                ahead = pool.submit(started, trajectories[index + 1])
             yield trajectory, steps(trajectory, current)
             current.close()  # already closed when its steps were consumed
     finally:

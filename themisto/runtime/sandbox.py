@@ -97,6 +97,27 @@ def kernel_python() -> str:
     return chosen.kernel_python
 
 
+# The kernel environments a trajectory may ask for by name (`Trajectory.provenance["environment"]`), each a venv
+# beside the package made by scripts/install.sh: "june", the 2023 stack of requirements-kernel.txt (the default);
+# "wild", that stack and the packages sessions from public repositories import most (requirements-kernel-wild.txt).
+KERNEL_ENVIRONMENTS: dict[str, str] = {"june": ".venv-kernel", "wild": ".venv-kernel-wild"}
+DEFAULT_ENVIRONMENT = "june"
+
+
+def environment_python(name: str | None) -> str | None:
+    """The interpreter of the kernel environment `name` (None for the default one, which `kernel_python` picks);
+    KernelStartError when it is unknown or not installed."""
+    if name is None or name == DEFAULT_ENVIRONMENT:
+        return None
+    if name not in KERNEL_ENVIRONMENTS:
+        raise KernelStartError(f"unknown kernel environment {name!r} (known: {', '.join(KERNEL_ENVIRONMENTS)})")
+    python = Path(__file__).resolve().parents[2] / KERNEL_ENVIRONMENTS[name] / "bin" / "python"
+    if not python.exists():
+        raise KernelStartError(f"the kernel environment {name!r} is not installed: {python} is missing "
+                               "(bash scripts/install.sh makes it)")
+    return str(python)
+
+
 def kernel_environment(python: str | None = None) -> dict[str, str | None]:
     """Versions the kernel runs with, read once per interpreter: {"interpreter", "python", "hash_seed", "numpy",
     "pandas", ...}; a package that is not installed maps to None."""
