@@ -252,11 +252,14 @@ def read_corpus(path: Path, settings: CorpusSettings = CorpusSettings(), *,
     environment imports (default: asked of the environment's interpreter)."""
     from themisto.ingest.session_checks import importable_modules
 
-    if modules is None:
-        from themisto.runtime.sandbox import environment_python, kernel_python
-
-        modules = importable_modules(environment_python(settings.environment) or kernel_python())
     report = CorpusReport()
+    if modules is None:
+        from themisto.settings import DEFAULT_ENVIRONMENT, environment_interpreter, settings as host
+
+        python = environment_interpreter(settings.environment)
+        if settings.environment == DEFAULT_ENVIRONMENT or not python.exists():
+            python = Path(host().kernel_python)  # the replay then says the environment is missing
+        modules = importable_modules(str(python))
     candidates: list[_Candidate] = []
     files: dict[str, Path | None] = {}
     for folder in repository_folders(path):

@@ -97,21 +97,16 @@ def kernel_python() -> str:
     return chosen.kernel_python
 
 
-# The kernel environments a trajectory may ask for by name (`Trajectory.provenance["environment"]`), each a venv
-# beside the package made by scripts/install.sh: "june", the 2023 stack of requirements-kernel.txt (the default);
-# "wild", that stack and the packages sessions from public repositories import most (requirements-kernel-wild.txt).
-KERNEL_ENVIRONMENTS: dict[str, str] = {"june": ".venv-kernel", "wild": ".venv-kernel-wild"}
-DEFAULT_ENVIRONMENT = "june"
-
-
 def environment_python(name: str | None) -> str | None:
-    """The interpreter of the kernel environment `name` (None for the default one, which `kernel_python` picks);
-    KernelStartError when it is unknown or not installed."""
+    """The interpreter of the kernel environment `name` (`themisto.settings.KERNEL_ENVIRONMENTS`; None for the
+    default one, which `kernel_python` picks); KernelStartError when it is unknown or not installed."""
+    from themisto.settings import DEFAULT_ENVIRONMENT, KERNEL_ENVIRONMENTS, environment_interpreter
+
     if name is None or name == DEFAULT_ENVIRONMENT:
         return None
     if name not in KERNEL_ENVIRONMENTS:
         raise KernelStartError(f"unknown kernel environment {name!r} (known: {', '.join(KERNEL_ENVIRONMENTS)})")
-    python = Path(__file__).resolve().parents[2] / KERNEL_ENVIRONMENTS[name] / "bin" / "python"
+    python = environment_interpreter(name)
     if not python.exists():
         raise KernelStartError(f"the kernel environment {name!r} is not installed: {python} is missing "
                                "(bash scripts/install.sh makes it)")
