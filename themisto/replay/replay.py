@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
+from themisto.replay.missing_packages import hidden_modules, hide
 from themisto.replay.cell_limits import CELL_TIMEOUT_CEILING_S, CELL_TIMEOUT_S, LOGGED_TIME_FACTOR, cell_limit
 from themisto.ingest.trajectory import Execution, Trajectory
 from themisto.jsonrecords import from_dict
@@ -215,6 +216,8 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     limits = list(limits) if limits is not None else cell_limits(trajectory, settings)
     budgets = line_budgets(trajectory, settings)
     logged_seconds = trajectory.logged_seconds()
+    hidden = hidden_modules(trajectory.executions)
+    hidden_in: tuple[int, frozenset[str]] = (-1, frozenset())  # (kernel start, modules) the kernel hides now
     for i, execution in enumerate(trajectory.executions):
         if i < start:
             continue
@@ -222,6 +225,9 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         if restarted:
             session.restart()
             session_start = i
+        if hidden[i] != hidden_in[1] or (hidden[i] and session.kernel_starts != hidden_in[0]):
+            hide(session, hidden[i])
+            hidden_in = (session.kernel_starts, hidden[i])
         if before_step is not None:
             before_step(trajectory, i, session)
         cleaned = clean_for_replay(execution.code)
