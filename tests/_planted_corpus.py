@@ -12,7 +12,7 @@ from pathlib import Path
 OWNERS = ("plantedowneralpha", "plantedownerbeta", "plantedownergamma")
 PLANTED = {
     "aws_key": "AKIAZQ3PLANTED7TEST1",
-    "github": "ghp_PLANTEDplantedPLANTEDplanted0123456",
+    "github": "ghp_PLANTEDplantedPLANTEDplanted01234567",
     "slack_webhook": "https://hooks.slack.com/services/T0PLANTED/B0PLANTED/PLANTEDplantedPLANTED1",
     "password": "Planted-Hunter2-Secret!",
     "url_password": "plantedurlpass99",

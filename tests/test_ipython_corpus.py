@@ -96,6 +96,10 @@ def test_a_failure_whose_names_nobody_uses_is_flagged_not_cut_and_a_logged_error
     assert health.cut == {}
     kept = apply(rows, health)
     assert [r["replay_cause"] for r in kept] == [None, "input_absent", None, None]
+    # A script run into the namespace binds names nobody can list: its failure cuts.
+    ran = [_row(0, "x = 1"), _row(1, "%run -i setup.py", "error", "Exception", "File `'setup.py'` not found."),
+           _row(2, "print(x)")]
+    assert judge({"k": ran}).cut == {"k": {"at": 1, "cause": "input_absent"}}
 
 
 def _release_texts(folder: Path) -> str:

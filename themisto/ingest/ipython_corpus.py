@@ -276,6 +276,9 @@ def read_corpus(path: Path, settings: CorpusSettings = CorpusSettings(), *,
             continue
         candidates += _repository_candidates(repo, settings, modules, report)
     kept = _choose(candidates, settings, report)
+    for trajectory in kept:
+        if trajectory.provenance["cut"] is not None:
+            _count(report.cut, trajectory.provenance["cut"]["cause"])
     report.trajectories, report.steps = len(kept), sum(len(t.executions) for t in kept)
     report.developers = len({t.participant for t in kept})
     report.matched_notebook = sum(bool(t.notebook) for t in kept)
@@ -286,13 +289,14 @@ def read_corpus(path: Path, settings: CorpusSettings = CorpusSettings(), *,
 def _sessions(kind: str, file: Path, report: CorpusReport) -> list:
     """The sessions of one database or log (their code masked and redacted), or [] when it is refused."""
     from themisto.ingest.ipython_history import HistoryRefused, read_history
-    from themisto.ingest.ipython_log import read_logstart_log
 
     try:
         if kind == "history":
             read = read_history(file)
             sessions, redactions = read.sessions, read.redactions
         else:
+            from themisto.ingest.ipython_log import read_logstart_log
+
             sessions, redactions = read_logstart_log(file), {}
     except HistoryRefused as exc:
         reason = str(exc).rsplit(": ", 1)[-1]
@@ -331,8 +335,6 @@ def _repository_candidates(repo: Repository, settings: CorpusSettings, modules: 
             cut = {"cause": blocker.cause, "at": blocker.index} if blocker and blocker.index < len(codes) else None
             if cut is None and end < len(codes):
                 cut = {"cause": "max_steps", "at": end}
-            if cut is not None:
-                _count(report.cut, cut["cause"])
             trajectory = trajectory_of(repo, kind, file, session, codes[:end], settings, match, cut)
             out.append(_Candidate(trajectory, session_key(codes)))
     return out

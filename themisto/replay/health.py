@@ -3,7 +3,8 @@
 A step fails for its environment when replay raised what the developer's machine would not have (the log recorded no
 such error): a package the kernel environment lacks, an input file the workspace lacks, a network or a GPU the sandbox
 has none of, Python 2 syntax. Such a step's output is no target. When later steps use a name it would have bound
-(an import, an assignment, a definition), their pre-step state is wrong too: the trajectory is cut before it, so no
+(an import, an assignment, a definition; any name at all for a script it ran, `%run`), their pre-step state is
+wrong too: the trajectory is cut before it, so no
 later step is a target or a history. Sources without logged outcomes (IPython histories) are judged by the replay
 alone; a JuNE step whose log recorded the same exception is the developer's own error and stays.
 """
@@ -28,6 +29,9 @@ _NETWORK = re.compile(r"URLError|ConnectionError|ConnectTimeout|gaierror|NewConn
                       r"Name or service not known|Temporary failure in name resolution|Network is unreachable|"
                       r"OperationalError: \(2003|Connection refused", re.IGNORECASE)
 _GPU = re.compile(r"CUDA|cuda|GPU|nvidia", re.IGNORECASE)
+_RUN_MISSING = re.compile(r"^Exception: File `[^`]*` not found")  # `%run` of a script the workspace lacks
+# A cell whose failure leaves unknown names unbound: a script run into the namespace (`%run -i`, `exec`, `execfile`).
+_RUNS_CODE = re.compile(r"(?m)^\s*%run\b|\bexec(?:file)?\s*\(")
 _PY2 = re.compile(r"Missing parentheses in call to '(print|exec)'|multiple exception types must be parenthesized")
 
 
@@ -39,7 +43,8 @@ def environment_cause(status: str, ename: str | None, evalue: str | None, logged
     text = f"{ename}: {evalue or ''}"
     if ename in ("ModuleNotFoundError", "ImportError") and "cuda" not in text.lower():
         return "package_absent"
-    if ename == "FileNotFoundError" or (ename in ("OSError", "IOError") and "No such file" in text):
+    if ename == "FileNotFoundError" or (ename in ("OSError", "IOError") and "No such file" in text) \
+            or _RUN_MISSING.search(text):
         return "input_absent"
     if _NETWORK.search(text):
         return "network_needed"
@@ -116,7 +121,7 @@ def judge(kernels: Mapping[str, Sequence[Mapping]]) -> Health:
                 continue
             health.causes.setdefault(kernel_id, {})[int(row["step"])] = cause
             bound = bound_names(row["code"])
-            if bound & _later_uses(rows[index + 1:]):
+            if _RUNS_CODE.search(row["code"]) or bound & _later_uses(rows[index + 1:]):
                 health.cut[kernel_id] = {"at": int(row["step"]), "cause": cause}
                 break
     return health

@@ -53,7 +53,7 @@ class KernelLayout:
     @property
     def start(self) -> Path:
         """The kernel's working directory: its copy of the workspace, or the `start_dir` inside it."""
-        return self.paths.work / self.start_dir if self.start_dir else self.paths.work
+        return self.paths.cwd
 
     @property
     def values_dir(self) -> Path:
@@ -114,7 +114,8 @@ def _prepare_folders(workspace: Path | None, python: str, uid: int | None,
                      resources: KernelResources, start_dir: str | None = None) -> kernel_launcher.SandboxPaths:
     root = Path(tempfile.mkdtemp(prefix=KERNEL_FOLDER_PREFIX, dir=settings().tmp_dir))
     resources.root = root
-    paths = kernel_launcher.SandboxPaths(root=root, work=root / "work", home=root / "home", run=root / "run")
+    paths = kernel_launcher.SandboxPaths(root=root, work=root / "work", home=root / "home", run=root / "run",
+                                         start=root / "work" / start_dir if start_dir else None)
     if workspace is not None:
         shutil.copytree(workspace, paths.work, symlinks=True)
     else:
