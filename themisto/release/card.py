@@ -16,8 +16,8 @@ from themisto.vocabulary import TASKS
 
 CARD_TEMPLATE = shipped("dataset_card.md")
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
-# The card's results section lies between these lines; a build leaves RESULTS_NONE there, `write_results` the table.
-RESULTS_BEGIN, RESULTS_END = "<!-- results: begin -->", "<!-- results: end -->"
+# The card's results section lies between `<!-- results: begin -->` and `<!-- results: end -->` (write_between_markers);
+# a build leaves RESULTS_NONE there, `write_results` the table.
 RESULTS_NONE = "No scores are recorded with this build."
 
 
@@ -187,17 +187,18 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
     return f"---\n{card_yaml(data)}---\n{body}"
 
 
-def write_between_markers(path: Path, markdown: str) -> None:
-    """Replace what lies between a file's results markers (RESULTS_BEGIN … RESULTS_END) with `markdown`, the rest of
-    the file kept; a file without them is refused, naming it and the markers."""
+def write_between_markers(path: Path, markdown: str, section: str = "results") -> None:
+    """Replace what lies between a file's markers of `section` (`<!-- results: begin -->` … `<!-- results: end -->`
+    for "results") with `markdown`, the rest of the file kept; a file without them is refused, naming it and them."""
     from themisto.resume import write_text_atomic
 
     path = Path(path)
     text = path.read_text(encoding="utf-8")
-    start, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+    begin, finish = f"<!-- {section}: begin -->", f"<!-- {section}: end -->"
+    start, end = text.find(begin), text.find(finish)
     if start < 0 or end < start:
-        raise ReleaseError(f"{path}: no results section ({RESULTS_BEGIN} … {RESULTS_END})")
-    write_text_atomic(path, text[:start + len(RESULTS_BEGIN)] + "\n" + markdown.strip() + "\n" + text[end:])
+        raise ReleaseError(f"{path}: no {section} section ({begin} … {finish})")
+    write_text_atomic(path, text[:start + len(begin)] + "\n" + markdown.strip() + "\n" + text[end:])
 
 
 def write_results(folder: Path, markdown: str) -> None:
@@ -209,7 +210,8 @@ def write_results(folder: Path, markdown: str) -> None:
     write_between_markers(Path(folder) / CARD_FILE, markdown)
 
 
-def write_results_page(page: Path, markdown: str, *, source: str) -> None:
+def write_results_page(page: Path, markdown: str, *, source: str, section: str = "results") -> None:
     """Put the results (and the `source` they were computed by: command, folder, commit) into the project's results
-    page, docs/results.md, between its results markers, as the card gets them (scripts/june_release.sh)."""
-    write_between_markers(page, f"Written by {source}.\n\n{markdown.strip()}")
+    page, docs/results.md, between the markers of `section`, as the card gets them (scripts/june_release.sh,
+    scripts/corpus_release.sh)."""
+    write_between_markers(page, f"Written by {source}.\n\n{markdown.strip()}", section)
