@@ -163,3 +163,5 @@ def test_the_corpus_release_loads_passes_check_and_reports_per_source(corpus_rel
     assert (mine["trajectories"], mine["developers"], mine["test_developers"]) == (1, 1, 1)
     assert mine["steps"] == len(SESSION)
     assert report.sources["corpora"][0]["files_refused"] == {"history": 4}
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert "| `ipython-history` | 1 |" in card and "MIT 1" in card and "license_name: mixed-public-repositories" in card

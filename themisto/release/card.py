@@ -10,6 +10,7 @@ from pathlib import Path
 
 from themisto.release.folder import (CARD_FILE, BuildReport, ReleaseError, parquet_name, schema_module, shipped,
                                      split_card)
+from themisto.release.sources import sources_table
 from themisto.release.tasks import RULES
 from themisto.release.values import VALUES
 from themisto.vocabulary import TASKS
@@ -167,11 +168,13 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
     if report.source.get("kind") != "shipped-sample":
         # The sample is authored by the project (MIT); the JuNE logs' redistribution terms are not stated.
         data["license"] = "other"
-        data["license_name"] = "unclear-june-logs"
+        wild = any(source.startswith("ipython") for source in report.sources)
+        data["license_name"] = "mixed-public-repositories" if wild else "unclear-june-logs"
     values = {
         "sizes_table": _sizes_table(report),
         "rules_table": _rules_table(report),
         "split_table": _split_table(report),
+        "sources_table": sources_table(report.sources),
         "fidelity_table": _fidelity_table(report),
         "results": RESULTS_NONE,
         "build_settings": _settings_list(report),

@@ -56,6 +56,30 @@ def apply_health(rows: list[dict]) -> tuple[list[dict], dict]:
                                                   "credentials": dict(sorted(scrubber.redactions.items()))}}
 
 
+def sources_table(sources: Mapping[str, Any]) -> str:
+    """The card's table of a build's sources (`per_source`), and what may be redistributed where some hold
+    sessions of public repositories."""
+    if not sources:
+        return "One source (see above)."
+    lines = ["| source | trajectories | steps | developers | test developers | licences (trajectories) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    unlicensed = 0
+    for source, entry in sources.items():
+        if source == "corpora":
+            continue
+        licences = entry.get("licences")
+        unlicensed += (licences or {}).get("none", 0)
+        shown = ", ".join(f"{k} {v}" for k, v in licences.items()) if licences else "see the licence section"
+        lines.append(f"| `{source}` | {entry['trajectories']:,} | {entry['steps']:,} | {entry['developers']} | "
+                     f"{entry['test_developers']} | {shown} |")
+    if any(s.startswith("ipython") for s in sources):
+        lines += ["", f"Sessions from public repositories keep their repository's licence (`provenance.licence`). "
+                      f"{unlicensed} trajectories come from repositories without a licence file: nothing of them may be "
+                      "redistributed, so a release holding them is for local research only; build with `--licences` "
+                      "naming open licences for one that may be shared (under each repository's terms)."]
+    return "\n".join(lines)
+
+
 def per_source(rows: Sequence[Mapping], split_of: Mapping[str, str], task_rows: Mapping[str, Mapping[str, list]],
                corpora: Sequence[Mapping] = ()) -> dict[str, Any]:
     """Per source: trajectories, steps, developers (all, and in test), rows of each task per split, the steps the
@@ -74,6 +98,9 @@ def per_source(rows: Sequence[Mapping], split_of: Mapping[str, str], task_rows: 
         cause = row.get("replay_cause")
         if cause:
             entry["replay_causes"][cause] = entry["replay_causes"].get(cause, 0) + 1
+        if row.get("provenance") is not None:
+            licence = row["provenance"].get("licence") or "none"
+            entry.setdefault("licences", {}).setdefault(licence, set()).add(row["kernel_id"])
     kernels_source = {row["kernel_id"]: row.get("source") or "unknown" for row in rows}
     for entry in out.values():
         entry["rows"] = {}
@@ -86,7 +113,9 @@ def per_source(rows: Sequence[Mapping], split_of: Mapping[str, str], task_rows: 
                     counts[split] = counts.get(split, 0) + 1
     summary = {source: {"trajectories": len(e["trajectories"]), "steps": e["steps"],
                         "developers": len(e["developers"]), "test_developers": len(e["test_developers"]),
-                        "rows": e["rows"], "replay_causes": dict(sorted(e["replay_causes"].items()))}
+                        "rows": e["rows"], "replay_causes": dict(sorted(e["replay_causes"].items())),
+                        **({"licences": {k: len(v) for k, v in sorted(e["licences"].items())}}
+                           if "licences" in e else {})}
                for source, e in sorted(out.items())}
     if corpora:
         summary["corpora"] = list(corpora)
