@@ -165,3 +165,36 @@ def test_the_corpus_release_loads_passes_check_and_reports_per_source(corpus_rel
     assert report.sources["corpora"][0]["files_refused"] == {"history": 4}
     card = (folder / "README.md").read_text(encoding="utf-8")
     assert "| `ipython-history` | 1 |" in card and "MIT 1" in card and "license_name: mixed-public-repositories" in card
+
+
+IPYTHON_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ipython"
+
+
+def test_no_owner_name_or_address_of_real_repositories_leaves_the_reader(tmp_path):
+    """A fixed subset of the real corpus (its first 15 repositories, linked, never copied): every owner's name and
+    every e-mail address their databases hold stays out of what the reader gives."""
+    import re
+    import sqlite3
+
+    if not (IPYTHON_DIR / "repos").is_dir():
+        pytest.fail(f"the real IPython corpus is expected in {IPYTHON_DIR} (../shared/data/ipython beside the repo)")
+    subset = sorted((IPYTHON_DIR / "repos").iterdir())[:15]
+    (tmp_path / "repos").mkdir()
+    for folder in subset:
+        (tmp_path / "repos" / folder.name).symlink_to(folder, target_is_directory=True)
+    owners = {json.loads((f / "repo.json").read_text())["repo"].split("/")[0] for f in subset}
+    addresses = set()
+    for database in (p for f in subset for p in (f / "history").glob("*") if p.is_file()):
+        try:
+            con = sqlite3.connect(f"file:{database}?mode=ro&immutable=1", uri=True)
+            for (text,) in con.execute("SELECT source_raw FROM history"):
+                addresses |= set(re.findall(r"[\w.%+-]+@[\w.-]+\.[A-Za-z]{2,}", text or ""))
+            con.close()
+        except sqlite3.DatabaseError:
+            continue
+    read = read_corpus(tmp_path, CorpusSettings(min_inputs=10, min_steps=5))
+    assert read.report.sessions_read > 0 and read.trajectories
+    text = json.dumps([t.to_dict() for t in read.trajectories]) + json.dumps(read.report.to_dict())
+    leaked = [o for o in owners if len(o) >= 4 and re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
+    assert not leaked, f"{len(leaked)} owner name(s) reached the trajectories"
+    assert not [a for a in addresses if a in text], "an e-mail address reached the trajectories"
