@@ -5,8 +5,8 @@
 #   bash scripts/corpus_release.sh [OUT]            # default OUT: out/two-source (git-ignored)
 #
 # 1. build one release from both sources (`themisto build JUNE IPYTHON`: two trajectories replayed at once, progress
-#    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial), at most THEMISTO_PER_DEVELOPER (3)
-#    sessions of one repository owner, each cut at THEMISTO_MAX_STEPS (80) inputs; check it;
+#    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial), at most THEMISTO_PER_DEVELOPER (2)
+#    sessions of one repository owner, each cut at THEMISTO_MAX_STEPS (60) inputs; check it;
 # 2. the model-free baselines on every test example of both tasks, on it and on the JuNE-only release
 #    (THEMISTO_JUNE_RELEASE, default out/june/release, as scripts/june_release.sh builds it), scored text-only with
 #    intervals over developers (`--cluster participant`);
@@ -23,8 +23,8 @@ JUNE=${THEMISTO_JUNE_DIR:-../shared/data/june}
 IPYTHON=${THEMISTO_IPYTHON_DIR:-../shared/data/ipython}
 JUNE_RELEASE=${THEMISTO_JUNE_RELEASE:-out/june/release}
 LIMIT=${THEMISTO_LIMIT:-20}
-PER_DEVELOPER=${THEMISTO_PER_DEVELOPER:-3}
-MAX_STEPS=${THEMISTO_MAX_STEPS:-80}
+PER_DEVELOPER=${THEMISTO_PER_DEVELOPER:-2}
+MAX_STEPS=${THEMISTO_MAX_STEPS:-60}
 RELEASE="$OUT/release"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 started=$(date +%s)
