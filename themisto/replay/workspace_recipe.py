@@ -57,6 +57,10 @@ def workspace_from_recipe(recipe: dict, workspace: str | Path | None, dest: Path
     if recipe.get("empty"):
         dest.mkdir(parents=True, exist_ok=True)
         return dest
+    if "composed" in recipe:
+        raise RecipeError(f"{what}: its trajectories replayed each in its own source's files (a composed workspace: "
+                          "sessions from public repositories); rebuilding their states for execution is not supported "
+                          "yet: score it without execution")
     if "given" in recipe:
         raise RecipeError(f"{what}: it was replayed over a given workspace ({recipe['given']!r}); pass that folder "
                           "as the workspace to rebuild the states")
