@@ -41,4 +41,4 @@ PY=${PYTHON:-python3}
 wild_site=$(.venv-kernel-wild/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 .venv-kernel/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$wild_site/themisto-june.pth"
 .venv-kernel-wild/bin/python -m pip install -q --disable-pip-version-check --only-binary=:all: \
-  -r requirements-kernel-wild.txt
+  --no-deps -r requirements-kernel-wild.txt

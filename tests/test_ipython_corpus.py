@@ -39,6 +39,8 @@ def test_the_reader_keeps_the_good_session_once_and_refuses_each_bad_database_in
     for line in report.refusals:
         assert "\n" not in line and ".sqlite" in line
         assert not any(owner in line for owner in OWNERS)
+    reasons = " ".join(sorted(report.refusals))
+    assert "holds a view" in reasons and "not an IPython history database" in reasons and "SQLite" in reasons
     # It replays in its repository's files, started in the folder of the notebook its inputs match.
     assert trajectory.notebook == "analysis/work.ipynb" and trajectory.start_dir == "analysis"
     assert trajectory.workspace in read.workspace_folders

@@ -289,18 +289,15 @@ def read_corpus(path: Path, settings: CorpusSettings = CorpusSettings(), *,
 def _sessions(kind: str, file: Path, report: CorpusReport) -> list:
     """The sessions of one database or log (their code masked and redacted), or [] when it is refused."""
     from themisto.ingest.ipython_history import HistoryRefused, read_history
+    from themisto.ingest.ipython_log import read_logstart
 
     try:
-        if kind == "history":
-            read = read_history(file)
-            sessions, redactions = read.sessions, read.redactions
-        else:
-            from themisto.ingest.ipython_log import read_logstart_log
-
-            sessions, redactions = read_logstart_log(file), {}
+        read = read_history(file) if kind == "history" else read_logstart(file)
+        sessions, redactions = read.sessions, read.redactions
     except HistoryRefused as exc:
-        reason = str(exc).rsplit(": ", 1)[-1]
-        report.refusals.append(_masked(file) + ": " + reason)
+        where = f":{exc.line}" if exc.line is not None else ""
+        bound = f" (bound: {exc.bound})" if exc.bound else ""
+        report.refusals.append(f"{_masked(file)}{where}: {exc.problem}{bound}")
         _count(report.files_refused, kind)
         return []
     report.files_read += 1

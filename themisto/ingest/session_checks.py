@@ -48,8 +48,11 @@ class Blocker:
 def importable_modules(python: str) -> frozenset[str]:
     """The top-level module names `python` can import: its standard library and every installed distribution's
     top-level packages and modules (read once per interpreter, without importing any of them)."""
-    script = ("import sys, pkgutil, json; names = set(sys.stdlib_module_names) | set(sys.builtin_module_names); "
-              "names |= {m.name for m in pkgutil.iter_modules()}; print(json.dumps(sorted(names)))")
+    # pkgutil lists no namespace package (`mpl_toolkits`, `google`): the folders of the path are added as they are.
+    script = ("import sys, os, pkgutil, json; names = set(sys.stdlib_module_names) | set(sys.builtin_module_names); "
+              "names |= {m.name for m in pkgutil.iter_modules()}; "
+              "names |= {e for p in sys.path if os.path.isdir(p) for e in os.listdir(p) if e.isidentifier() and "
+              "os.path.isdir(os.path.join(p, e))}; print(json.dumps(sorted(names)))")
     done = subprocess.run([python, "-I", "-c", script], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"{python} could not list its modules: {done.stderr.strip()[-500:]}")
