@@ -51,13 +51,34 @@ STORED_VALUES = {
     "aliases": datasets.List(datasets.List(_STR)),
 }
 
+# Where a trajectory from the wild came from (`themisto.ingest.ipython_corpus`), naming no one: the repository as a
+# hashed id, the history file's path in it, the session, its date, the repository's licence (the licence file's
+# family; null: none), the kernel environment that replayed it, how many of its inputs matched the notebook it was
+# given, its inputs, and where and why it was cut before replay. Null for JuNE trajectories.
+PROVENANCE = {
+    "kind": _STR,
+    "repository": _STR,
+    "commit": _STR,
+    "path": _STR,
+    "session": _INT64,
+    "date": _STR,
+    "licence": _STR,
+    "environment": _STR,
+    "notebook_inputs_matched": _INT32,
+    "inputs": _INT32,
+    "cut_cause": _STR,
+    "cut_at": _INT32,
+}
+
 TRAJECTORIES = datasets.Features({
     "kernel_id": _STR,
     "step": _INT32,
     "cell_id": _STR,
     "notebook": _STR,
     "task": _STR,
-    "participant": _STR,
+    "participant": _STR,  # the developer: a JuNE participant or a repository's owner, pseudonymised
+    "source": _STR,  # june-log | june-table | notebook | ipython-history | ipython-log
+    "provenance": PROVENANCE,
     "code": _STR,
     "replayed_code": _STR,
     "restarted_before": _BOOL,
@@ -79,6 +100,8 @@ TRAJECTORIES = datasets.Features({
     "logged_output_types": datasets.List(_STR),
     "code_state": _STR,  # as_logged | repaired | damaged (themisto.vocabulary.CODE_STATES)
     "stored_values": STORED_VALUES,
+    # Why the replay's environment failed this step (themisto.replay.health.ENVIRONMENT_CAUSES); null: it did not.
+    "replay_cause": _STR,
 })
 
 # One stored value (themisto.release.values): content-addressed by the variables' `hash`, shared by every step that
@@ -113,6 +136,7 @@ _TASK_COMMON = {
     "step": _INT32,
     "notebook": _STR,
     "task": _STR,
+    "source": _STR,  # the trajectory's source (`trajectories`' `source`): scores can be read per source
     "history": datasets.List(HISTORY_CELL),
     "restarted_before": _BOOL,
     "variables_before": datasets.List(VARIABLE),

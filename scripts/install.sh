@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs Themisto for a CPU machine into ./.venv: the sandbox tool (bubblewrap) when we can install system
-# packages, then the pinned Python requirements and the package itself; and the replay kernel's own environment
-# (the participants' 2023 stack, requirements-kernel.txt) into ./.venv-kernel. Safe to run again.
+# packages, then the pinned Python requirements and the package itself; the replay kernel's own environment
+# (the participants' 2023 stack, requirements-kernel.txt) into ./.venv-kernel; and the one for sessions from public
+# repositories (that stack plus requirements-kernel-wild.txt) into ./.venv-kernel-wild. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,3 +33,12 @@ PY=${PYTHON:-python3}
 [ -x .venv-kernel/bin/python ] || "$PY" -m venv .venv-kernel
 [ -f .venv-kernel/.gitignore ] || echo '*' > .venv-kernel/.gitignore
 .venv-kernel/bin/python -m pip install -q --disable-pip-version-check --only-binary=:all: -r requirements-kernel.txt
+
+# The kernel environment for sessions from the wild: the JuNE environment seen through a .pth file (not copied), and
+# the packages of requirements-kernel-wild.txt installed beside it, which therefore come first on its path.
+[ -x .venv-kernel-wild/bin/python ] || "$PY" -m venv .venv-kernel-wild
+[ -f .venv-kernel-wild/.gitignore ] || echo '*' > .venv-kernel-wild/.gitignore
+wild_site=$(.venv-kernel-wild/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+.venv-kernel/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$wild_site/themisto-june.pth"
+.venv-kernel-wild/bin/python -m pip install -q --disable-pip-version-check --only-binary=:all: \
+  --no-deps -r requirements-kernel-wild.txt

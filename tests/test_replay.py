@@ -166,3 +166,25 @@ def test_a_steps_execution_time_is_the_cells_own_whatever_its_snapshot_costs(tmp
     held = "class Held:\n    pass\nheld = Held()\nheld.data = [str(i) for i in range(1_000_000)]"
     steps = list(replay_trajectory(_traj([held, "import time\ntime.sleep(0.5)"]), tmp_path, FAST))
     assert steps[1].status == "ok" and 0.5 <= steps[1].execution_time < 5
+
+
+@pytest.mark.slow
+def test_a_package_the_log_shows_missing_stays_unimportable_until_its_install(tmp_path):
+    from themisto.replay.missing_packages import hidden_modules
+
+    missing = {"status": "error", "ename": "ModuleNotFoundError", "evalue": "No module named 'csv'"}
+    executions = [Execution(cell_id="c0", code="import csv", **missing), Execution(cell_id="c1", code="x = 1"),
+                  Execution(cell_id="c2", code="import csv.x", **missing),
+                  Execution(cell_id="c3", code="import csv", **missing),
+                  Execution(cell_id="c4", code="!pip install csv==1.0"),
+                  Execution(cell_id="c5", code="import csv\ny = csv.QUOTE_ALL"), Execution(cell_id="c6", code="y")]
+    traj = Trajectory(id="t-missing", notebook="nb.ipynb", source="test", executions=executions,
+                      events=[KernelEvent(kind="restart", before=3)])
+    assert [sorted(h) for h in hidden_modules(executions)] == [["csv"]] * 4 + [[]] * 3
+    steps = list(replay_trajectory(traj, tmp_path, FAST))
+    # As in the log: missing before the install (in both kernel lives), there after it.
+    assert [s.status for s in steps] == ["error", "ok", "error", "error", "ok", "ok", "ok"]
+    assert {s.ename for s in steps[:4]} - {None} == {"ModuleNotFoundError"}
+    assert steps[6].output.strip() == "1"
+    # The finder binds nothing the snapshot sees.
+    assert {v["name"] for v in steps[1].variables} == {"x"}

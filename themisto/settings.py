@@ -12,6 +12,17 @@ from typing import Literal
 
 # The replay kernel's own environment, made by scripts/install.sh from requirements-kernel.txt beside the package.
 KERNEL_VENV = Path(__file__).resolve().parents[1] / ".venv-kernel"
+# The kernel environments a trajectory may ask for by name (`Trajectory.provenance["environment"]`), each a venv
+# beside the package made by scripts/install.sh: "june", the 2023 stack of requirements-kernel.txt (the default, or
+# THEMISTO_KERNEL_PYTHON); "wild", that stack and the packages sessions from public repositories import most
+# (requirements-kernel-wild.txt).
+KERNEL_ENVIRONMENTS: dict[str, str] = {"june": ".venv-kernel", "wild": ".venv-kernel-wild"}
+DEFAULT_ENVIRONMENT = "june"
+
+
+def environment_interpreter(name: str) -> Path:
+    """Where the kernel environment `name`'s interpreter lies (it may not be installed); KeyError for an unknown one."""
+    return KERNEL_VENV.parent / KERNEL_ENVIRONMENTS[name] / "bin" / "python"
 
 
 @dataclass(frozen=True)

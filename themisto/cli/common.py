@@ -56,6 +56,39 @@ def add_trajectory_inputs(parser: argparse.ArgumentParser, *, output_help: str, 
     parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
 
 
+def add_corpus_options(parser: argparse.ArgumentParser) -> None:
+    """Which sessions a corpus of IPython histories gives (`themisto.ingest.ipython_corpus.CorpusSettings`)."""
+    from themisto.ingest.ipython_corpus import CorpusSettings
+
+    group = parser.add_argument_group("IPython history corpora (a folder with repos/*/repo.json)")
+    group.add_argument("--min-inputs", type=int, default=default_of(CorpusSettings, "min_inputs"), metavar="N",
+                       help="sessions of fewer inputs are left out (default %(default)s)")
+    group.add_argument("--max-steps", type=int, default=default_of(CorpusSettings, "max_steps"), metavar="N",
+                       help="a session is cut after N inputs (default %(default)s)")
+    group.add_argument("--sessions-per-developer", type=int, metavar="N",
+                       default=default_of(CorpusSettings, "sessions_per_developer"),
+                       help="at most N sessions of one repository owner (default %(default)s)")
+    group.add_argument("--corpus-limit", type=int, metavar="N",
+                       help="at most N sessions in all, every developer's first before anyone's second")
+    group.add_argument("--licences", metavar="L1,L2",
+                       help="keep only repositories under these licences (e.g. MIT,Apache-2.0; `none`: no licence "
+                            "file); default: every one")
+
+
+def corpus_settings(args: argparse.Namespace):
+    """The `CorpusSettings` of `add_corpus_options`' arguments; CommandError for values out of range."""
+    from themisto.ingest.ipython_corpus import CorpusSettings
+
+    for name in ("min_inputs", "max_steps", "sessions_per_developer", "corpus_limit"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    licences = None if args.licences is None else tuple(x.strip() for x in args.licences.split(",") if x.strip())
+    return CorpusSettings(min_inputs=args.min_inputs, max_steps=args.max_steps,
+                          sessions_per_developer=args.sessions_per_developer, limit=args.corpus_limit,
+                          licences=licences)
+
+
 def add_participants_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--participants", type=Path, metavar="MAP.json",
                         help="whose kernels the logs are: a JSON object {kernel_id: participant} (logs under "

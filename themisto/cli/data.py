@@ -11,9 +11,11 @@ from themisto.cli.common import (
     SIZE_CHOICES,
     TASK_CHOICES,
     CommandError,
+    add_corpus_options,
     add_participants_option,
     add_ray_option,
     add_trajectory_inputs,
+    corpus_settings,
     default_of,
     format_counts,
     ray_target,
@@ -260,7 +262,7 @@ def build_command(args: argparse.Namespace) -> int:
     inputs = BuildInputs(
         paths=tuple(Path(p) for p in args.paths), participants=args.participants, steps=args.steps,
         paper=args.paper, workspace=args.workspace, workspace_seed=args.workspace_seed, steps_out=args.steps_out,
-        cell_timeout_s=args.cell_timeout, values=not args.no_values)
+        cell_timeout_s=args.cell_timeout, values=not args.no_values, corpus=corpus_settings(args))
     if args.workspace is not None and not args.workspace.is_dir():
         raise CommandError(f"{args.workspace}: no such workspace directory (make one with `themisto workspace`)")
     settings = TaskSettings(seed=args.split_seed, test_fraction=args.test_fraction,
@@ -297,9 +299,10 @@ def add_build(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser("build", help="write the dataset release (Parquet per config and split + card)")
     parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help=".log, .csv (JuNE table) or .ipynb, or a directory, read recursively "
-                             "(default: the shipped data/sample)")
+                        help=".log, .csv (JuNE table) or .ipynb, or a directory, read recursively, or a corpus of "
+                             "IPython histories (default: the shipped data/sample)")
     add_participants_option(parser)
+    add_corpus_options(parser)
     parser.add_argument("--steps", type=Path, help="an existing replay (steps JSONL): build from it, replay nothing")
     parser.add_argument("--paper", type=Path, help="the paper's published rows (.parquet/.jsonl/.json/.csv)")
     parser.add_argument("--workspace", type=Path, help="replay input files (default: look-alike inputs)")

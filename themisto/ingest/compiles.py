@@ -38,6 +38,11 @@ def _manager():
     return TransformerManager()
 
 
+def transformed(code: str) -> str:
+    """`code` after IPython's input transforms (`%magic`, `!shell`, `x?` become Python); may raise SyntaxError."""
+    return _manager().transform_cell(code)
+
+
 def compile_error(code: str) -> str | None:
     """None when `code` compiles as an IPython cell, else why not (`SyntaxError: … (line N)`)."""
     lines = code.splitlines()

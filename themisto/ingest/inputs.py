@@ -6,6 +6,10 @@ final notebook (`*final-task<N>*.ipynb`) in a folder that holds logs is that par
 task: evidence for repairing the logs beside it (`themisto.ingest.repair`), not a trajectory of its own; other
 notebooks are one-pass trajectories (`themisto.ingest.notebook`).
 
+A folder that is a corpus of IPython kernel histories (`repos/*/repo.json`, see `themisto.ingest.ipython_corpus`) is
+read by that reader instead, under the corpus settings given: each repository's owner is one developer (a
+pseudonym), and each trajectory names the subfolder of the replay's workspace its repository's files are in.
+
 Participants: a log under `participants/<name>/` is <name>'s; a mapping file (JSON `{kernel_id: participant}`,
 `--participants` on the command line) says whose the others are, such as the two logs beside the participants
 folder; the JuNE table carries its own `user_id`. Every label is pseudonymised (`trajectory.anonymize`). A
@@ -53,6 +57,10 @@ class Ingested:
     # A trajectory's participant's final notebook of its task, where one lies beside its log (evidence for repair
     # here, and for the replay's fidelity to the outputs the developer saw: `themisto.replay.final_notebook`).
     final_notebooks: dict[str, Path] = field(default_factory=dict)
+    # Per corpus folder read (by its position among the paths): its reader's report (`CorpusReport.to_dict`).
+    corpora: list[dict] = field(default_factory=list)
+    # The workspace subfolders trajectories name (`Trajectory.workspace`) -> the folder of files each holds.
+    workspace_folders: dict[str, Path | None] = field(default_factory=dict)
 
 
 def _folder_participant(path: Path) -> str | None:
@@ -134,8 +142,37 @@ def _assign(trajectories: list[Trajectory], owner: Mapping[str, str | None], map
 
 
 def read_inputs(paths: Sequence[str | Path], *, skip_bad_lines: bool = False,
-                participants: Mapping[str, str] | None = None) -> Ingested:
-    """Read every input into trajectories (ids unique) and the per-file report (see the module docstring)."""
+                participants: Mapping[str, str] | None = None, corpus=None) -> Ingested:
+    """Read every input into trajectories (ids unique) and the per-file report (see the module docstring);
+    `corpus`: the `CorpusSettings` corpus folders are read under (default ones)."""
+    from themisto.ingest.ipython_corpus import is_corpus
+
+    corpora = [Path(p) for p in paths if is_corpus(Path(p))]
+    others = [p for p in paths if not is_corpus(Path(p))]
+    ingested = _read_files(others, skip_bad_lines, participants) if others else Ingested([])
+    if corpora:
+        _add_corpora(ingested, corpora, corpus)
+    return ingested
+
+
+def _add_corpora(ingested: Ingested, corpora: list[Path], settings) -> None:
+    from themisto.ingest.ipython_corpus import CorpusSettings, read_corpus
+
+    seen = {t.id for t in ingested.trajectories}
+    for folder in corpora:
+        read = read_corpus(folder, settings or CorpusSettings())
+        clash = sorted(seen & {t.id for t in read.trajectories})
+        if clash:
+            raise IngestInputError(f"{folder}: trajectory {clash[0]} is read twice (the same corpus given twice?)")
+        seen |= {t.id for t in read.trajectories}
+        ingested.trajectories += read.trajectories
+        ingested.corpora.append(read.report.to_dict())
+        ingested.workspace_folders.update(read.workspace_folders)
+        ingested.read += [s for t in read.trajectories for s in t.sources]
+
+
+def _read_files(paths: Sequence[str | Path], skip_bad_lines: bool,
+                participants: Mapping[str, str] | None) -> Ingested:
     from themisto.ingest.june_log import read_log_file, trajectories_of
     from themisto.ingest.june_table import read_june_table
     from themisto.ingest.kernels import join_kernels

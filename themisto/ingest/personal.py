@@ -16,11 +16,12 @@ IP_MASK = "<ip>"
 EMAIL_MASK = "<email>"
 
 # A path's user folder: `C:\Users\NAME`, `C:\\Users\\NAME` (in a string literal), `/Users/NAME`, `/home/NAME`,
-# `/mnt/c/Users/NAME`. The path must start at a boundary (start, space, quote, bracket, `=`), so `total/users/n`
-# in code is no path. A Windows name may hold spaces when a separator follows it.
+# `/mnt/c/Users/NAME`. The path must start at a boundary (start, space, quote, bracket, `=`; a comment's `#`, as in
+# `#/home/NAME/data`; a closing bracket or `>`, where output runs into a path), so `total/users/n` in code is no
+# path. A Windows name may hold spaces when a separator follows it.
 _SEP = r"(?:\\+|/+)"
 _USER_DIR = re.compile(
-    r"(?:(?<=^)|(?<=[\s\"'(\[=,:;]))"
+    r"(?:(?<=^)|(?<=[\s\"'(\[\])=,:;#>`{|]))"
     rf"((?:[A-Za-z]:)?(?:{_SEP}mnt{_SEP}[A-Za-z])?{_SEP}(?:Users|home|Documents and Settings){_SEP})"
     r"((?:[^\\/\s\"'<>|:*?]+(?: [^\\/\s\"'<>|:*?]+)*(?=[\\/]))|[^\\/\s\"'<>|:*?]+)",
     re.IGNORECASE | re.MULTILINE,
@@ -50,6 +51,8 @@ def mask_personal(text: str) -> str:
     'open("C:\\\\\\\\Users\\\\\\\\<user>\\\\\\\\data.txt") # ip <ip>, mail <email>'
     >>> mask_personal("File /home/jdoe/x.py; total/users/n; X@w.values; 127.0.0.1; v1.2.3")
     'File /home/<user>/x.py; total/users/n; X@w.values; 127.0.0.1; v1.2.3'
+    >>> mask_personal("path = base  #/home/jdoe/data was the old one")
+    'path = base  #/home/<user>/data was the old one'
     """
     if not text:
         return text

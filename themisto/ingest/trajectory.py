@@ -109,6 +109,14 @@ class Trajectory:
     # Every raw event the reader saw, counted by kind (e.g. {"execute": 398, ...}); empty for notebooks.
     logged_events: dict[str, int] = field(default_factory=dict)
     sources: list[SourceFile] = field(default_factory=list)
+    # Where its kernel runs, for sources replayed in their own files (IPython histories in their repository): the
+    # subfolder of the replay's workspace that the kernel gets a copy of (None: all of it) and the folder inside
+    # that copy it starts in (None: its top). `themisto.replay.workspace_recipe.compose` lays the workspace out.
+    workspace: str | None = None
+    start_dir: str | None = None
+    # Where a trajectory from the wild came from, without naming anyone (`themisto.ingest.ipython_corpus`):
+    # repository (a hashed id), commit, path, session, date, licence, and how its notebook was matched.
+    provenance: dict | None = None
 
     def digest(self) -> str:
         """The sha256 of everything the trajectory holds: equal digests, the same replay."""

@@ -10,14 +10,15 @@ from pathlib import Path
 
 from themisto.release.folder import (CARD_FILE, BuildReport, ReleaseError, parquet_name, schema_module, shipped,
                                      split_card)
+from themisto.release.sources import sources_table
 from themisto.release.tasks import RULES
 from themisto.release.values import VALUES
 from themisto.vocabulary import TASKS
 
 CARD_TEMPLATE = shipped("dataset_card.md")
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
-# The card's results section lies between these lines; a build leaves RESULTS_NONE there, `write_results` the table.
-RESULTS_BEGIN, RESULTS_END = "<!-- results: begin -->", "<!-- results: end -->"
+# The card's results section lies between `<!-- results: begin -->` and `<!-- results: end -->` (write_between_markers);
+# a build leaves RESULTS_NONE there, `write_results` the table.
 RESULTS_NONE = "No scores are recorded with this build."
 
 
@@ -167,11 +168,13 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
     if report.source.get("kind") != "shipped-sample":
         # The sample is authored by the project (MIT); the JuNE logs' redistribution terms are not stated.
         data["license"] = "other"
-        data["license_name"] = "unclear-june-logs"
+        wild = any(source.startswith("ipython") for source in report.sources)
+        data["license_name"] = "mixed-public-repositories" if wild else "unclear-june-logs"
     values = {
         "sizes_table": _sizes_table(report),
         "rules_table": _rules_table(report),
         "split_table": _split_table(report),
+        "sources_table": sources_table(report.sources),
         "fidelity_table": _fidelity_table(report),
         "results": RESULTS_NONE,
         "build_settings": _settings_list(report),
@@ -187,17 +190,18 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
     return f"---\n{card_yaml(data)}---\n{body}"
 
 
-def write_between_markers(path: Path, markdown: str) -> None:
-    """Replace what lies between a file's results markers (RESULTS_BEGIN … RESULTS_END) with `markdown`, the rest of
-    the file kept; a file without them is refused, naming it and the markers."""
+def write_between_markers(path: Path, markdown: str, section: str = "results") -> None:
+    """Replace what lies between a file's markers of `section` (`<!-- results: begin -->` … `<!-- results: end -->`
+    for "results") with `markdown`, the rest of the file kept; a file without them is refused, naming it and them."""
     from themisto.resume import write_text_atomic
 
     path = Path(path)
     text = path.read_text(encoding="utf-8")
-    start, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+    begin, finish = f"<!-- {section}: begin -->", f"<!-- {section}: end -->"
+    start, end = text.find(begin), text.find(finish)
     if start < 0 or end < start:
-        raise ReleaseError(f"{path}: no results section ({RESULTS_BEGIN} … {RESULTS_END})")
-    write_text_atomic(path, text[:start + len(RESULTS_BEGIN)] + "\n" + markdown.strip() + "\n" + text[end:])
+        raise ReleaseError(f"{path}: no {section} section ({begin} … {finish})")
+    write_text_atomic(path, text[:start + len(begin)] + "\n" + markdown.strip() + "\n" + text[end:])
 
 
 def write_results(folder: Path, markdown: str) -> None:
@@ -209,7 +213,8 @@ def write_results(folder: Path, markdown: str) -> None:
     write_between_markers(Path(folder) / CARD_FILE, markdown)
 
 
-def write_results_page(page: Path, markdown: str, *, source: str) -> None:
+def write_results_page(page: Path, markdown: str, *, source: str, section: str = "results") -> None:
     """Put the results (and the `source` they were computed by: command, folder, commit) into the project's results
-    page, docs/results.md, between its results markers, as the card gets them (scripts/june_release.sh)."""
-    write_between_markers(page, f"Written by {source}.\n\n{markdown.strip()}")
+    page, docs/results.md, between the markers of `section`, as the card gets them (scripts/june_release.sh,
+    scripts/corpus_release.sh)."""
+    write_between_markers(page, f"Written by {source}.\n\n{markdown.strip()}", section)

@@ -104,6 +104,9 @@ class BuildReport:
     notes: list[str] = field(default_factory=list)
     split: dict[str, Any] = field(default_factory=dict)  # `themisto.release.splits.SplitPlan.to_dict`
     fidelity: dict[str, Any] = field(default_factory=dict)  # per trajectory (`themisto.replay.fidelity`); {} unreplayed
+    # Per source (june-log, ipython-history, ...): trajectories, steps, developers, test developers, rows, replay
+    # health, and for a corpus what its reader read, left out and cut (`themisto.release.sources`)
+    sources: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,7 +124,8 @@ class BuildReport:
         except (TypeError, ValueError, AttributeError) as exc:
             raise ReleaseError(f"{path}: not a build report ({exc})") from None
         shapes = {"sizes": dict, "files": dict, "content_sha256": str, "settings": dict, "source": dict,
-                  "tasks": dict, "notes": list, "split": dict, "fidelity": dict}
+                  "tasks": dict, "notes": list, "split": dict, "fidelity": dict,
+                  "sources": dict}
         wrong = [name for name, kind in shapes.items() if not isinstance(getattr(report, name), kind)]
         if wrong or not all(isinstance(k, str) and isinstance(v, str) for k, v in report.files.items()):
             raise ReleaseError(f"{path}: not a build report (wrong type of {', '.join(wrong) or 'files'})")

@@ -20,6 +20,7 @@ from themisto.release.eval_yaml import write_eval_yaml
 from themisto.release.folder import (CARD_FILE, TRAJECTORIES, BuildReport, ReleaseError, content_hash, parquet_name,
                                      schema_module, sha256_file, shipped)
 from themisto.release.tasks import TaskSettings, build_tasks
+from themisto.release.sources import per_source
 from themisto.release.values import VALUES, ValueCaps, release_values, values_note
 from themisto.resume import folder_written_whole
 
@@ -156,7 +157,11 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         report = BuildReport(
             sizes=taskset.sizes(), files=files, content_sha256=content_hash(files), settings=all_settings,
             source=source or {}, tasks={name: asdict(r) for name, r in taskset.reports.items()}, notes=notes,
-            split=taskset.split.to_dict(), fidelity=fidelity or {})
+            split=taskset.split.to_dict(), fidelity=fidelity or {},
+            sources=per_source(taskset.rows[TRAJECTORIES].get("train", []) + taskset.rows[TRAJECTORIES].get(
+                "test", []), taskset.split_of, {t: r for t, r in taskset.rows.items() if t not in (TRAJECTORIES,
+                                                                                               VALUES)},
+                (source or {}).get("corpora", ())))
         card = render_card(CARD_TEMPLATE.read_text(encoding="utf-8"), report, num_bytes, tmp)
         (tmp / CARD_FILE).write_text(card, encoding="utf-8")
         report.write_to(tmp)
@@ -190,15 +195,17 @@ class BuildInputs:
     # A fixed limit for every cell (the logged-time rule off); None: the replay's rule (themisto.replay.cell_limits)
     cell_timeout_s: float | None = None
     values: bool = True  # store the variables' values (replay) and build the `values` config from them
+    corpus: Any = None  # the `CorpusSettings` corpus folders among `paths` are read under (None: the defaults)
 
 
 def _described(paths: Iterable[Path]) -> list[dict]:
     return [{"name": p.name, "sha256": sha256_file(p)} for p in sorted(paths, key=lambda p: p.name)]
 
 
-def _read_trajectories(inputs: BuildInputs) -> tuple[str, list[dict], list, dict[str, Path]]:
+def _read_trajectories(inputs: BuildInputs):
     """The kind of inputs, the files read ({name, sha256}), their trajectories (the shipped sample's when no input
-    is named) and the final notebooks beside their logs, through ingest's one door."""
+    is named) and the final notebooks beside their logs, through ingest's one door; and what ingest read besides
+    (`Ingested`: the corpora's reports, the workspace folders their trajectories name)."""
     from themisto.ingest.inputs import expand_inputs, read_inputs, read_participants
 
     paths = list(inputs.paths)
@@ -207,17 +214,22 @@ def _read_trajectories(inputs: BuildInputs) -> tuple[str, list[dict], list, dict
             raise ReleaseError(f"{SAMPLE_DIR}: no .log file (generate the sample with `python data/make_sample.py`)")
         paths = [SAMPLE_DIR]
     if not paths:
-        return "replayed-steps", [], [], {}
+        return "replayed-steps", [], [], {}, None
+    from themisto.ingest.ipython_corpus import is_corpus
+
     mapping = read_participants(inputs.participants) if inputs.participants else None
-    ingested = read_inputs(paths, participants=mapping)
-    files = [item.path for item in expand_inputs(paths)]
+    ingested = read_inputs(paths, participants=mapping, corpus=inputs.corpus)
+    files = [item.path for item in expand_inputs([p for p in paths if not is_corpus(Path(p))])]
     # Logs named explicitly are still the shipped sample when they all lie in data/sample (authored, MIT).
-    sample = all(p.suffix.lower() == ".log" and p.resolve().parent == SAMPLE_DIR.resolve() for p in files)
+    sample = bool(files) and len(files) == len(paths) and all(
+        p.suffix.lower() == ".log" and p.resolve().parent == SAMPLE_DIR.resolve() for p in files)
     kinds = {t.source for t in ingested.trajectories}
-    kind = ("shipped-sample" if sample else "june-logs" if "june-log" in kinds else "june-table" if "june-table"
-            in kinds else "notebooks")
+    june = ("june-logs" if "june-log" in kinds else "june-table" if "june-table" in kinds else
+            "notebooks" if "notebook" in kinds else None)
+    wild = "ipython-histories" if kinds & {"ipython-history", "ipython-log"} else None
+    kind = "shipped-sample" if sample else "+".join(k for k in (june, wild) if k) or "notebooks"
     read = sorted(({"name": f.file, "sha256": f.sha256} for f in ingested.read), key=lambda d: d["name"])
-    return kind, read, ingested.trajectories, ingested.final_notebooks
+    return kind, read, ingested.trajectories, ingested.final_notebooks, ingested
 
 
 def release_rows(inputs: BuildInputs, steps_default: Path,
@@ -231,13 +243,14 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
 
         return (read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])},
                 {}, {})
-    kind, read, trajectories, finals = _read_trajectories(inputs)
+    kind, read, trajectories, finals, ingested = _read_trajectories(inputs)
     seen = {t.id for t in trajectories}
     source: dict[str, Any] = {"kind": kind, "inputs": read}
+    if ingested is not None and ingested.corpora:
+        source["corpora"] = ingested.corpora
     settings: dict[str, Any] = {}
     from themisto.replay.replay import ReplaySettings, relogged
     from themisto.replay.steps_file import read_steps, read_steps_header, replay_to_file
-    from themisto.replay.workspace_recipe import given, look_alike
 
     if inputs.steps is not None:
         try:
@@ -257,25 +270,26 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
             replay = replace(replay, cell_timeout_s=inputs.cell_timeout_s, logged_time_factor=None)
         settings["replay"] = asdict(replay)
         out = inputs.steps_out or steps_default
-        with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
-            workspace = inputs.workspace
-            if workspace is None:
-                from themisto.ingest.workspace import write_workspace
+        from themisto.release.sources import replay_workspace
 
-                tasks = sorted({t.task for t in trajectories if t.task in ("task1", "task2")}) or ["task1", "task2"]
-                workspace = write_workspace(Path(tmp) / "ws", tasks, seed=inputs.workspace_seed,
-                                            size=inputs.workspace_size).root
-                source["workspace"] = look_alike(tasks, inputs.workspace_seed, inputs.workspace_size)
-            else:
-                source["workspace"] = given(workspace, output=out)
+        with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
+            try:
+                workspace, source["workspace"], trajectories = replay_workspace(
+                    trajectories, ingested.workspace_folders if ingested else {}, Path(tmp), given=inputs.workspace,
+                    seed=inputs.workspace_seed, size=inputs.workspace_size, out=out)
+            except ValueError as exc:
+                raise ReleaseError(str(exc)) from None
             replay_to_file(trajectories, out, workspace, replay, progress=progress, runner=runner,
                            recipe=source["workspace"])
         steps = read_steps(out)
     rule = _cell_limit_rule(settings.get("replay") or {})
     if rule:
         settings["cell_limit_rule"] = rule
+    from themisto.release.sources import apply_health
+
     participants = {t.id: t.participant for t in trajectories}
-    return trajectory_rows(steps, participants), source, settings, fidelity_of(steps, trajectories, finals)
+    rows, source["health"] = apply_health(trajectory_rows(steps, participants, {t.id: t for t in trajectories}))
+    return rows, source, settings, fidelity_of(steps, trajectories, finals)
 
 
 def _cell_limit_rule(replay: dict) -> str:

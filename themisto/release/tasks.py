@@ -36,6 +36,8 @@ RULES: dict[str, str] = {
     "damaged_code": "the log damaged the target cell's code and nothing restores it (`code_state` damaged)",
     "empty_target": "the target is empty (or its code was not logged)",
     "unfinished_replay": "replay did not finish the cell (timeout or kernel died), so its output is not a target",
+    "environment_failure": "the replay's environment failed the cell (a package, input file, network or GPU it "
+                           "lacks: `replay_cause`), so its output is not a target",
     "length_quantile": f"the target is longer than the {LENGTH_QUANTILE} quantile of target length",
 }
 
@@ -121,7 +123,21 @@ def variable_row(info: Mapping) -> dict:
     }
 
 
-def trajectory_row(step, participant: str | None = None) -> dict:
+def provenance_row(provenance: Mapping | None) -> dict | None:
+    """A trajectory's provenance as the release stores it (themisto_dataset.PROVENANCE), or None."""
+    if not provenance:
+        return None
+    cut = provenance.get("cut") or {}
+    return {"kind": provenance.get("kind"), "repository": provenance.get("repository"),
+            "commit": provenance.get("commit"), "path": provenance.get("path"),
+            "session": provenance.get("session"), "date": provenance.get("date"),
+            "licence": provenance.get("licence"), "environment": provenance.get("environment"),
+            "notebook_inputs_matched": provenance.get("notebook_inputs_matched"),
+            "inputs": provenance.get("inputs"), "cut_cause": cut.get("cause"), "cut_at": cut.get("at")}
+
+
+def trajectory_row(step, participant: str | None = None, source: str | None = None,
+                   provenance: Mapping | None = None) -> dict:
     """The `trajectories` row of one replayed `themisto.replay.replay.Step`; what drifts between two replays (object
     addresses, the kernel's execution counter in a traceback) is masked in its output, error message and variable
     reprs (`themisto.runtime.outputs.mask_volatile`), so targets and history built from it are the same in every
@@ -133,6 +149,8 @@ def trajectory_row(step, participant: str | None = None) -> dict:
         "notebook": step.notebook,
         "task": step.task,
         "participant": participant,
+        "source": source,
+        "provenance": provenance_row(provenance),
         "code": step.code,
         "replayed_code": step.replayed_code,
         "restarted_before": bool(step.restarted_before),
@@ -154,6 +172,7 @@ def trajectory_row(step, participant: str | None = None) -> dict:
         "logged_output_types": list(step.logged.output_types),
         "code_state": step.logged.code_state,
         "stored_values": _stored_values(getattr(step, "values", None)),
+        "replay_cause": None,  # themisto.replay.health sets it
     }
 
 
@@ -168,10 +187,18 @@ def _stored_values(values: Mapping | None) -> dict | None:
             "aliases": [[str(name) for name in group] for group in values.get("aliases", [])]}
 
 
-def trajectory_rows(steps: Iterable, participants: Mapping[str, str | None] | None = None) -> list[dict]:
-    """`trajectories` rows of replayed steps, ordered by (kernel_id, step); `participants` maps kernel ids."""
-    participants = participants or {}
-    rows = [trajectory_row(s, participants.get(s.kernel_id)) for s in steps]
+def trajectory_rows(steps: Iterable, participants: Mapping[str, str | None] | None = None,
+                    trajectories: Mapping | None = None) -> list[dict]:
+    """`trajectories` rows of replayed steps, ordered by (kernel_id, step); `participants` maps kernel ids, and
+    `trajectories` (kernel id -> `Trajectory`) gives each its source and provenance."""
+    participants, trajectories = participants or {}, trajectories or {}
+
+    def row(step) -> dict:
+        known = trajectories.get(step.kernel_id)
+        return trajectory_row(step, participants.get(step.kernel_id), known.source if known else None,
+                              known.provenance if known else None)
+
+    rows = [row(s) for s in steps]
     return sorted(rows, key=lambda r: (r["kernel_id"], r["step"]))
 
 
@@ -228,6 +255,7 @@ def _common(steps: Sequence[dict], index: int, settings: TaskSettings) -> dict:
         "step": target["step"],
         "notebook": target["notebook"],
         "task": target["task"],
+        "source": target.get("source"),
         "history": _history(steps, index, settings),
         "restarted_before": bool(target["restarted_before"]),
         "variables_before": [] if before is None else [dict(v) for v in before["variables"]],
@@ -276,6 +304,7 @@ def _eligible(kernels: Mapping[str, list[dict]], task: str, settings: TaskSettin
         "damaged_code": lambda c: _code_state(kernels[c.kernel_id][c.index]) != "damaged",
         "empty_target": lambda c: c.target.strip() != "",
         "unfinished_replay": lambda c: task == "next_cell" or kernels[c.kernel_id][c.index]["status"] not in UNFINISHED_STATUSES,
+        "environment_failure": lambda c: task == "next_cell" or not kernels[c.kernel_id][c.index].get("replay_cause"),
     }
     left = candidates
     for rule, keep in checks.items():

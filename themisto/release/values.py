@@ -119,7 +119,10 @@ class _Taker:
     (the release's across every split), with every value it holds."""
 
     def __init__(self, store: Any, caps: ValueCaps) -> None:
+        from themisto.release.scrub import Scrubber
+
         self.store, self.caps, self.total = store, caps, 0
+        self.scrubber = Scrubber()  # a value holding personal data or a credential stays out
         self.checked: dict[str, str | None] = {}  # hash -> None (taken) or the reason it is not
         self.pending: list[dict] = []  # the split's values rows
 
@@ -140,6 +143,9 @@ class _Taker:
             refs = formats.refs(entry.format, lambda: data)
         except ValueFormatError as error:
             self.checked[digest] = f"refused by the format check: {error}"
+            return self.checked[digest]
+        if self.scrubber.holds(data):
+            self.checked[digest] = "holds personal data or a credential (themisto.release.scrub)"
             return self.checked[digest]
         if self.total + len(data) > caps.release_bytes:
             self.checked[digest] = f"over the release's cap on values ({caps.release_bytes:,} bytes)"

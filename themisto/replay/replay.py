@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
+from themisto.replay.missing_packages import hidden_modules, hide
 from themisto.replay.cell_limits import CELL_TIMEOUT_CEILING_S, CELL_TIMEOUT_S, LOGGED_TIME_FACTOR, cell_limit
 from themisto.ingest.trajectory import Execution, Trajectory
 from themisto.jsonrecords import from_dict
@@ -215,6 +216,8 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     limits = list(limits) if limits is not None else cell_limits(trajectory, settings)
     budgets = line_budgets(trajectory, settings)
     logged_seconds = trajectory.logged_seconds()
+    hidden = hidden_modules(trajectory.executions)
+    hidden_in: tuple[int, frozenset[str]] = (-1, frozenset())  # (kernel start, modules) the kernel hides now
     for i, execution in enumerate(trajectory.executions):
         if i < start:
             continue
@@ -222,6 +225,9 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         if restarted:
             session.restart()
             session_start = i
+        if hidden[i] != hidden_in[1] or (hidden[i] and session.kernel_starts != hidden_in[0]):
+            hide(session, hidden[i])
+            hidden_in = (session.kernel_starts, hidden[i])
         if before_step is not None:
             before_step(trajectory, i, session)
         cleaned = clean_for_replay(execution.code)
@@ -310,15 +316,27 @@ def kernel_limits(settings: ReplaySettings):
                   output_bytes=settings.output_bytes, cores=settings.cores)
 
 
+def kernel_session(trajectory: Trajectory, workspace: str | Path | None, settings: ReplaySettings):
+    """A (not yet started) sandboxed kernel session for `trajectory`: over a copy of its own subfolder of `workspace`
+    where it names one (`Trajectory.workspace`), started in its `start_dir`, in its kernel environment."""
+    from themisto.runtime.kernel import KernelSession
+    from themisto.runtime.sandbox import environment_python
+
+    folder = workspace
+    if workspace is not None and trajectory.workspace:
+        folder = Path(workspace) / trajectory.workspace
+    environment = (trajectory.provenance or {}).get("environment")
+    return KernelSession(folder, kernel_limits(settings), python=environment_python(environment),
+                         start_dir=trajectory.start_dir)
+
+
 def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
                       settings: ReplaySettings = ReplaySettings(), *,
                       before_step: BeforeStep | None = None,
                       values: ValueFolder | None = None) -> Iterator[Step]:
     """Replay `trajectory` in its own fresh sandboxed kernel over a copy of `workspace` (values stored in
     `values` when given and the settings ask for them)."""
-    from themisto.runtime.kernel import KernelSession
-
-    with KernelSession(workspace, kernel_limits(settings)) as session:
+    with kernel_session(trajectory, workspace, settings) as session:
         yield from replay(trajectory, session, settings, before_step=before_step,
                           values=values if settings.values else None)
 
@@ -334,8 +352,8 @@ def replay_in_turn(trajectories: list[Trajectory], workspace: str | Path | None,
 
     from themisto.runtime.kernel import KernelSession
 
-    def started() -> KernelSession:
-        session = KernelSession(workspace, kernel_limits(settings))
+    def started(trajectory: Trajectory) -> KernelSession:
+        session = kernel_session(trajectory, workspace, settings)
         session.start()  # closes what it began when it fails
         return session
 
@@ -350,10 +368,10 @@ def replay_in_turn(trajectories: list[Trajectory], workspace: str | Path | None,
     current: KernelSession | None = None
     try:
         for index, trajectory in enumerate(trajectories):
-            future, ahead = ahead or pool.submit(started), None
+            future, ahead = ahead or pool.submit(started, trajectory), None
             current = future.result()  # a start that failed raises here, at its own trajectory
             if index + 1 < len(trajectories):
-                ahead = pool.submit(started)
+                ahead = pool.submit(started, trajectories[index + 1])
             yield trajectory, steps(trajectory, current)
             current.close()  # already closed when its steps were consumed
     finally:

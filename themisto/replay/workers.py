@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from themisto.ingest.trajectory import Trajectory
-from themisto.replay.replay import ReplaySettings, Step, kernel_limits, replay
+from themisto.replay.replay import ReplaySettings, Step, kernel_session, replay
 from themisto.replay.steps_file import Runner, local_runner, longest_first, with_progress
 from themisto.replay.values import ValueFolder
 from themisto.settings import usable_cores
@@ -52,7 +52,7 @@ def _in_threads(pending: list[Trajectory], workspace: str | Path | None, setting
     def one(trajectory: Trajectory) -> list[Step]:
         if stop.is_set():
             raise _Stopped
-        with KernelSession(workspace, kernel_limits(settings)) as session:
+        with kernel_session(trajectory, workspace, settings) as session:
             sessions[trajectory.id] = session
             try:
                 steps = []

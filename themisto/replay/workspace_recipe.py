@@ -57,8 +57,42 @@ def workspace_from_recipe(recipe: dict, workspace: str | Path | None, dest: Path
     if recipe.get("empty"):
         dest.mkdir(parents=True, exist_ok=True)
         return dest
+    if "composed" in recipe:
+        raise RecipeError(f"{what}: its trajectories replayed each in its own source's files (a composed workspace: "
+                          "sessions from public repositories); rebuilding their states for execution is not supported "
+                          "yet: score it without execution")
     if "given" in recipe:
         raise RecipeError(f"{what}: it was replayed over a given workspace ({recipe['given']!r}); pass that folder "
                           "as the workspace to rebuild the states")
     raise RecipeError(f"{what}: it does not record the workspace it was replayed over (a steps file made before "
                       "steps files recorded it, or a build without source.workspace); pass the workspace folder")
+
+
+def compose(dest: Path, folders: dict[str, Path | None], look_alike_recipe: dict | None) -> dict:
+    """Lay out at `dest` (a folder that does not exist yet) a workspace for trajectories of several sources: each
+    `folders` entry (a trajectory's `workspace` subfolder -> the source folder of its files, None: none kept) as a
+    link to that folder, which a kernel session copies; and the look-alike inputs under `june/` when
+    `look_alike_recipe` names them. Returns the recipe: {"composed": {"june": recipe or None, "folders": {subfolder:
+    files_sha256}}} (the hashes let a later stage check the folders it is handed again)."""
+    from themisto.resume import folder_fingerprint
+
+    dest.mkdir(parents=True)
+    hashes: dict[str, str | None] = {}
+    for sub, source in sorted(folders.items()):
+        target = dest / sub
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source is None or not Path(source).is_dir():
+            target.mkdir()
+            hashes[sub] = None
+        else:
+            target.symlink_to(Path(source).resolve(), target_is_directory=True)
+            hashes[sub] = (folder_fingerprint(source) or {}).get("files_sha256")
+    if look_alike_recipe is not None:
+        from themisto.ingest.workspace import TASKS, write_workspace
+
+        write_workspace(dest / JUNE_FOLDER, look_alike_recipe.get("tasks") or TASKS,
+                        seed=int(look_alike_recipe["look_alike_seed"]), size=look_alike_recipe.get("size", "small"))
+    return {"composed": {"june": look_alike_recipe, "folders": hashes}}
+
+
+JUNE_FOLDER = "june"  # the look-alike inputs' folder in a composed workspace

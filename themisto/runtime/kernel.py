@@ -60,8 +60,9 @@ class AsyncKernelSession:
     """One sandboxed kernel; the coroutine twin of `KernelSession` (use one or the other, from one event loop)."""
 
     def __init__(self, workspace: str | Path | None = None, limits: Limits = Limits(), *,
-                 extra_env: dict | None = None):
+                 extra_env: dict | None = None, python: str | None = None, start_dir: str | None = None):
         self.workspace = None if workspace is None else Path(workspace).resolve()
+        self.python, self.start_dir = python, start_dir  # None: the default kernel environment; the copy's top
         if self.workspace is not None and not self.workspace.is_dir():
             raise FileNotFoundError(f"workspace folder not found: {self.workspace}")
         self.limits = limits
@@ -135,7 +136,8 @@ class AsyncKernelSession:
         if self._process.started:
             return
         try:
-            self._layout = lay_out(self.workspace, self.limits, self.extra_env, self._resources)
+            self._layout = lay_out(self.workspace, self.limits, self.extra_env, self._resources,
+                                   python=self.python, start_dir=self.start_dir)
             await self._start_kernel()
         except BaseException:
             await self.close()
@@ -293,8 +295,9 @@ class KernelSession:
     """A sandboxed kernel with a blocking API; use it as a context manager so the kernel always shuts down."""
 
     def __init__(self, workspace: str | Path | None = None, limits: Limits = Limits(), *,
-                 extra_env: dict | None = None):
-        self._session = AsyncKernelSession(workspace, limits, extra_env=extra_env)
+                 extra_env: dict | None = None, python: str | None = None, start_dir: str | None = None):
+        self._session = AsyncKernelSession(workspace, limits, extra_env=extra_env, python=python,
+                                           start_dir=start_dir)
         self.limits = limits
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

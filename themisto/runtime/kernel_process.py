@@ -180,7 +180,7 @@ class KernelProcess:
         if layout.uid is not None:
             os.chown(connection_file, layout.uid, layout.gid)
         self._km = km
-        await km.start_kernel(env=kernel_env(layout), cwd=str(paths.work), stdin=subprocess.DEVNULL,
+        await km.start_kernel(env=kernel_env(layout), cwd=str(layout.start), stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         process = self.popen()
         if process is not None:

@@ -45,6 +45,12 @@ class KernelLayout:
     gid: int | None = None
     cpus: list[int] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    start_dir: str | None = None  # the folder inside the workspace copy the kernel starts in (None: its top)
+
+    @property
+    def start(self) -> Path:
+        """The kernel's working directory: its copy of the workspace, or the `start_dir` inside it."""
+        return self.paths.cwd
 
     @property
     def values_dir(self) -> Path:
@@ -52,13 +58,29 @@ class KernelLayout:
         return self.paths.root / VALUES_FOLDER
 
 
-def lay_out(workspace: Path | None, limits: Limits, extra_env: dict, resources: KernelResources) -> KernelLayout:
-    """Plan the sandbox and make the session's folders (registered in `resources`, which release them)."""
-    python = kernel_python()
+def lay_out(workspace: Path | None, limits: Limits, extra_env: dict, resources: KernelResources, *,
+            python: str | None = None, start_dir: str | None = None) -> KernelLayout:
+    """Plan the sandbox and make the session's folders (registered in `resources`, which release them); `python`:
+    another kernel environment's interpreter than the default one; `start_dir`: a folder inside the workspace to
+    start in (made when the copy lacks it)."""
+    python = python or kernel_python()
     bwrap, uid, cpus = _plan_sandbox(limits, resources)
-    paths = _prepare_folders(workspace, python, uid, resources)
+    start_dir = _inside(start_dir)
+    if start_dir and workspace is not None:
+        (workspace / start_dir).resolve().relative_to(workspace.resolve())  # a link out of the workspace: refused
+    paths = _prepare_folders(workspace, python, uid, resources, start_dir)
     return KernelLayout(limits=limits, python=python, paths=paths, bwrap=bwrap, uid=uid, gid=uid, cpus=cpus,
-                        extra_env={str(k): str(v) for k, v in extra_env.items()})
+                        extra_env={str(k): str(v) for k, v in extra_env.items()}, start_dir=start_dir)
+
+
+def _inside(start_dir: str | None) -> str | None:
+    """`start_dir` as a relative path that stays inside the workspace; ValueError for one that leaves it."""
+    if not start_dir or start_dir in (".", "./"):
+        return None
+    relative = Path(start_dir)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise ValueError(f"start folder {start_dir!r}: expected a relative path inside the workspace")
+    return relative.as_posix()
 
 
 def _plan_sandbox(limits: Limits, resources: KernelResources) -> tuple[str | None, int | None, list[int] | None]:
@@ -86,14 +108,17 @@ def _plan_sandbox(limits: Limits, resources: KernelResources) -> tuple[str | Non
 
 
 def _prepare_folders(workspace: Path | None, python: str, uid: int | None,
-                     resources: KernelResources) -> kernel_launcher.SandboxPaths:
+                     resources: KernelResources, start_dir: str | None = None) -> kernel_launcher.SandboxPaths:
     root = Path(tempfile.mkdtemp(prefix=KERNEL_FOLDER_PREFIX, dir=settings().tmp_dir))
     resources.root = root
-    paths = kernel_launcher.SandboxPaths(root=root, work=root / "work", home=root / "home", run=root / "run")
+    paths = kernel_launcher.SandboxPaths(root=root, work=root / "work", home=root / "home", run=root / "run",
+                                         start=root / "work" / start_dir if start_dir else None)
     if workspace is not None:
         shutil.copytree(workspace, paths.work, symlinks=True)
     else:
         paths.work.mkdir()
+    if start_dir:
+        (paths.work / start_dir).mkdir(parents=True, exist_ok=True)
     paths.run.mkdir()
     (root / VALUES_FOLDER).mkdir()  # where the kernel writes the values a snapshot stores (themisto.replay.values)
     # The kernel imports the agent and the launcher from here: a folder holding the themisto package alone. The
@@ -226,7 +251,7 @@ def _minimal_view_argv(layout: KernelLayout) -> list[str]:
         bound.append(path)
     argv += ["--bind", str(layout.paths.root), str(layout.paths.root)]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--chdir",
-             str(layout.paths.work)]
+             str(layout.start)]
     if not layout.limits.network:
         argv.append("--unshare-net")
     return argv + ["--"]

@@ -54,12 +54,18 @@ ORDERED_SWITCHES = 500
 
 @dataclass(frozen=True)
 class SandboxPaths:
-    """The folders of one session: `root` holds `work` (the kernel's cwd), `home` and `run` (connection file)."""
+    """The folders of one session: `root` holds `work` (the workspace copy), `home` and `run` (connection file);
+    `start` is the kernel's cwd (`work`, or a folder inside it)."""
 
     root: Path
     work: Path
     home: Path
     run: Path
+    start: Path | None = None
+
+    @property
+    def cwd(self) -> Path:
+        return self.start or self.work
 
 
 def _needs_mask(path: Path) -> bool:
@@ -134,7 +140,7 @@ def bwrap_argv(bwrap: str, paths: SandboxPaths, *, isolate_fs: bool, network: bo
         argv += ["--bind", str(paths.root), str(paths.root)]
     else:
         argv += ["--bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--chdir", str(paths.work)]
+    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--chdir", str(paths.cwd)]
     if not network:
         argv.append("--unshare-net")
     return argv + ["--"]

