@@ -24,7 +24,9 @@ from _common import REPO, arguments, report  # noqa: E402
 
 CORPUS = Path(os.environ.get("THEMISTO_IPYTHON_DIR", REPO.parent / "shared" / "data" / "ipython"))
 # The independent finder: broader than personal.py's patterns on purpose, so what it counts may be code.
-_HOME = re.compile(r"(?:/home/|/Users/|\\Users\\+)(?!<user>)[A-Za-z]", re.IGNORECASE)
+# `/home/` and `/Users/` as Linux and macOS spell them (a share's `//host/Home/Desktop`, a JDK's `Contents/Home/jre`
+# are folders, not users); Windows's `\Users\` in any case.
+_HOME = re.compile(r"(?:/home/|/Users/|\\(?i:users)\\+)(?!<user>)[A-Za-z]")
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}")
 _IPV4 = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.]*\d)")
 

@@ -120,14 +120,14 @@ def _check_file(path: Path, bounds: DatabaseBounds) -> None:
     encrypted database: SQLCipher encrypts the header too), before SQLite opens it."""
     try:
         info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse(path, "not a regular file")
+        if info.st_size > bounds.file_bytes:
+            raise _refuse(path, f"{info.st_size:,} bytes, more than {bounds.file_bytes:,}", "file_bytes")
+        with open(path, "rb") as fh:
+            header = fh.read(len(_SQLITE_HEADER))
     except OSError as exc:
         raise _refuse(path, f"cannot be read ({exc.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise _refuse(path, "not a regular file")
-    if info.st_size > bounds.file_bytes:
-        raise _refuse(path, f"{info.st_size:,} bytes, more than {bounds.file_bytes:,}", "file_bytes")
-    with open(path, "rb") as fh:
-        header = fh.read(len(_SQLITE_HEADER))
     if header != _SQLITE_HEADER:
         raise _refuse(path, "not an SQLite database (no SQLite header: another format, or encrypted)")
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -258,7 +259,9 @@ def _ast_starts(lines: list[str]) -> list[int] | None:
         match = _IPYTHON_LINE.match(line)
         blanked.append(match.group(1) + "pass" if match else line)
     try:
-        tree = ast.parse("\n".join(blanked))
+        with warnings.catch_warnings():  # a stranger's `"\d"` is no concern of the reader's
+            warnings.simplefilter("ignore")
+            tree = ast.parse("\n".join(blanked))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     starts, previous_end = [0], None
