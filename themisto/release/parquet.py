@@ -20,6 +20,7 @@ from themisto.release.eval_yaml import write_eval_yaml
 from themisto.release.folder import (CARD_FILE, TRAJECTORIES, BuildReport, ReleaseError, content_hash, parquet_name,
                                      schema_module, sha256_file, shipped)
 from themisto.release.tasks import TaskSettings, build_tasks
+from themisto.release.text_track import PromptRenderer, prompt_rows
 from themisto.release.values import VALUES, ValueCaps, release_values, values_note
 from themisto.resume import folder_written_whole
 
@@ -107,9 +108,11 @@ def _write_values(rows: list[dict], features, path: Path) -> int:
 def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings = TaskSettings(), *,
                   source: dict | None = None, extra_settings: dict | None = None, overwrite: bool = False,
                   allow_missing_files: bool = False, fidelity: dict | None = None, values: Path | None = None,
-                  value_caps: ValueCaps = ValueCaps()) -> BuildReport:
+                  value_caps: ValueCaps = ValueCaps(), prompts: PromptRenderer | None = None) -> BuildReport:
     """Build tasks from `trajectories` rows and write the release folder `out` whole, or nothing on error; with
-    `values` (a replay's values folder, themisto.replay.values), the `values` config too."""
+    `values` (a replay's values folder, themisto.replay.values), the `values` config too; with `prompts` (the
+    renderer, `themisto.generation.prompts.text_track_renderer`), the text track's `<task>_prompts` configs and the
+    eval.yaml that declares them for the Hub."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ReleaseError(f"{out}: exists and is not an empty folder (pass overwrite to replace it)")
@@ -133,13 +136,19 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         stored = release_values(taskset.rows[TRAJECTORIES], values, value_caps)
         taskset.rows[VALUES] = {split: stored.rows.get(split, []) for split in taskset.rows[TRAJECTORIES]}
         notes.append(values_note(stored))
+    if prompts is not None:
+        text_rows, text_notes = prompt_rows(taskset.rows, prompts)
+        taskset.rows.update(text_rows)
+        notes += text_notes
     schema = schema_module()
     with folder_written_whole(out) as tmp:
         files: dict[str, str] = {}
         num_bytes: dict[str, dict[str, int]] = {}
         for config in [c for c in (*schema.CONFIGS, *schema.OPTIONAL_CONFIGS) if c in taskset.rows]:
             for split in schema.SPLITS:
-                split_rows = taskset.rows[config][split]
+                split_rows = taskset.rows[config].get(split)
+                if split_rows is None:  # a config of one split only (the text track's: `test`)
+                    continue
                 if not split_rows:
                     notes.append(f"{config}: the `{split}` split is empty and is not written "
                                  f"(datasets cannot load an empty Parquet split)")
@@ -153,6 +162,8 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         all_settings = {**asdict(settings), **(extra_settings or {}), **_library_versions()}
         if stored is not None:
             all_settings["value_caps"] = asdict(value_caps)
+        if prompts is not None:
+            all_settings["text_track"] = prompts.record()
         report = BuildReport(
             sizes=taskset.sizes(), files=files, content_sha256=content_hash(files), settings=all_settings,
             source=source or {}, tasks={name: asdict(r) for name, r in taskset.reports.items()}, notes=notes,
@@ -160,7 +171,9 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         card = render_card(CARD_TEMPLATE.read_text(encoding="utf-8"), report, num_bytes, tmp)
         (tmp / CARD_FILE).write_text(card, encoding="utf-8")
         report.write_to(tmp)
-        write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")])
+        if prompts is not None:
+            write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")],
+                            prompts.system)
     return report
 
 
