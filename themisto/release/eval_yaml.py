@@ -43,7 +43,8 @@ DESCRIPTION = (
     "context mode with a fixed prompt (none: no runtime information; variables; full; trace), its prompt stored as "
     "text in the <task>_prompts config, scored by Inspect's built-in text scorers (inspect eval hf/<this dataset>). "
     "Execution in the exact pre-cell state, intervals over trajectories and the probe mode are measured only by the "
-    "full tasks: pip install the themisto package, then inspect eval themisto/<task id> -T release=<this dataset>.")
+    "full tasks: install the themisto package with its inspect extra, then inspect eval themisto/<task id> "
+    "-T release=<this dataset>.")
 
 # The first fenced block of a reply (an unclosed one runs to the end), read as the prompts ask for the answer and as
 # `themisto.generation.prompts.extract_answer` reads it: blank lines at its edges dropped, indentation kept.
