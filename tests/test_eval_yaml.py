@@ -40,11 +40,18 @@ def _plant(folder, change):
     (folder / EVAL_FILE).write_text(yaml.safe_dump(data))
 
 
-def test_check_names_a_task_whose_config_the_release_lacks(release_copy):
-    def to_validation(data):
-        data["tasks"][-1]["split"] = "validation"
+def _task(data, identifier):
+    """The declared task `identifier` (found by id: a mode added to the table moves the others)."""
+    return next(task for task in data["tasks"] if task["id"] == identifier)
 
-    _plant(release_copy, to_validation)
+
+def _number(identifier):
+    """The position (from 1) eval.yaml gives the task `identifier`, as the messages count."""
+    return [f"{t}_{m}" for t in ("next_cell", "output_prediction") for m in STATIC_CONTEXT_MODES].index(identifier) + 1
+
+
+def test_check_names_a_task_whose_config_the_release_lacks(release_copy):
+    _plant(release_copy, lambda d: _task(d, "output_prediction_trace").update(split="validation"))
     assert check_release(release_copy).problems == [
         "eval.yaml: task 'output_prediction_trace' names output_prediction_prompts/validation, which the release "
         "does not have"]
@@ -78,8 +85,9 @@ def test_the_declared_tasks_are_the_registered_inspect_tasks(small_release):
     (lambda d: d["tasks"][0].update(id="next_cell_probe"), "task 1 id 'next_cell_probe' is not an Inspect task"),
     (lambda d: d["tasks"][0].update(config="next_cell"),
      r"task 1 \(next_cell_none\) reads config 'next_cell'; its prompts are in 'next_cell_prompts'"),
-    (lambda d: d["tasks"][1]["field_spec"].update(input="prompt_none"),
-     r"task 2 \(next_cell_variables\) field_spec.input is 'prompt_none'; its prompt is the column 'prompt_variables'"),
+    (lambda d: _task(d, "next_cell_variables")["field_spec"].update(input="prompt_none"),
+     rf"task {_number('next_cell_variables')} \(next_cell_variables\) field_spec.input is 'prompt_none'; its prompt "
+     r"is the column 'prompt_variables'"),
 ])
 def test_a_file_off_the_schema_is_refused(release_copy, change, message):
     _plant(release_copy, change)
@@ -103,10 +111,11 @@ def test_themisto_check_applies_inspects_own_hftask_model_to_the_sample_release(
 
 @pytest.mark.parametrize("change,expected", [
     # Inspect's loader knows its built-in scorers only: Themisto's own cannot run on the Hub.
-    (lambda d: d["tasks"][2]["scorers"].append({"name": "themisto"}),
-     "eval.yaml: task 3 (next_cell_full): scorers.2.name: Input should be 'includes', 'match', 'pattern', 'answer', "
-     "'exact', 'f1', 'model_graded_qa', 'model_graded_fact', 'choice' or 'math'"),
-    (lambda d: d["tasks"][4].pop("field_spec"), "eval.yaml: task 5 (output_prediction_none): field_spec: Field required"),
+    (lambda d: _task(d, "next_cell_full")["scorers"].append({"name": "themisto"}),
+     f"eval.yaml: task {_number('next_cell_full')} (next_cell_full): scorers.2.name: Input should be 'includes', "
+     "'match', 'pattern', 'answer', 'exact', 'f1', 'model_graded_qa', 'model_graded_fact', 'choice' or 'math'"),
+    (lambda d: _task(d, "output_prediction_none").pop("field_spec"),
+     f"eval.yaml: task {_number('output_prediction_none')} (output_prediction_none): field_spec: Field required"),
     (lambda d: d["tasks"][0].update(context="none"),
      "eval.yaml: task 1 (next_cell_none): context: Extra inputs are not permitted"),
 ])

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from themisto.generation.prompts import SYSTEM, TEXT_TRACK_CHARS, text_track_prompt
+from themisto.modes import STATIC_CONTEXT_MODES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,6 +120,21 @@ def test_a_smaller_budget_cuts_the_history_oldest_first(small_release):
     assert row["history"][-1]["code"] in cut and "# Cell 1\n" in whole and "# Cell 1\n" not in cut
     smallest, fits = text_track_prompt(row, "next_cell", "none", budget_chars=10)
     assert not fits and "# Cell" not in smallest  # over the budget even with no history: its smallest prompt
+
+
+def test_the_build_writes_the_test_split_and_notes_prompts_over_the_budget(small_release):
+    import datasets
+
+    from themisto.generation.prompts import text_track_renderer
+    from themisto.release.text_track import prompt_rows
+
+    rows = list(datasets.load_dataset(str(small_release), "next_cell", split="test"))[:3]
+    out, notes = prompt_rows({"next_cell": {"test": rows, "train": rows[:2]}}, text_track_renderer(budget_chars=10))
+    assert list(out) == ["next_cell_prompts"] and list(out["next_cell_prompts"]) == ["test"]  # a Hub run reads test
+    assert [line["id"] for line in out["next_cell_prompts"]["test"]] == [row["id"] for row in rows]
+    assert notes == [f"next_cell_prompts: {3 * len(STATIC_CONTEXT_MODES)} prompt(s) over the 10-character budget "
+                     "even with no history cell shown (the instruction and the cell alone exceed it); each keeps its smallest prompt (no history "
+                     "cell, no variable)"]
 
 
 def test_the_stand_in_provider_runs_a_full_task_with_no_download(small_release, tmp_path, monkeypatch):

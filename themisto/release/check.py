@@ -157,9 +157,14 @@ def _field_spec_problems(task: dict) -> list[str]:
     columns = set(schema_module().features_for(task["config"]))
     named = [(key, name) for key in ("input", "target", "metadata") if key in spec
              for name in (spec[key] if isinstance(spec[key], list) else [spec[key]])]
-    return [f"{EVAL_FILE}: task {task['id']!r} field_spec.{key} names column {name!r}, which {task['config']} does "
-            f"not have" for key, name in named
-            if not isinstance(name, str) or name not in columns and not (key == "target" and name.startswith("literal:"))]
+    problems = []
+    for key, name in named:
+        if key == "target" and isinstance(name, str) and name.startswith("literal:"):
+            continue  # a literal target names no column
+        if not isinstance(name, str) or name not in columns:
+            problems.append(f"{EVAL_FILE}: task {task['id']!r} field_spec.{key} names column {name!r}, which "
+                            f"{task['config']} does not have")
+    return problems
 
 
 def _kernel_ids(paths: list[Path]) -> set[str]:

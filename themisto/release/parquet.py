@@ -109,6 +109,16 @@ def _write_values(rows: list[dict], features, path: Path) -> int:
     return size
 
 
+def _write_split(config: str, split: str, rows: list[dict], schema, path: Path) -> int:
+    """Write one config's split: `values` a few rows at a time, the text track's prompts at TEXT_TRACK_ZSTD_LEVEL;
+    return the in-memory Arrow size."""
+    features = schema.features_for(config)
+    if config == VALUES:
+        return _write_values(rows, features, path)
+    level = TEXT_TRACK_ZSTD_LEVEL if config in schema.PROMPTS_CONFIGS else None
+    return _write_parquet(rows, features, path, f"{config}/{split}", level)
+
+
 def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings = TaskSettings(), *,
                   source: dict | None = None, extra_settings: dict | None = None, overwrite: bool = False,
                   allow_missing_files: bool = False, fidelity: dict | None = None, values: Path | None = None,
@@ -158,10 +168,7 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
                                  f"(datasets cannot load an empty Parquet split)")
                     continue
                 rel = parquet_name(config, split)
-                write = _write_values if config == VALUES else \
-                    lambda r, f, p: _write_parquet(r, f, p, f"{config}/{split}", TEXT_TRACK_ZSTD_LEVEL
-                                                   if config in schema.PROMPTS_CONFIGS else None)
-                size = write(split_rows, schema.features_for(config), tmp / rel)
+                size = _write_split(config, split, split_rows, schema, tmp / rel)
                 num_bytes.setdefault(config, {})[split] = size
                 files[rel] = sha256_file(tmp / rel)
         all_settings = {**asdict(settings), **(extra_settings or {}), **_library_versions()}

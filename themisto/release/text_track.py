@@ -58,9 +58,9 @@ def prompt_rows(task_rows: dict[str, dict[str, list[dict]]],
                     over += not fits
                 config[split].append(line)
         if over:
-            notes.append(f"{schema.prompts_config(task)}: {over} prompt(s) over the {renderer.budget_chars:,}-character "
-                         f"budget even with no history cell shown (the instruction and the cell alone exceed it); "
-                         f"each keeps its smallest prompt (no history cell, no variable)")
+            notes.append(f"{schema.prompts_config(task)}: {over} prompt(s) over the {renderer.budget_chars:,}-"
+                         f"character budget even with no history cell shown (the instruction and the cell alone "
+                         f"exceed it); each keeps its smallest prompt (no history cell, no variable)")
     return out, notes
 
 
