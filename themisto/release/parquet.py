@@ -28,8 +28,8 @@ SAMPLE_DIR = shipped("data/sample")
 ROW_GROUP_ROWS = 1000
 VALUES_ROW_GROUP_ROWS = 64  # a values row holds a whole file: small row groups keep a reader's memory small
 PARQUET_COMPRESSION = "zstd"
-# The text track's prompts repeat the history of the rows before them: zstd at level 9 keeps 21 % less of them than
-# pyarrow's default level (docs/measurements.md, the text track's size), for a few seconds more at build time.
+# The text track's prompts repeat the history of the rows before them: zstd at level 9 keeps 21-37 % less of them
+# than pyarrow's default level (docs/measurements.md, the text track's size), for a few seconds more at build time.
 TEXT_TRACK_ZSTD_LEVEL = 9
 # Replay raised FileNotFoundError for this path: the workspace lacks an input the developer had.
 _MISSING_PATH = re.compile(r"No such file or directory: '([^']*)'")
