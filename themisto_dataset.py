@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import datasets
 
+from themisto.modes import STATIC_CONTEXT_MODES
 from themisto.vocabulary import SPLITS, TASKS  # SPLITS: read by the release as themisto_dataset.SPLITS
 
+
+def prompts_config(task: str) -> str:
+    """The config of a task's text track: its rows' fixed prompts, one column per mode (`prompt_column`)."""
+    return f"{task}_prompts"
+
+
+def prompt_column(mode: str) -> str:
+    """The column of a `<task>_prompts` config that holds the prompt of one context mode with a fixed prompt."""
+    return f"prompt_{mode}"
+
+
 # Each task is a config; `trajectories` holds every replayed step they were drawn from. A release whose replay stored
-# the variables' values has `values` too (OPTIONAL_CONFIGS: written only where there is something to write).
+# the variables' values has `values` too, and one built with the prompt renderer a `<task>_prompts` config per task
+# (OPTIONAL_CONFIGS: written only where there is something to write).
 CONFIGS: tuple[str, ...] = ("trajectories", *TASKS)
-OPTIONAL_CONFIGS: tuple[str, ...] = ("values",)
+PROMPTS_CONFIGS: tuple[str, ...] = tuple(prompts_config(task) for task in TASKS)
+OPTIONAL_CONFIGS: tuple[str, ...] = ("values", *PROMPTS_CONFIGS)
 DEFAULT_CONFIG = TASKS[0]
 
 _STR = datasets.Value("string")
@@ -160,11 +174,23 @@ OUTPUT_PREDICTION = datasets.Features({
     "sample_band": _STR,  # shortest | middle | longest (the paper's sample of 200), or "all"
 })
 
+# The text track (themisto.release.text_track): per task row, the user message of each context mode whose prompt is
+# fixed before the model runs (every mode but probe: `themisto.modes.STATIC_CONTEXT_MODES`), rendered by the one
+# renderer under a budget in characters; the system message is eval.yaml's. Inspect's Hub loader reads these columns.
+PROMPTS = datasets.Features({
+    "id": _STR,  # the task row's id
+    "kernel_id": _STR,
+    "step": _INT32,
+    "target": _STR,  # the task row's target
+    **{prompt_column(mode): _STR for mode in STATIC_CONTEXT_MODES},
+})
+
 FEATURES: dict[str, datasets.Features] = {
     "trajectories": TRAJECTORIES,
     "next_cell": NEXT_CELL,
     "output_prediction": OUTPUT_PREDICTION,
     "values": VALUES,
+    **{config: PROMPTS for config in PROMPTS_CONFIGS},
 }
 
 CONFIG_DESCRIPTIONS: dict[str, str] = {
@@ -172,6 +198,8 @@ CONFIG_DESCRIPTIONS: dict[str, str] = {
     "next_cell": "predict the code of the next executed cell from the history and the runtime state",
     "output_prediction": "predict the output text of a given cell from the history and the runtime state",
     "values": "the variables' values after each step, in safe formats, by content hash (trajectories' `hash`)",
+    **{prompts_config(task): f"the text track of `{task}`: each row's prompt per context mode with a fixed prompt, "
+                             "as plain text, and its target" for task in TASKS},
 }
 
 

@@ -44,15 +44,18 @@ def june_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def small_release(tmp_path_factory) -> Path:
-    """A release built once per session from replayed-step records (tests/test_tasks.py), every step in `test`."""
+    """A release built once per session from replayed-step records (tests/test_tasks.py), every step in `test`, with
+    the text track and its eval.yaml as `themisto build` writes them."""
     from test_tasks import make_steps, rows_of
 
+    from themisto.generation.prompts import text_track_renderer
     from themisto.release.parquet import build_release
     from themisto.release.tasks import TaskSettings
 
     trajectories = [make_steps(f"kernel-{i}", 24 + 5 * i, task=f"task{1 + i % 2}", restarts=(10,)) for i in range(3)]
     out = tmp_path_factory.mktemp("small-release") / "release"
-    build_release(rows_of(*trajectories), out, TaskSettings(seed=3, test_fraction=1.0), source={"kind": "test-rows"})
+    build_release(rows_of(*trajectories), out, TaskSettings(seed=3, test_fraction=1.0), source={"kind": "test-rows"},
+                  prompts=text_track_renderer())
     return out
 
 

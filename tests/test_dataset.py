@@ -15,6 +15,7 @@ from huggingface_hub import DatasetCard
 from test_tasks import make_steps, rows_of
 
 from themisto.cli import main
+from themisto.generation.prompts import text_track_renderer
 from themisto.release.card import CARD_TEMPLATE
 from themisto.release.check import check_release
 from themisto.release.folder import BUILD_FILE, ReleaseError, parquet_name, schema_module, split_card
@@ -34,13 +35,14 @@ def sample_rows() -> list[dict]:
 @pytest.fixture(scope="module")
 def release(tmp_path_factory) -> tuple[Path, object]:
     out = tmp_path_factory.mktemp("rel") / "themisto-release"
-    report = build_release(sample_rows(), out, TaskSettings(seed=1), source={"kind": "test-rows"})
+    report = build_release(sample_rows(), out, TaskSettings(seed=1), source={"kind": "test-rows"},
+                           prompts=text_track_renderer())
     return out, report
 
 
 def test_every_config_loads_offline_with_the_declared_features(release):
     out, report = release
-    for config in themisto_dataset.CONFIGS:
+    for config in (*themisto_dataset.CONFIGS, *themisto_dataset.PROMPTS_CONFIGS):
         loaded = datasets.load_dataset(str(out), config)
         assert set(loaded) == {s for s, n in report.sizes[config].items() if n}
         for split, ds in loaded.items():
@@ -103,7 +105,7 @@ def test_the_rendered_card_parses_as_a_dataset_card(release):
     from datasets.utils.metadata import MetadataConfigs
 
     configs = MetadataConfigs.from_dataset_card_data(card.data)
-    assert set(configs) == set(themisto_dataset.CONFIGS)
+    assert set(configs) == {*themisto_dataset.CONFIGS, *themisto_dataset.PROMPTS_CONFIGS}
     infos = DatasetInfosDict.from_dataset_card_data(card.data)
     for config, splits in report.sizes.items():
         assert {s: i.num_examples for s, i in infos[config].splits.items()} == {s: n for s, n in splits.items() if n}

@@ -38,7 +38,8 @@ def test_a_release_opens_with_its_build_and_its_ids(small_release):
     ids = info.ids("next_cell")
     assert len(ids) == len(set(ids)) == build["sizes"]["next_cell"]["test"]
     assert [row["id"] for row in info.rows("next_cell", columns=["id"])] == list(ids)
-    with pytest.raises(ReleaseError, match=r"has no no_such_task test split \(it has: next_cell, output_prediction,"):
+    with pytest.raises(ReleaseError, match=r"has no no_such_task test split \(it has: next_cell, next_cell_prompts, "
+                                           r"output_prediction,"):
         info.rows("no_such_task")
 
 

@@ -255,6 +255,7 @@ def add_replay(subparsers: argparse._SubParsersAction) -> None:
 
 def build_command(args: argparse.Namespace) -> int:
     """Replay the inputs (default: the shipped sample) and write a release folder: Parquet per config, card."""
+    from themisto.generation.prompts import text_track_renderer
     from themisto.release.parquet import BuildInputs, build_release, release_rows, replay_values
     from themisto.release.values import ValueCaps
     from themisto.release.tasks import TaskSettings
@@ -278,7 +279,8 @@ def build_command(args: argparse.Namespace) -> int:
                            overwrite=args.overwrite, allow_missing_files=args.allow_missing_files, fidelity=fidelity,
                            values=replay_values(inputs, steps_default),
                            value_caps=ValueCaps(value_bytes=int(args.max_value_mb * 2**20),
-                                                release_bytes=int(args.max_values_mb * 2**20)))
+                                                release_bytes=int(args.max_values_mb * 2**20)),
+                           prompts=text_track_renderer())
     if args.json:
         print(json.dumps({"output": str(args.output), **report.to_dict()}, ensure_ascii=False, sort_keys=True))
     else:
@@ -337,6 +339,7 @@ def check_command(args: argparse.Namespace) -> int:
     from themisto.release.check import check_release
 
     report = check_release(args.folder)
+    inspect_checked = _inspect_schema(report)
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False, sort_keys=True))
     else:
@@ -344,8 +347,22 @@ def check_command(args: argparse.Namespace) -> int:
             print(f"problem: {problem}")
         for config, splits in report.sizes.items():
             print(f"{config}: " + ", ".join(f"{split} {n}" for split, n in splits.items()))
+        print(f"eval.yaml: {inspect_checked}")
         print(f"{args.folder}: " + ("ok" if report.ok else f"{len(report.problems)} problem(s)"))
     return 0 if report.ok else 1
+
+
+def _inspect_schema(report) -> str:
+    """Add what Inspect's Hub loader would refuse in the release's eval.yaml to `report` (where inspect_ai is
+    installed); says which rules were applied."""
+    import importlib.util
+
+    if importlib.util.find_spec("inspect_ai") is None:
+        return "the Hub's schema only (inspect_ai is not installed: Inspect's HFTask not applied)"
+    from themisto.harness.hub_schema import hub_schema_problems, inspect_version
+
+    report.problems += hub_schema_problems(report.folder)
+    return f"the Hub's schema and Inspect's HFTask (inspect_ai {inspect_version()})"
 
 
 def add_check(subparsers: argparse._SubParsersAction) -> None:

@@ -287,6 +287,36 @@ def render_prompt(row: dict, task: str, context: str | ContextModeSpec, *,
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The text track: the fixed prompts a release carries as plain text
+
+# The budget of the text track's prompts, in characters of the whole prompt (system and user message), so that no
+# model's tokenizer is needed: about 6,000 tokens of code or English at the usual 3-4 characters per token, so the
+# prompt and a reply fit an 8k-token context.
+TEXT_TRACK_CHARS = 24_000
+
+
+def text_track_prompt(row: dict, task: str, context: str | ContextModeSpec,
+                      budget_chars: int = TEXT_TRACK_CHARS) -> tuple[str, bool]:
+    """One row's user message in a mode with a fixed prompt, cut by the budget's rule to `budget_chars` characters
+    (`len` is the counter), and whether it fits; a prompt that does not fit even with no history cell is its
+    smallest rendering (no history cell, no variable)."""
+    prompt = render_prompt(row, task, context, count_tokens=len, max_prompt_tokens=budget_chars)
+    [user] = [m["content"] for m in prompt.messages if m["role"] == "user"]  # the system message is eval.yaml's
+    return user, prompt.skipped_reason is None
+
+
+def text_track_renderer(budget_chars: int = TEXT_TRACK_CHARS):
+    """The renderer a release build writes its `<task>_prompts` configs with (`themisto.release.text_track`)."""
+    from themisto.modes import STATIC_CONTEXT_MODES
+    from themisto.release.text_track import PromptRenderer
+
+    return PromptRenderer(
+        system=SYSTEM, budget_chars=budget_chars,
+        render=lambda row, task, mode: text_track_prompt(row, task, mode, budget_chars),
+        templates={f"{task}/{mode}": template_sha256(task, mode) for task in TASKS for mode in STATIC_CONTEXT_MODES})
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Answers
 
 _THINK = re.compile(r"<think>.*?(</think>|\Z)", re.S)

@@ -8,8 +8,10 @@ id), `context` (none / variables / full / trace / probe), `split`, `limit` (rows
 `themisto generate --limit`), `max_prompt_tokens`, `execute` (next_cell: run each prediction in its exact pre-cell
 state; needs HF_ALLOW_CODE_EVAL=1), `workspace` (a release replayed over a given input folder), and for the probe
 mode `execute_probes` (the same opt-in as `themisto generate --execute-probes`), `probes`, `probe_chars`,
-`probe_timeout`. Beside them, one task per (task, context mode), e.g. `themisto/next_cell_variables`: the tasks a
-release's eval.yaml declares for the Hub (`themisto.release.eval_yaml.task_id`).
+`probe_timeout`. Beside them, one task per (task, context mode), e.g. `themisto/next_cell_variables`, named as the
+release's eval.yaml names the text-track task of the same task and mode (`themisto.release.eval_yaml.task_id`),
+which Inspect's Hub loader runs with built-in scorers. Importing this module also registers the stand-in model
+provider `themisto-standin` (`themisto.harness.standin`), for trying the tasks with no model and no network.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from inspect_ai import Task, task
 
+from themisto.harness import standin  # noqa: F401 - registers the stand-in model provider (`themisto-standin`)
 from themisto.harness.samples import HarnessSettings, task_samples
 from themisto.release.eval_yaml import task_id
 from themisto.vocabulary import CONTEXT_MODES, TASKS
@@ -142,11 +145,11 @@ def _mode_task(config: str, context: str):
         return _make(config, release, context, **params)
 
     mode_task.__name__ = mode_task.__qualname__ = name
-    mode_task.__doc__ = f"{config} in context mode {context} (the task the release's eval.yaml declares as {name})."
+    mode_task.__doc__ = f"{config} in context mode {context} (the full task of the text-track task {name})."
     return task(name=name)(mode_task)
 
 
-# One registered task per (task, context mode): the ids a release's eval.yaml declares for the Hub.
+# One registered task per (task, context mode), named as eval.yaml names the text-track task of each static mode.
 for _config in TASKS:
     for _context in CONTEXT_MODES:
         globals()[task_id(_config, _context)] = _mode_task(_config, _context)

@@ -55,7 +55,8 @@ def _split_table(report: BuildReport) -> str:
     if not split.get("groups"):
         return "- (this build recorded no split by group)"
     tasks = sorted({t for g in split["groups"] for t in g["tasks"]})
-    configs = [c for c in report.sizes if c != "trajectories"]
+    # The configs whose rows the split counted per group (`values` and the text track's configs it does not).
+    configs = [c for c in report.sizes if c != "trajectories" and any(c in g["rows"] for g in split["groups"])]
     lines = [f"Unit: **{split['unit']}**; `test` holds {split['test_groups']['all']} group(s) ("
              + ", ".join(f"{t}: {split['test_groups'].get(t, 0)}" for t in tasks)
              + f"), `train` {split['train_groups']}.", "",

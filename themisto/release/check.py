@@ -132,15 +132,39 @@ def _check_file(folder: Path, path: Path, expected, recorded: dict[str, str], pr
 
 
 def _eval_yaml_problems(folder: Path, sizes: dict[str, dict[str, int]]) -> list[str]:
-    """eval.yaml (when present) follows the Hub's schema and declares only configs with a `test` split."""
+    """eval.yaml (when present) follows the Hub's schema, declares only configs with a `test` split, and its field
+    specs name columns those configs have. Inspect's own schema is checked at the command line
+    (`themisto.harness.hub_schema`: only the harness imports inspect_ai)."""
     if not (folder / EVAL_FILE).is_file():
-        return []  # releases built before eval.yaml existed
+        return []  # releases built before eval.yaml existed, or without the text track
     try:
         tasks = read_eval_yaml(folder)["tasks"]
     except EvalYamlError as exc:
         return [str(exc)]
-    return [f"{EVAL_FILE}: task {t['id']!r} names {t['config']}/{t['split']}, which the release does not have"
-            for t in tasks if not sizes.get(t["config"], {}).get(t["split"])]
+    problems = []
+    for task in tasks:
+        if not sizes.get(task["config"], {}).get(task["split"]):
+            problems.append(f"{EVAL_FILE}: task {task['id']!r} names {task['config']}/{task['split']}, which the "
+                            f"release does not have")
+            continue
+        problems += _field_spec_problems(task)
+    return problems
+
+
+def _field_spec_problems(task: dict) -> list[str]:
+    """The columns a task's field_spec names (input, target unless `literal:`, metadata) that its config lacks."""
+    spec = task.get("field_spec") if isinstance(task.get("field_spec"), dict) else {}
+    columns = set(schema_module().features_for(task["config"]))
+    named = [(key, name) for key in ("input", "target", "metadata") if key in spec
+             for name in (spec[key] if isinstance(spec[key], list) else [spec[key]])]
+    problems = []
+    for key, name in named:
+        if key == "target" and isinstance(name, str) and name.startswith("literal:"):
+            continue  # a literal target names no column
+        if not isinstance(name, str) or name not in columns:
+            problems.append(f"{EVAL_FILE}: task {task['id']!r} field_spec.{key} names column {name!r}, which "
+                            f"{task['config']} does not have")
+    return problems
 
 
 def _kernel_ids(paths: list[Path]) -> set[str]:

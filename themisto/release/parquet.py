@@ -21,13 +21,18 @@ from themisto.release.folder import (CARD_FILE, TRAJECTORIES, BuildReport, Relea
                                      schema_module, sha256_file, shipped)
 from themisto.release.tasks import TaskSettings, build_tasks
 from themisto.release.sources import per_source
+from themisto.release.text_track import PromptRenderer, prompt_rows
 from themisto.release.values import VALUES, ValueCaps, release_values, values_note
 from themisto.resume import folder_written_whole
+from themisto.vocabulary import TASKS
 
 SAMPLE_DIR = shipped("data/sample")
 ROW_GROUP_ROWS = 1000
 VALUES_ROW_GROUP_ROWS = 64  # a values row holds a whole file: small row groups keep a reader's memory small
 PARQUET_COMPRESSION = "zstd"
+# The text track's prompts repeat the history of the rows before them: zstd at level 9 keeps 21-37 % less of them
+# than pyarrow's default level (docs/measurements.md, the text track's size), for a few seconds more at build time.
+TEXT_TRACK_ZSTD_LEVEL = 9
 # Replay raised FileNotFoundError for this path: the workspace lacks an input the developer had.
 _MISSING_PATH = re.compile(r"No such file or directory: '([^']*)'")
 
@@ -68,8 +73,9 @@ def missing_input_files(rows: Iterable[dict]) -> list[MissingFile]:
 # Build
 
 
-def _write_parquet(rows: list[dict], features, path: Path, what: str) -> int:
-    """Write rows with the declared schema; return the in-memory Arrow size. Keys must match the Features."""
+def _write_parquet(rows: list[dict], features, path: Path, what: str, level: int | None = None) -> int:
+    """Write rows with the declared schema (zstd at `level`, None: pyarrow's default); return the in-memory Arrow
+    size. Keys must match the Features."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -86,7 +92,7 @@ def _write_parquet(rows: list[dict], features, path: Path, what: str) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     # No timestamps go into Parquet; the writer's version string does, so byte identity holds per pyarrow version.
     pq.write_table(table, path, row_group_size=ROW_GROUP_ROWS, compression=PARQUET_COMPRESSION,
-                   write_statistics=True)
+                   compression_level=level, write_statistics=True)
     return int(table.nbytes)
 
 
@@ -105,12 +111,24 @@ def _write_values(rows: list[dict], features, path: Path) -> int:
     return size
 
 
+def _write_split(config: str, split: str, rows: list[dict], schema, path: Path) -> int:
+    """Write one config's split: `values` a few rows at a time, the text track's prompts at TEXT_TRACK_ZSTD_LEVEL;
+    return the in-memory Arrow size."""
+    features = schema.features_for(config)
+    if config == VALUES:
+        return _write_values(rows, features, path)
+    level = TEXT_TRACK_ZSTD_LEVEL if config in schema.PROMPTS_CONFIGS else None
+    return _write_parquet(rows, features, path, f"{config}/{split}", level)
+
+
 def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings = TaskSettings(), *,
                   source: dict | None = None, extra_settings: dict | None = None, overwrite: bool = False,
                   allow_missing_files: bool = False, fidelity: dict | None = None, values: Path | None = None,
-                  value_caps: ValueCaps = ValueCaps()) -> BuildReport:
+                  value_caps: ValueCaps = ValueCaps(), prompts: PromptRenderer | None = None) -> BuildReport:
     """Build tasks from `trajectories` rows and write the release folder `out` whole, or nothing on error; with
-    `values` (a replay's values folder, themisto.replay.values), the `values` config too."""
+    `values` (a replay's values folder, themisto.replay.values), the `values` config too; with `prompts` (the
+    renderer, `themisto.generation.prompts.text_track_renderer`), the text track's `<task>_prompts` configs and the
+    eval.yaml that declares them for the Hub."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ReleaseError(f"{out}: exists and is not an empty folder (pass overwrite to replace it)")
@@ -134,38 +152,44 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
         stored = release_values(taskset.rows[TRAJECTORIES], values, value_caps)
         taskset.rows[VALUES] = {split: stored.rows.get(split, []) for split in taskset.rows[TRAJECTORIES]}
         notes.append(values_note(stored))
+    if prompts is not None:
+        text_rows, text_notes = prompt_rows(taskset.rows, prompts)
+        taskset.rows.update(text_rows)
+        notes += text_notes
+    sources = per_source([row for rows in taskset.rows[TRAJECTORIES].values() for row in rows], taskset.split_of,
+                         {task: taskset.rows[task] for task in TASKS}, (source or {}).get("corpora", ()))
     schema = schema_module()
     with folder_written_whole(out) as tmp:
         files: dict[str, str] = {}
         num_bytes: dict[str, dict[str, int]] = {}
         for config in [c for c in (*schema.CONFIGS, *schema.OPTIONAL_CONFIGS) if c in taskset.rows]:
             for split in schema.SPLITS:
-                split_rows = taskset.rows[config][split]
+                split_rows = taskset.rows[config].get(split)
+                if split_rows is None:  # a config of one split only (the text track's: `test`)
+                    continue
                 if not split_rows:
                     notes.append(f"{config}: the `{split}` split is empty and is not written "
                                  f"(datasets cannot load an empty Parquet split)")
                     continue
                 rel = parquet_name(config, split)
-                write = _write_values if config == VALUES else \
-                    lambda r, f, p: _write_parquet(r, f, p, f"{config}/{split}")
-                size = write(split_rows, schema.features_for(config), tmp / rel)
+                size = _write_split(config, split, split_rows, schema, tmp / rel)
                 num_bytes.setdefault(config, {})[split] = size
                 files[rel] = sha256_file(tmp / rel)
         all_settings = {**asdict(settings), **(extra_settings or {}), **_library_versions()}
         if stored is not None:
             all_settings["value_caps"] = asdict(value_caps)
+        if prompts is not None:
+            all_settings["text_track"] = prompts.record()
         report = BuildReport(
             sizes=taskset.sizes(), files=files, content_sha256=content_hash(files), settings=all_settings,
             source=source or {}, tasks={name: asdict(r) for name, r in taskset.reports.items()}, notes=notes,
-            split=taskset.split.to_dict(), fidelity=fidelity or {},
-            sources=per_source(taskset.rows[TRAJECTORIES].get("train", []) + taskset.rows[TRAJECTORIES].get(
-                "test", []), taskset.split_of, {t: r for t, r in taskset.rows.items() if t not in (TRAJECTORIES,
-                                                                                               VALUES)},
-                (source or {}).get("corpora", ())))
+            split=taskset.split.to_dict(), fidelity=fidelity or {}, sources=sources)
         card = render_card(CARD_TEMPLATE.read_text(encoding="utf-8"), report, num_bytes, tmp)
         (tmp / CARD_FILE).write_text(card, encoding="utf-8")
         report.write_to(tmp)
-        write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")])
+        if prompts is not None:
+            write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")],
+                            prompts.system)
     return report
 
 
