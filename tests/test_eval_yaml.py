@@ -16,7 +16,7 @@ def test_the_build_declares_each_task_with_a_loadable_config_and_split(small_rel
     assert list(data) == ["name", "description", "evaluation_framework", "tasks"]
     assert data["evaluation_framework"] == "inspect-ai"
     assert declared_task_ids(small_release) == [f"{task}_{mode}" for task in ("next_cell", "output_prediction")
-                                                for mode in ("none", "variables", "full", "trace", "probe")]
+                                                for mode in ("none", "variables", "full", "trace", "delta", "probe")]
     for task in data["tasks"]:
         rows = datasets.load_dataset(str(small_release), task["config"], split=task["split"])
         assert len(rows) > 0 and "target" in rows.column_names
