@@ -88,6 +88,8 @@ def test_a_scalar_change_and_a_deletion(rows):
     assert cells["items = [3, 1, 2]"]["changes"] == ["+ items: list; len 3 = [3, 1, 2]"]
     assert cells[NOTEBOOK_CELLS[5]]["label"] == "Changed: nothing"
     assert "items" not in {v["name"] for v in row["variables_before"]}
+    restarted = render_prompt(dict(row, restarted_before=True), "next_cell", "delta").messages[1]["content"]
+    assert "\n\n(the kernel was restarted before the next cell: none of the variables above is left)\n\n" in restarted
 
 
 def test_an_error_cell_names_its_error_and_leaves_its_traceback_out(rows, steps):

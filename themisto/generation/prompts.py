@@ -67,8 +67,7 @@ def _template_text(task: str, mode: ContextModeSpec) -> str:
     runtime = f"{mode.intro}\n{{runtime}}\n\n" if mode.runtime_section else ""
     target = _TARGET_CELL + "\n\n" if task == "output_prediction" else ""
     user = _USER.format(history_intro=_history_intro(mode), history="{history}" + _cell_layout(mode), runtime=runtime,
-                        target=target,
-                        instruction=_instruction(task, mode, "{probe_rule}"))
+                        target=target, instruction=_instruction(task, mode, "{probe_rule}"))
     protocol = f"[probe]\n{protocol_text()}\n" if mode.is_probe else ""
     protocol += f"[delta]\n{DELTA_RULE}\n" if mode.per_cell_delta else ""
     return f"[system]\n{SYSTEM}\n[user]\n{user}\n{protocol}[budget]\n{budget_rule(mode.needs_snapshot)}\n"
@@ -164,7 +163,7 @@ def _render_cell(cell: dict, number: int, full: bool, between: str | None = None
     output; `short_errors`: the header names the error it raised, and its output stops at the error's message."""
     whole = cell.get("output") or ""
     output = without_traceback(cell) if short_errors else whole
-    if cell.get("output_truncated") and output == whole:  # (a traceback left out held what the cap cut)
+    if cell.get("output_truncated") and output == whole:  # else the cap cut only the traceback left out
         output += "\n... (output truncated)"
     shown = f"Output:\n```\n{output}\n```" if output.strip() else "Output: (none)"
     left = "" if between is None else f"{between}\n"

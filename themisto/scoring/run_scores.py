@@ -263,7 +263,7 @@ def prompt_kept(run: RunFolder) -> list[dict]:
     for context in run.contexts:
         first = [run.generations[(i, context, 0)] for i in run.ids]
         sent = [g.kept for g in first if g.status != "skipped" and g.kept is not None]
-        tokens = [g.tokens_in for g in first if g.status != "skipped" and g.tokens_in is not None]
+        tokens = [g.tokens_in for g in first if g.status != "skipped" and g.tokens_in]  # a baseline's: 0 or null
         recorded = any(g.kept is not None for g in first)
         out.append({
             "context": context, "prompts": len(first), "skipped": sum(g.status == "skipped" for g in first),
