@@ -29,7 +29,8 @@ DESCRIPTION = (
     "Themisto measures how well code models use runtime information from Jupyter notebooks: real development "
     "trajectories replayed in sandboxed kernels. next_cell asks for the code of the cell the developer ran next; "
     "output_prediction asks for the output of a given cell. Each task is declared once per context mode: none (no "
-    "runtime information), variables, full, trace, and probe (the model may query the live kernel state). Run "
+    "runtime information), variables, full, trace, delta (what each cell changed), and probe (the model may query "
+    "the live kernel state). Run "
     "with Inspect: inspect eval themisto/<task id> -T release=<this dataset> --model <provider/model>.")
 
 
