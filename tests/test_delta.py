@@ -92,6 +92,22 @@ def test_a_scalar_change_and_a_deletion(rows):
     assert "\n\n(the kernel was restarted before the next cell: none of the variables above is left)\n\n" in restarted
 
 
+def test_a_missing_snapshot_and_a_restart_say_what_the_list_is_compared_with(rows):
+    """The sample has neither in these steps: the notebook's row with one cell's snapshot taken out, then a restart."""
+    row = rows[("deletes", 6)]
+    history = [dict(cell) for cell in row["history"]]
+    history[2]["state_after"] = None
+    lost = _cells(render_prompt(dict(row, history=history), "next_cell", "delta"))
+    assert lost[2]["label"] == "Changed: (not recorded: the release has no snapshot of this step)"
+    assert lost[3]["label"] == "Changed (no snapshot of the state before it: every name it left is listed):"
+    assert lost[3]["changes"] == ["+ ratio: float = 2.0", "+ total: int = 6"]  # the deletion is not seen
+    history[2] = dict(row["history"][2])
+    history[4]["restarted_before"] = True
+    restarted = _cells(render_prompt(dict(row, history=history), "next_cell", "delta"))[4]
+    assert restarted["label"] == "Changed (the kernel was restarted before it: every name is new):"
+    assert restarted["changes"] == ["+ ratio: float = 2.0", "+ total: int = 7"]
+
+
 def test_an_error_cell_names_its_error_and_leaves_its_traceback_out(rows, steps):
     row = rows[(SAMPLE_KERNEL, 15)]
     text = render_prompt(row, "next_cell", "delta").messages[1]["content"]
