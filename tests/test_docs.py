@@ -108,6 +108,13 @@ def test_every_themisto_command_shown_parses(argv, parser):
         assert callable(args.run)
 
 
+def test_a_longer_fence_holds_blocks_of_a_shorter_one(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("````text\n```python\nx = 1\n```\n````\n\n```python\ny = 2\n```\n")
+    assert [body for _, body in fenced_blocks(page, "text")] == ["```python\nx = 1\n```\n"]
+    assert [body for _, body in fenced_blocks(page, "python")] == ["y = 2\n"]
+
+
 def test_the_commands_are_found_in_blocks():
     block = ("GGUF=x.gguf\nHF_ALLOW_CODE_EVAL=1 .venv/bin/themisto score RUN/ --execute  # a comment's words\n"
              "themisto generate --release R \\\n    --task next_cell -o OUT && echo done\n"

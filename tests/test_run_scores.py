@@ -114,7 +114,8 @@ def test_results_give_what_the_prompts_kept_per_context(next_cell_run):
     folder, rows, skipped, results = next_cell_run
     by_context = {k["context"]: k for k in results["kept"]}
     assert by_context["none"] == {"context": "none", "prompts": len(rows), "skipped": 0, "history_shown": 1.0,
-                                  "variables_shown": None, "reprs_cut": 0.0, "recorded": True}
+                                  "variables_shown": None, "reprs_cut": 0.0, "prompt_tokens": None,
+                                  "recorded": True}  # a baseline backend counts no tokens
     sent = [r for r in rows if r["id"] != skipped[0]]
     variables = by_context["variables"]
     assert variables["prompts"] == len(rows) and variables["skipped"] == 1 and variables["reprs_cut"] == 1.0

@@ -8,10 +8,11 @@ Standard library only: importing it loads nothing and does no work beyond buildi
 
 >>> context_mode("full").needs_times, context_mode("none").needs_snapshot
 (True, False)
->>> context_mode("verbose")
-Traceback (most recent call last):
-...
-themisto.modes.ContextModeError: unknown context mode 'verbose' (expected one of none, variables, full, trace, probe)
+>>> try:
+...     context_mode("verbose")
+... except ContextModeError as refused:
+...     print(type(refused).__name__, refused)
+ContextModeError unknown context mode 'verbose' (expected one of none, variables, full, trace, delta, probe)
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ class ContextModeSpec:
     needs_times: bool = False
     runtime_section: bool = False  # a section of its own after the history, opened by `intro`
     per_cell_state: bool = False  # each history cell followed by the state it left (the release joins those states)
+    per_cell_delta: bool = False  # each history cell followed by what it changed (joined as per_cell_state's states)
     is_probe: bool = False  # the model may run probes in branches of the live pre-cell state (the execution opt-in)
     is_baseline: bool = False  # the control of every paired effect: exactly one mode
     is_default: bool = False  # run when no --context is given
-    base: str | None = None  # the mode whose prompt this one extends; the control of its second paired effect
+    base: str | None = None  # the mode whose prompt this one extends
+    compared_with: tuple[str, ...] = ()  # the controls of its paired effects besides the baseline's
     intro: str = ""  # the first line of the runtime section
 
     @property
@@ -43,6 +46,12 @@ class ContextModeSpec:
         """Whether the prompt is a picture of the state fixed before the model runs (no code runs to make it), so
         that `themisto sft-export` can write it: a probe conversation exists only once a model has had it."""
         return not self.is_probe
+
+    @property
+    def per_cell(self) -> bool:
+        """Whether each history cell is followed by a state of its own, which the release joins from the snapshot
+        after each step (`trace`'s JSON lines, `delta`'s change lists)."""
+        return self.per_cell_state or self.per_cell_delta
 
 
 class ContextModeError(InputError):
@@ -56,16 +65,19 @@ _FULL_INTRO = ("Runtime state before the next cell: memory in use, and the user'
 
 # In the order tables show them. `none`: the cells and their outputs (the paper's baseline). `variables`: plus the
 # snapshot before the target. `full`: plus memory, execution times, errors and restarts. `trace`: each history cell
-# followed by the variables it changed, as JSON (themisto.generation.trace); asked for by name. `probe`: the
-# `variables` prompt plus the right to run probes (themisto.generation.probe_protocol); it needs the execution opt-in.
+# followed by the variables it changed, as JSON (themisto.generation.trace); asked for by name. `delta`: each history
+# cell followed by what it changed (names added, removed, changed; old -> new), compared with `none` and with
+# `variables` (themisto.generation.delta); asked for by name. `probe`: the `variables` prompt plus the right to run
+# probes (themisto.generation.probe_protocol); it needs the execution opt-in.
 CONTEXT_MODE_TABLE: tuple[ContextModeSpec, ...] = (
     ContextModeSpec("none", is_baseline=True, is_default=True),
     ContextModeSpec("variables", needs_snapshot=True, runtime_section=True, is_default=True, intro=_VARIABLES_INTRO),
     ContextModeSpec("full", needs_snapshot=True, needs_times=True, runtime_section=True, is_default=True,
                     intro=_FULL_INTRO),
     ContextModeSpec("trace", needs_snapshot=True, per_cell_state=True),
+    ContextModeSpec("delta", needs_snapshot=True, per_cell_delta=True, compared_with=("variables",)),
     ContextModeSpec("probe", needs_snapshot=True, runtime_section=True, is_probe=True, base="variables",
-                    intro=_VARIABLES_INTRO),
+                    compared_with=("variables",), intro=_VARIABLES_INTRO),
 )
 _BY_NAME: dict[str, ContextModeSpec] = {mode.name: mode for mode in CONTEXT_MODE_TABLE}
 

@@ -103,6 +103,7 @@ def generate_command(args: argparse.Namespace) -> int:
     """Generate predictions for every example of a split (test unless told) × context mode × sample into a
     resumable run folder."""
     from themisto.generation.backends import Sampling
+    from themisto.generation.delta import DeltaSettings
     from themisto.generation.probe_protocol import ProbeSettings
     from themisto.generation.runs import RunSettings, generate_run
 
@@ -113,7 +114,7 @@ def generate_command(args: argparse.Namespace) -> int:
     settings = RunSettings(task=args.task, contexts=tuple(args.context), backend=args.backend, model=args.model,
                            sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
                            batch_size=args.batch_size, backend_options=_backend_options(args), split=args.split,
-                           probe=probe)
+                           probe=probe, delta=DeltaSettings(cells=args.delta_cells))
     try:
         with _generation_backend(args, settings) as backend:
             report = generate_run(args.release, args.output, settings, backend=backend, progress=not args.json,
@@ -134,12 +135,33 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_mode_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the context modes that take settings: the probe mode's and the delta mode's."""
+    from themisto.generation.probe_protocol import ProbeSettings
+
+    parser.add_argument("--execute-probes", action="store_true",
+                        help=f"the `{PROBE_CONTEXT}` mode runs the model's probes (model-written code) in branches of "
+                             "the live pre-cell state: it needs this and HF_ALLOW_CODE_EVAL=1")
+    parser.add_argument("--probes", type=int, default=default_of(ProbeSettings, "max_probes"), metavar="N",
+                        help="probe mode: probes per answer (default %(default)s)")
+    parser.add_argument("--probe-chars", type=int, default=default_of(ProbeSettings, "output_chars"), metavar="C",
+                        help="probe mode: characters of each probe's output shown (default %(default)s)")
+    parser.add_argument("--probe-timeout", type=float, default=default_of(ProbeSettings, "timeout_s"), metavar="S",
+                        help="probe mode: seconds each probe may run (default %(default)g)")
+    parser.add_argument("--probe-protocol", choices=PROBE_PROTOCOLS, default=default_of(ProbeSettings, "protocol"),
+                        help="probe mode: a fenced ```probe block (text, default) or the backend's tool calls")
+    parser.add_argument("--delta-cells", type=int, metavar="N", help="delta mode: only the last N history cells and "
+                        "what each changed (default: as many as the prompt budget allows)")
+    parser.add_argument("--workspace", type=Path, metavar="DIR",
+                        help="probe mode: the input files the release was replayed over (default: made again from "
+                             "the build's record)")
+
+
 def add_generate(subparsers: argparse._SubParsersAction) -> None:
     from themisto.generation.backends import BACKENDS, Sampling
     from themisto.generation.backends.hf import DTYPES, TransformersBackend
     from themisto.generation.backends.openai_api import OpenAIBackend
     from themisto.generation.backends.vllm_offline import VLLMBackend
-    from themisto.generation.probe_protocol import ProbeSettings
     from themisto.generation.runs import RunSettings
 
     parser = subparsers.add_parser("generate", help="run a model (or a baseline) on a release's task, resumable")
@@ -183,20 +205,7 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
                         help="openai: seconds per request (default %(default)g)")
     parser.add_argument("--tensor-parallel-size", type=int, default=default_of(VLLMBackend, "tensor_parallel_size"),
                         help="vllm: GPUs per model (default %(default)s)")
-    parser.add_argument("--execute-probes", action="store_true",
-                        help=f"the `{PROBE_CONTEXT}` mode runs the model's probes (model-written code) in branches of "
-                             "the live pre-cell state: it needs this and HF_ALLOW_CODE_EVAL=1")
-    parser.add_argument("--probes", type=int, default=default_of(ProbeSettings, "max_probes"), metavar="N",
-                        help="probe mode: probes per answer (default %(default)s)")
-    parser.add_argument("--probe-chars", type=int, default=default_of(ProbeSettings, "output_chars"), metavar="C",
-                        help="probe mode: characters of each probe's output shown (default %(default)s)")
-    parser.add_argument("--probe-timeout", type=float, default=default_of(ProbeSettings, "timeout_s"), metavar="S",
-                        help="probe mode: seconds each probe may run (default %(default)g)")
-    parser.add_argument("--probe-protocol", choices=PROBE_PROTOCOLS, default=default_of(ProbeSettings, "protocol"),
-                        help="probe mode: a fenced ```probe block (text, default) or the backend's tool calls")
-    parser.add_argument("--workspace", type=Path, metavar="DIR",
-                        help="probe mode: the input files the release was replayed over (default: made again from "
-                             "the build's record)")
+    _add_mode_options(parser)
     parser.add_argument("-o", "--output", required=True, type=Path, metavar="RUN", help="run folder")
     parser.add_argument("--json", action="store_true", help="no progress bar; print a summary JSON object")
     parser.add_argument("--ray-actors", type=int, help="with --ray: engines, one per actor (default: one per GPU "

@@ -2,8 +2,9 @@
 
 `none` shows the cells and their outputs (the paper's baseline), `variables` adds the snapshot before the target
 (names, types, shapes, bounded reprs, the most relevant variables first), `full` adds memory, execution times,
-errors and restarts; `trace` follows each history cell with the variables it changed as JSON (`trace`); `probe` is
-the `variables` prompt plus the rule that lets the model probe the live state (`themisto.generation.probe_protocol`).
+errors and restarts; `trace` follows each history cell with the variables it changed as JSON (`trace`); `delta`
+follows it with what it changed, old -> new (`delta`); `probe` is the `variables` prompt plus the rule that lets the
+model probe the live state (`themisto.generation.probe_protocol`).
 What each mode shows is a property of its `themisto.modes.ContextModeSpec`, never a test of its name. Every template
 lives in `PROMPT_TEMPLATES`, the budget's rule (`themisto.generation.budget`) written into its text; a run records
 each template's text and sha256.
@@ -18,6 +19,8 @@ from typing import Callable
 
 from themisto.errors import InputError
 from themisto.generation.budget import WHOLE_FIELDS, Cut, Fields, Kept, budget_rule, fit
+from themisto.generation.delta import (CHANGED_LABEL, DELTA_INTRO, DELTA_RULE, DeltaSettings, change_blocks,
+                                       without_traceback)
 from themisto.generation.probe_protocol import ProbeSettings, probe_rule, protocol_text
 from themisto.generation.trace import TRACE_INTRO, state_lines, trace_names
 from themisto.generation.variable_ranking import rank_variables
@@ -45,7 +48,16 @@ def _instruction(task: str, mode: ContextModeSpec, probe: str) -> str:
 
 
 def _history_intro(mode: ContextModeSpec) -> str:
+    if mode.per_cell_delta:
+        return f"{_HISTORY_INTRO}\n{DELTA_INTRO}"
     return f"{_HISTORY_INTRO}\n{TRACE_INTRO}" if mode.per_cell_state else _HISTORY_INTRO
+
+
+def _cell_layout(mode: ContextModeSpec) -> str:
+    """What follows each history cell's code in the template's words (a per-cell mode's state or changes)."""
+    if mode.per_cell_delta:
+        return f" (each cell: code, {CHANGED_LABEL} {{changes}}, output)"
+    return f" (each cell: code, {_STATE_LABEL} {{state}}, output)" if mode.per_cell_state else ""
 
 
 def _template_text(task: str, mode: ContextModeSpec) -> str:
@@ -54,10 +66,10 @@ def _template_text(task: str, mode: ContextModeSpec) -> str:
     cut)."""
     runtime = f"{mode.intro}\n{{runtime}}\n\n" if mode.runtime_section else ""
     target = _TARGET_CELL + "\n\n" if task == "output_prediction" else ""
-    history = f"{{history}} (each cell: code, {_STATE_LABEL} {{state}}, output)" if mode.per_cell_state else "{history}"
-    user = _USER.format(history_intro=_history_intro(mode), history=history, runtime=runtime, target=target,
-                        instruction=_instruction(task, mode, "{probe_rule}"))
+    user = _USER.format(history_intro=_history_intro(mode), history="{history}" + _cell_layout(mode), runtime=runtime,
+                        target=target, instruction=_instruction(task, mode, "{probe_rule}"))
     protocol = f"[probe]\n{protocol_text()}\n" if mode.is_probe else ""
+    protocol += f"[delta]\n{DELTA_RULE}\n" if mode.per_cell_delta else ""
     return f"[system]\n{SYSTEM}\n[user]\n{user}\n{protocol}[budget]\n{budget_rule(mode.needs_snapshot)}\n"
 
 
@@ -129,7 +141,8 @@ def _human_bytes(n: int | None) -> str:
 _DAMAGED = "the log lost part of this cell's code: what is shown is not all that ran"
 
 
-def _cell_header(cell: dict, number: int, full: bool) -> str:
+def _cell_header(cell: dict, number: int, full: bool, short_errors: bool = False) -> str:
+    """A history cell's header: with `full` its status, time and restart; with `short_errors` the error it raised."""
     header = f"# Cell {number}"
     facts = []
     if full:
@@ -138,20 +151,23 @@ def _cell_header(cell: dict, number: int, full: bool) -> str:
             facts.append(f"{cell['execution_time']:.3f} s")
         if cell.get("restarted_before"):
             facts.append("the kernel was restarted before it")
+    elif short_errors and cell.get("status") == "error":
+        facts.append(f"raised {cell.get('ename') or 'an error'}")
     if cell.get("code_state") == "damaged":
         facts.append(_DAMAGED)
     return f"{header} ({', '.join(facts)})" if facts else header
 
 
-def _render_cell(cell: dict, number: int, full: bool, state: str | None = None) -> str:
-    """One history cell; with `state` (the trace mode's JSON, or "" where its step has no snapshot) the state it
-    left between its code and its output."""
-    output = cell.get("output") or ""
-    if cell.get("output_truncated"):
+def _render_cell(cell: dict, number: int, full: bool, between: str | None = None, short_errors: bool = False) -> str:
+    """One history cell; `between` (a per-cell mode's state line or change list) goes between its code and its
+    output; `short_errors`: the header names the error it raised, and its output stops at the error's message."""
+    whole = cell.get("output") or ""
+    output = without_traceback(cell) if short_errors else whole
+    if cell.get("output_truncated") and output == whole:  # else the cap cut only the traceback left out
         output += "\n... (output truncated)"
     shown = f"Output:\n```\n{output}\n```" if output.strip() else "Output: (none)"
-    left = "" if state is None else f"{_STATE_LABEL} {state or '(not recorded)'}\n"
-    return f"{_cell_header(cell, number, full)}\n```python\n{cell.get('code') or ''}\n```\n{left}{shown}"
+    left = "" if between is None else f"{between}\n"
+    return f"{_cell_header(cell, number, full, short_errors)}\n```python\n{cell.get('code') or ''}\n```\n{left}{shown}"
 
 
 def _bounded(text: str, limit: int) -> str:
@@ -196,18 +212,34 @@ def _render_runtime(row: dict, mode: ContextModeSpec, variables: list[dict], cut
     return "\n".join(lines)
 
 
+def _between(row: dict, mode: ContextModeSpec, shown: list[dict], names: list, cut: Cut) -> list[str | None]:
+    """What follows each shown history cell's code: the trace mode's state line, the delta mode's change list, or
+    nothing."""
+    if mode.per_cell_delta:
+        return change_blocks(row, shown, names, cut)
+    if mode.per_cell_state:
+        return [f"{_STATE_LABEL} {state or '(not recorded)'}" for state in state_lines(row, shown, names, cut)]
+    return [None] * len(shown)
+
+
+# The delta mode's last word when the kernel restarted between the last history cell and the next.
+_RESTARTED_BEFORE_NEXT = "(the kernel was restarted before the next cell: none of the variables above is left)"
+
+
 def _render_user(row: dict, task: str, mode: ContextModeSpec, variables: list, cut: Cut, probe: ProbeSettings) -> str:
-    """The user message; `variables`: the ranked variables (the trace mode: the ranked names, `trace_names`)."""
-    full, traced = mode.needs_times, mode.per_cell_state
+    """The user message; `variables`: the ranked variables (a per-cell mode: the ranked names, `trace_names`)."""
+    full = mode.needs_times
     history = list(row.get("history") or [])
     first = len(history) - cut.history
     shown = history[first:]
-    states = state_lines(row, shown, variables, cut) if traced else [None] * len(shown)
-    cells = "\n\n".join(_render_cell(c, first + 1 + i, full, "" if traced and state is None else state)
-                         for i, (c, state) in enumerate(zip(shown, states))) or _NO_HISTORY
-    if traced and shown and cut.variables < len(variables):
+    cells = "\n\n".join(_render_cell(c, first + 1 + i, full, between, short_errors=mode.per_cell_delta)
+                         for i, (c, between) in enumerate(zip(shown, _between(row, mode, shown, variables, cut))))
+    cells = cells or _NO_HISTORY
+    if mode.per_cell_state and shown and cut.variables < len(variables):
         hidden = len(variables) - cut.variables
         cells += f"\n\n(the state lines leave out {hidden} variable{'s' if hidden > 1 else ''}, ranked lower)"
+    if mode.per_cell_delta and shown and row.get("restarted_before"):
+        cells += f"\n\n{_RESTARTED_BEFORE_NEXT}"
     runtime = ""
     if mode.runtime_section:
         runtime = f"{mode.intro}\n{_render_runtime(row, mode, variables, cut)}\n\n"
@@ -237,7 +269,7 @@ def approx_tokens(text: str) -> int:
 def _kept(row: dict, mode: ContextModeSpec, variables: list, cut: Cut) -> Kept:
     runtime = mode.needs_snapshot
     shown = variables[:cut.variables]
-    if mode.per_cell_state:  # the names shown (none without a cell to follow); reprs: the target's snapshot's
+    if mode.per_cell:  # the names shown (none without a cell to follow); reprs: the target's snapshot's
         reprs = {v["name"]: v.get("repr") or "" for v in row.get("variables_before") or []}
         shown = [{"repr": reprs.get(name, "")} for name in shown] if cut.history else []
         cut = Cut(cut.history, len(shown), cut.fields)
@@ -250,19 +282,21 @@ def _kept(row: dict, mode: ContextModeSpec, variables: list, cut: Cut) -> Kept:
 
 def render_prompt(row: dict, task: str, context: str | ContextModeSpec, *,
                   count_tokens: Callable[[str], int] | None = None, max_prompt_tokens: int | None = None,
-                  probe: ProbeSettings | None = None) -> Prompt:
+                  probe: ProbeSettings | None = None, delta: DeltaSettings | None = None) -> Prompt:
     """Render one row as chat messages in a context mode (its name or its `ContextModeSpec`); over
     `max_prompt_tokens`, cut the history and the runtime section by the budget's rule (`themisto.generation.budget`),
     counting with `count_tokens` (default: `approx_tokens`). The probe mode states the probe rule of `probe`
-    (default: `ProbeSettings()`)."""
+    (default: `ProbeSettings()`); the delta mode shows at most the last cells `delta` allows (default: all)."""
     probe = probe or ProbeSettings()
     mode = check_task_context(task, context)
     if task == "output_prediction" and "code" not in row:
         raise PromptError(f"row {row.get('id')}: an output_prediction row needs the cell's `code`")
     variables: list = rank_variables(row, task) if mode.needs_snapshot else []
-    if mode.per_cell_state:
+    if mode.per_cell:
         variables = trace_names(row, variables)
     history = len(row.get("history") or [])
+    if mode.per_cell_delta:
+        history = (delta or DeltaSettings()).history(history)
 
     def messages(cut: Cut) -> list[dict]:
         return _messages(_render_user(row, task, mode, variables, cut, probe))

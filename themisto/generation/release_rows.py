@@ -52,13 +52,16 @@ def _change_steps(steps: list[dict], wanted: set[int]) -> dict[int, dict[str, in
 def _joined(info: ReleaseInfo, rows: list[dict], split: str, times: bool, trace: bool = False) -> list[dict]:
     """Rows with what the trajectories config knows and task rows do not carry: each snapshot variable's
     `changed_step` (the variable ranking's "most recently changed"), with `times` each history cell's
-    `execution_time`, and with `trace` each history cell's `state_after` (the variables after its step: name, type,
-    hash, repr; None where the release has no snapshot of it) and the row's `state_before_history` (the state the
-    first history cell started from). A release without the trajectories config gives the rows as they are."""
+    `execution_time`, and with `trace` (a per-cell mode) each history cell's `state_after` (the variables after its
+    step: name, type, hash, repr, shape, len, dtype, columns; None where the release has no snapshot of it),
+    `ename` and `evalue`, and the row's `state_before_history` (the state the first history cell started from: empty
+    before a trajectory's first step, None where the release has no snapshot of it). A release without the
+    trajectories config gives the rows as they are."""
     if not info.has(TRAJECTORIES, split):
         return rows
     by_kernel: dict[str, list[dict]] = {}
-    columns = ["kernel_id", "step", "execution_time", "variables"] + (["state_hash"] if trace else [])
+    columns = ["kernel_id", "step", "execution_time", "variables"]
+    columns += ["state_hash", "ename", "evalue"] if trace else []
     for step in info.rows(TRAJECTORIES, split, columns=columns):
         by_kernel.setdefault(step["kernel_id"], []).append(step)
     states = {(k, r["step"]): r for k, steps in by_kernel.items() for r in steps} if trace else {}
@@ -81,19 +84,28 @@ def _joined(info: ReleaseInfo, rows: list[dict], split: str, times: bool, trace:
     return out
 
 
+# What a per-cell mode shows of each variable of a step's snapshot (trace: name, hash, repr; delta: all of them).
+_STATE_FIELDS: tuple[str, ...] = ("name", "type", "hash", "repr", "shape", "len", "dtype", "columns")
+
+
 def _state(step: dict | None) -> list[dict] | None:
     if step is None or step.get("state_hash") is None:
         return None
-    return [{"name": v["name"], "type": v.get("type"), "hash": v.get("hash"), "repr": v.get("repr")}
-            for v in step.get("variables") or []]
+    return [{key: v.get(key) for key in _STATE_FIELDS} for v in step.get("variables") or []]
 
 
 def _with_states(row: dict, states: dict[tuple[str, int], dict]) -> dict:
     history = row.get("history") or []
     kernel = row["kernel_id"]
-    before = _state(states.get((kernel, history[0]["step"] - 1))) if history else None
-    return {**row, "state_before_history": before or [],
-            "history": [{**cell, "state_after": _state(states.get((kernel, cell["step"])))} for cell in history]}
+    before: list[dict] | None = []  # before a trajectory's first step: nothing yet
+    if history and history[0]["step"] > 0:
+        before = _state(states.get((kernel, history[0]["step"] - 1)))
+    cells = []
+    for cell in history:
+        step = states.get((kernel, cell["step"])) or {}
+        cells.append({**cell, "state_after": _state(step or None), "ename": step.get("ename"),
+                      "evalue": step.get("evalue")})
+    return {**row, "state_before_history": before, "history": cells}
 
 
 def load_task_rows(info: ReleaseInfo, task: str, contexts: Iterable[str | ContextModeSpec], *,
@@ -118,5 +130,5 @@ def load_task_rows(info: ReleaseInfo, task: str, contexts: Iterable[str | Contex
         ids = set(info.ids(task, part))
         joined += _joined(info, [r for r in rows if r["id"] in ids], part,
                           times=any(mode.needs_times for mode in modes),
-                          trace=any(mode.per_cell_state for mode in modes))
+                          trace=any(mode.per_cell for mode in modes))
     return joined

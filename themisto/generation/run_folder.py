@@ -39,7 +39,7 @@ SAME_SETTINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("task", ("task",)), ("contexts", ("contexts",)), ("backend", ("backend",)), ("model", ("model",)),
     ("sampling", ("sampling",)), ("limit", ("limit",)), ("max_prompt_tokens", ("max_prompt_tokens",)),
     ("split", ("split",)), ("templates", ("templates",)), ("backend_options", ("backend_options",)),
-    ("probe", ("probe",)),
+    ("probe", ("probe",)), ("delta", ("delta",)),
 )
 
 

@@ -18,6 +18,7 @@ from themisto.errors import InputError
 from themisto.gate import permit as gate_permit
 from themisto.generation.backends import BACKENDS, BackendError, Sampling, make_backend
 from themisto.generation.baselines import baselines_for, probing_baselines_for
+from themisto.generation.delta import DeltaSettings
 from themisto.generation.probe_protocol import ProbeSettings, Transcript, without_probes
 from themisto.generation.prompts import (
     PROMPT_TEMPLATES,
@@ -66,6 +67,7 @@ class RunSettings:
     backend_options: dict = field(default_factory=dict)
     split: str = BENCHMARK_SPLIT  # `themisto.vocabulary.RUN_SPLITS`; only a `test` run is a submission
     probe: ProbeSettings = field(default_factory=ProbeSettings)  # the `probe` mode's settings (recorded with it)
+    delta: DeltaSettings = field(default_factory=DeltaSettings)  # the `delta` mode's settings (recorded with it)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -152,6 +154,7 @@ def run_header(settings: RunSettings, info: ReleaseInfo, described: dict) -> dic
         "backend_options": settings.backend_options, "packages": package_versions(), "git_commit": git_commit(),
         "started": _now(), "finished": None, "tokens_in": 0, "tokens_out": 0, "generations_per_s": None,
         "backend_info": described, "probe": settings.probe.record() if settings.probing else None,
+        "delta": settings.delta.record() if any(mode.per_cell_delta for mode in settings.modes) else None,
     }
     for key in ("weights_sha256", "model_revision"):
         if key in described:
@@ -269,7 +272,7 @@ def _generate(release: str | Path, out: Path, settings: RunSettings, backend, pr
         for start in range(0, len(todo), settings.batch_size):
             chunk = todo[start:start + settings.batch_size]
             prompts = [render_prompt(row, settings.task, context, count_tokens=count if budget else None,
-                                     max_prompt_tokens=budget) for row, context in chunk]
+                                     max_prompt_tokens=budget, delta=settings.delta) for row, context in chunk]
             sent = [p for p in prompts if p.skipped_reason is None]
             results = dict(zip((id(p) for p in sent), backend.generate(sent, settings.sampling) if sent else []))
             for prompt in prompts:

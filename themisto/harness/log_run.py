@@ -108,6 +108,7 @@ def _run_json(header: dict, log: Path, digest: str) -> dict:
             "templates": themisto.get("templates"), "release": themisto.get("release"),
             "split": themisto.get("split"), "limit": themisto.get("limit"),
             "max_prompt_tokens": themisto.get("max_prompt_tokens"), "probe": themisto.get("probe"),
+            "delta": themisto.get("delta"),
             "inspect_log": {"path": str(log), "sha256": digest, "status": header.get("status"),
                             "task": _get(header, "eval", "task", kind=str)}}
 

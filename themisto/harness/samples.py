@@ -14,6 +14,7 @@ from pathlib import Path
 
 from themisto.errors import InputError
 from themisto.generation.backends.base import Sampling
+from themisto.generation.delta import DeltaSettings
 from themisto.generation.probe_protocol import ProbeSettings
 from themisto.generation.prompts import Prompt, approx_tokens, render_prompt
 from themisto.modes import context_mode
@@ -29,7 +30,8 @@ class HarnessError(InputError):
 @dataclass(frozen=True)
 class HarnessSettings:
     """One Inspect task's parameters (`-T key=value`), checked: which release, task, context mode, split and rows,
-    the prompt budget, whether predictions are executed, and the probe mode's settings (native tool calls)."""
+    the prompt budget, whether predictions are executed, the probe mode's settings (native tool calls) and the delta
+    mode's."""
 
     task: str
     release: str
@@ -40,6 +42,7 @@ class HarnessSettings:
     execute: bool = False
     execute_probes: bool = False
     probe: ProbeSettings = field(default_factory=lambda: ProbeSettings(protocol="native"))
+    delta: DeltaSettings = field(default_factory=DeltaSettings)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -85,7 +88,8 @@ def _prompt(row: dict, settings: HarnessSettings) -> Prompt:
             if budget else 0
         return render_prompt(row, settings.task, settings.context, count_tokens=approx_tokens,
                              max_prompt_tokens=budget - reserve if budget else None, probe=settings.probe)
-    return render_prompt(row, settings.task, settings.context, count_tokens=approx_tokens, max_prompt_tokens=budget)
+    return render_prompt(row, settings.task, settings.context, count_tokens=approx_tokens, max_prompt_tokens=budget,
+                         delta=settings.delta)
 
 
 def sample_of(row: dict, prompt: Prompt, settings: HarnessSettings):

@@ -4,11 +4,11 @@ entry point (pyproject.toml), so that after the install
     inspect eval themisto/next_cell -T release=out/sample -T context=variables --model PROVIDER/MODEL
 
 runs with any model provider Inspect has. Parameters (`-T key=value`): `release` (a release folder or a Hub dataset
-id), `context` (none / variables / full / trace / probe), `split`, `limit` (rows spread over the split, as
+id), `context` (none / variables / full / trace / delta / probe), `split`, `limit` (rows spread over the split, as
 `themisto generate --limit`), `max_prompt_tokens`, `execute` (next_cell: run each prediction in its exact pre-cell
 state; needs HF_ALLOW_CODE_EVAL=1), `workspace` (a release replayed over a given input folder), and for the probe
 mode `execute_probes` (the same opt-in as `themisto generate --execute-probes`), `probes`, `probe_chars`,
-`probe_timeout`. Beside them, one task per (task, context mode), e.g. `themisto/next_cell_variables`, named as the
+`probe_timeout`, and for the delta mode `delta_cells` (`themisto generate --delta-cells`). Beside them, one task per (task, context mode), e.g. `themisto/next_cell_variables`, named as the
 release's eval.yaml names the text-track task of the same task and mode (`themisto.release.eval_yaml.task_id`),
 which Inspect's Hub loader runs with built-in scorers. Importing this module also registers the stand-in model
 provider `themisto-standin` (`themisto.harness.standin`), for trying the tasks with no model and no network.
@@ -25,6 +25,7 @@ from inspect_ai import Task, task
 
 from themisto.harness import standin  # noqa: F401 - registers the stand-in model provider (`themisto-standin`)
 from themisto.harness.samples import HarnessSettings, task_samples
+from themisto.modes import context_mode
 from themisto.release.eval_yaml import task_id
 from themisto.vocabulary import CONTEXT_MODES, TASKS
 
@@ -69,7 +70,8 @@ def run_record(settings: HarnessSettings, info) -> dict:
             "release": {"path": str(info.path), "content_hash": info.content_hash},
             "templates": {settings.context: {"text": PROMPT_TEMPLATES[(settings.task, settings.context)],
                                              "sha256": template_sha256(settings.task, settings.context)}},
-            "probe": settings.probe.record() if settings.probing else None}
+            "probe": settings.probe.record() if settings.probing else None,
+            "delta": settings.delta.record() if context_mode(settings.context).per_cell_delta else None}
 
 
 def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Task:
@@ -103,7 +105,9 @@ def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Ta
 
 def _make(config: str, release: str, context: str = "none", split: str = "test", limit: int | None = None,
           max_prompt_tokens: int | None = None, execute: bool = False, workspace: str | None = None,
-          execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000, probe_timeout: float = 5.0) -> Task:
+          execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000, probe_timeout: float = 5.0,
+          delta_cells: int | None = None) -> Task:
+    from themisto.generation.delta import DeltaSettings
     from themisto.generation.probe_protocol import ProbeSettings
 
     settings = HarnessSettings(task=config, release=str(release), context=context, split=split,
@@ -111,7 +115,8 @@ def _make(config: str, release: str, context: str = "none", split: str = "test",
                                max_prompt_tokens=None if max_prompt_tokens is None else int(max_prompt_tokens),
                                execute=bool(execute), execute_probes=bool(execute_probes),
                                probe=ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars),
-                                                   timeout_s=float(probe_timeout), protocol="native"))
+                                                   timeout_s=float(probe_timeout), protocol="native"),
+                               delta=DeltaSettings(cells=None if delta_cells is None else int(delta_cells)))
     return themisto_task(settings, workspace)
 
 
@@ -119,20 +124,20 @@ def _make(config: str, release: str, context: str = "none", split: str = "test",
 def next_cell(release: str, context: str = "none", split: str = "test", limit: int | None = None,
               max_prompt_tokens: int | None = None, execute: bool = False, workspace: str | None = None,
               execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000,
-              probe_timeout: float = 5.0) -> Task:
+              probe_timeout: float = 5.0, delta_cells: int | None = None) -> Task:
     """Next-cell prediction: write the code of the cell the developer runs next."""
     return _make("next_cell", release, context, split, limit, max_prompt_tokens, execute, workspace, execute_probes,
-                 probes, probe_chars, probe_timeout)
+                 probes, probe_chars, probe_timeout, delta_cells)
 
 
 @task
 def output_prediction(release: str, context: str = "none", split: str = "test", limit: int | None = None,
                       max_prompt_tokens: int | None = None, workspace: str | None = None,
                       execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000,
-                      probe_timeout: float = 5.0) -> Task:
+                      probe_timeout: float = 5.0, delta_cells: int | None = None) -> Task:
     """Cell-output prediction: predict what a given cell prints."""
     return _make("output_prediction", release, context, split, limit, max_prompt_tokens, False, workspace,
-                 execute_probes, probes, probe_chars, probe_timeout)
+                 execute_probes, probes, probe_chars, probe_timeout, delta_cells)
 
 
 def _mode_task(config: str, context: str):

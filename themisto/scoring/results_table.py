@@ -1,7 +1,9 @@
 """The Markdown table of a run's results.json: per metric, each context and baseline with its 95 % interval, the hard
-subset beside all examples; the paired runtime effect (context − none on the same examples) over all examples and
-over those both modes generated, with each mode's unanswered examples; what the prompts kept. And its short summary
-for a terminal: the headline metric, model against the best baseline, the runtime effect, where the tables are.
+subset beside all examples; the paired runtime effect (context − none on the same examples, and against each other
+control a mode declares, such as delta − variables) over all examples and over those both modes generated, with each
+mode's unanswered examples; what the prompts kept and their mean tokens. And its short summary for a terminal: the
+headline metric, model against the best baseline with each mode's mean prompt tokens, the paired effects, where the
+tables are.
 
 >>> print(cell({"mean": 0.25, "low": 0.1, "high": 0.4, "n": 8}), cell({"diff": 0.05, "low": -0.02, "high": 0.1},
 ...       signed=True), cell({"mean": None}))
@@ -92,20 +94,27 @@ def _with_n(entry: dict | None) -> str:
 
 
 def _paired_table(results: dict) -> list[str]:
-    entries = [e for e in results["paired"] if e["versus"] == BASELINE_CONTEXT]  # the probe mode's own: _probing
-    if not entries:
-        return []
+    """One table per control: context − none first, then each other control a mode declares (delta − variables)."""
+    lines = []
+    for versus in sorted(dict.fromkeys(e["versus"] for e in results["paired"]), key=lambda v: v != BASELINE_CONTEXT):
+        lines += _paired_block([e for e in results["paired"] if e["versus"] == versus], versus)
+    return lines
+
+
+def _paired_block(entries: list[dict], versus: str) -> list[str]:
     index = {(e["context"], e["metric"], e["subset"], paired_examples(e)): e for e in entries}
-    lines = ["", f"Runtime effect, context − {BASELINE_CONTEXT} on the same examples: over every example (a skipped "
-             "or failed generation scored 0), and over the examples where both modes generated (like with like):", "",
+    title = (f"Runtime effect, context − {BASELINE_CONTEXT} on the same examples" if versus == BASELINE_CONTEXT else
+             f"Paired effect, context − {versus} on the same examples (the modes that name {versus} as a control)")
+    lines = ["", f"{title}: over every example (a skipped or failed generation scored 0), and over the examples "
+             "where both modes generated (like with like):", "",
              "| metric | context | Δ all examples, skips as 0 | Δ both generated | Δ hard, both generated "
-             f"| not generated: context / {BASELINE_CONTEXT} |", "| --- | --- | --- | --- | --- | --- |"]
+             f"| not generated: context / {versus} |", "| --- | --- | --- | --- | --- | --- |"]
     for context, metric in dict.fromkeys((e["context"], e["metric"]) for e in entries):
         both = index.get((context, metric, "all", "both_generated"))
         missing = (both or {}).get("unanswered") or {}
         lines.append(f"| {metric} | {context} | {_with_n(index.get((context, metric, 'all', 'all')))} | "
                      f"{_with_n(both)} | {_with_n(index.get((context, metric, 'hard', 'both_generated')))} | "
-                     f"{missing.get(context, '–')} / {missing.get(BASELINE_CONTEXT, '–')} |")
+                     f"{missing.get(context, '–')} / {missing.get(versus, '–')} |")
     return lines
 
 
@@ -118,14 +127,18 @@ def _kept_table(results: dict) -> list[str]:
     if not kept:
         return []
     lines = ["", "What the prompts kept of their rows' history cells and variables (mean shares over the prompts "
-             "sent):", "",
-             "| context | prompts | skipped | history cells shown | variables shown | reprs cut per prompt |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "sent), and their mean tokens as the backend counted them (– where it counts none):", "",
+             "| context | prompts | skipped | history cells shown | variables shown | reprs cut per prompt "
+             "| prompt tokens (mean) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for k in kept:
         cut = "–" if k["reprs_cut"] is None else f"{k['reprs_cut']:.1f}"
         lines.append(f"| {k['context']} | {k['prompts']} | {k['skipped']} | {_percent(k['history_shown'])} | "
-                     f"{_percent(k['variables_shown'])} | {cut} |")
+                     f"{_percent(k['variables_shown'])} | {cut} | {_tokens(k.get('prompt_tokens'))} |")
     return lines
+
+
+def _tokens(mean: float | None) -> str:
+    return "–" if mean is None else f"{mean:,.0f}"
 
 
 def _split_table(entries: list[dict]) -> list[str]:
@@ -205,8 +218,9 @@ def headline_metric(results: dict) -> str:
 
 
 def render_summary(results: dict, tables: str | PurePath = "results.md") -> str:
-    """A run's results in a few lines: each context and the best baseline on the headline metric over all examples
-    with its interval, each context's paired effect against `none`, and where the full tables (`tables`) are."""
+    """A run's results in a few lines: each context (with its mean prompt tokens, where the backend counted them) and
+    the best baseline on the headline metric over all examples with its interval, each context's paired effects
+    (against `none`, then against each other control its mode declares), and where the full tables (`tables`) are."""
     run, counts, interval = results["run"], results["counts"], results["interval"]
     metric = headline_metric(results)
     scores = _index(results["scores"], "context", "metric", "subset")
@@ -221,17 +235,20 @@ def render_summary(results: dict, tables: str | PurePath = "results.md") -> str:
              f"  {metric} over all examples, 95 % {method} over "
              f"{units(interval['clusters'], interval.get('unit', 'trajectory'))}"
              + (" (read its warning in the tables)" if interval.get("warning") else "") + ":"]
-    rows = [(f"model · {c}", cell(scores.get((c, metric, "all")))) for c in run["contexts"]]
+    tokens = {k["context"]: k.get("prompt_tokens") for k in results.get("kept") or []}
+    rows = [(f"model · {c}", cell(scores.get((c, metric, "all")))
+             + (f"  mean prompt {tokens[c]:,.0f} tokens" if tokens.get(c) is not None else ""))
+            for c in run["contexts"]]
     if best is not None:
         rows.append((f"best baseline · {best['baseline']}", cell(best)))
     width = max(len(name) for name, _ in rows)
     lines += [f"    {name.ljust(width)}  {value}" for name, value in rows]
-    paired = {(e["context"], paired_examples(e)): e for e in results["paired"]
-              if e["versus"] == BASELINE_CONTEXT and e["metric"] == metric and e["subset"] == "all"}
-    for context in run["contexts"]:
-        entry = paired.get((context, "all"))
-        if context != BASELINE_CONTEXT and entry is not None:
-            lines.append(f"    runtime effect {context} − {BASELINE_CONTEXT}: {_with_n(entry)}")
+    paired = [e for e in results["paired"] if e["metric"] == metric and e["subset"] == "all"
+              and paired_examples(e) == "all"]
+    for context in run["contexts"]:  # in the run's order, each against none first
+        own = sorted((e for e in paired if e["context"] == context), key=lambda e: e["versus"] != BASELINE_CONTEXT)
+        for entry in own:
+            lines.append(f"    runtime effect {context} − {entry['versus']}: {_with_n(entry)}")
     lines.append(f"  full tables: {tables}")
     return "\n".join(lines) + "\n"
 

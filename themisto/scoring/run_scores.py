@@ -7,7 +7,8 @@ no model-free baseline gets it right: for next_cell an exact match (whitespace-n
 functional match; for output_prediction an equivalent output (`themisto.scoring.equivalence`, which includes exact
 match). A skipped or failed generation scores 0 on every metric, so all contexts keep the same examples; the paired
 runtime effect (context − none) is given twice: over all examples (skips as 0), and over the examples where both
-modes generated every sample (like with like), each mode's unanswered examples beside it.
+modes generated every sample (like with like), each mode's unanswered examples beside it; a mode that declares
+other controls (`ContextModeSpec.compared_with`: `probe` and `delta` against `variables`) gets those effects too.
 """
 
 from __future__ import annotations
@@ -227,15 +228,14 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
 
 
 def _versus(system: str, contexts: list[str]) -> list[str]:
-    """The contexts a system's paired effect is taken against: `none` for every runtime mode, and `variables` too
-    for the probe mode (what asking adds to being shown)."""
+    """The contexts of the run a system's paired effects are taken against: `none` for every runtime mode, then the
+    controls its mode declares (`compared_with`: what asking, or showing the changes, adds to the variables)."""
     if system not in contexts:  # a model-free baseline, not a mode
         return []
     mode = context_mode(system)
     if mode.is_baseline:
         return []
-    wanted = [BASELINE_CONTEXT] + ([mode.base] if mode.base else [])  # probe: also the variables prompt it extends
-    return [c for c in wanted if c in contexts]
+    return [c for c in dict.fromkeys((BASELINE_CONTEXT, *mode.compared_with)) if c in contexts]
 
 
 def _counts(run: RunFolder, examples: dict) -> dict:
@@ -256,19 +256,21 @@ def _share(parts: list[tuple[int | None, int | None]]) -> float | None:
 
 def prompt_kept(run: RunFolder) -> list[dict]:
     """Per context, what its prompts showed the model: the mean share of history cells and of variables shown (of
-    the row's), the mean count of reprs the budget cut, over the prompts sent; the prompts skipped beside them.
-    A run written before lines recorded `kept` gives None."""
+    the row's), the mean count of reprs the budget cut, over the prompts sent; the mean prompt tokens as the backend
+    counted them (None where it counts none: a baseline); the prompts skipped beside them. A run written before
+    lines recorded `kept` gives None."""
     out = []
     for context in run.contexts:
         first = [run.generations[(i, context, 0)] for i in run.ids]
         sent = [g.kept for g in first if g.status != "skipped" and g.kept is not None]
+        tokens = [g.tokens_in for g in first if g.status != "skipped" and g.tokens_in]  # a baseline's: 0 or null
         recorded = any(g.kept is not None for g in first)
         out.append({
             "context": context, "prompts": len(first), "skipped": sum(g.status == "skipped" for g in first),
             "history_shown": _share([(k.get("history_shown"), k.get("history_total")) for k in sent]),
             "variables_shown": _share([(k.get("variables_shown"), k.get("variables_total")) for k in sent]),
             "reprs_cut": round(fmean(k.get("reprs_cut") or 0 for k in sent), 2) if sent else None,
-            "recorded": recorded})
+            "prompt_tokens": round(fmean(tokens), 1) if tokens else None, "recorded": recorded})
     return out
 
 
