@@ -200,3 +200,16 @@ def test_no_owner_name_or_address_of_real_repositories_leaves_the_reader(tmp_pat
     leaked = [o for o in owners if len(o) >= 4 and re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
     assert not leaked, f"{len(leaked)} owner name(s) reached the trajectories"
     assert not [a for a in addresses if a in text], "an e-mail address reached the trajectories"
+
+
+def test_themisto_ingest_reads_a_corpus_and_prints_its_refusals(corpus, tmp_path, capsys):
+    from themisto.cli import main
+
+    out = tmp_path / "t.jsonl"
+    assert main(["ingest", str(corpus), "--min-inputs", "5", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "corpus: 3 repositories" in printed and printed.count("  refused: ") == 4
+    assert not any(owner in printed for owner in OWNERS)
+    assert len(out.read_text().splitlines()) == 1
+    assert main(["ingest", str(corpus), "--min-inputs", "0"]) == 2  # a setting out of range: one line, exit 2
+    assert "--min-inputs must be at least 1" in capsys.readouterr().err

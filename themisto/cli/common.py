@@ -44,16 +44,20 @@ def read_inputs(args: argparse.Namespace):
     from themisto.ingest.inputs import read_inputs as read, read_participants
 
     mapping = read_participants(args.participants) if getattr(args, "participants", None) else None
-    return read(args.paths, skip_bad_lines=getattr(args, "skip_bad_lines", False), participants=mapping)
+    corpus = corpus_settings(args) if hasattr(args, "min_inputs") else None
+    return read(args.paths, skip_bad_lines=getattr(args, "skip_bad_lines", False), participants=mapping,
+                corpus=corpus)
 
 
 def add_trajectory_inputs(parser: argparse.ArgumentParser, *, output_help: str, output_required: bool = True) -> None:
     """The arguments of every command that reads trajectories (see `read_inputs`) and writes one file."""
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help=".log, .csv (JuNE table) or .ipynb, or a directory (read recursively)")
+                        help=".log, .csv (JuNE table) or .ipynb, or a directory (read recursively), or a corpus of "
+                             "IPython histories")
     parser.add_argument("-o", "--output", required=output_required, type=Path, help=output_help)
     add_participants_option(parser)
     parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+    add_corpus_options(parser)
 
 
 def add_corpus_options(parser: argparse.ArgumentParser) -> None:

@@ -75,11 +75,17 @@ def ingest_command(args: argparse.Namespace) -> int:
         if summary["ignored"].get("bad_line"):
             print(f"warning: {traj_id}: {summary['ignored']['bad_line']} bad line(s) skipped", file=sys.stderr)
     if args.json:
-        print(json.dumps({"files": ingested.files, "trajectories": summaries, "notes": ingested.notes},
-                         ensure_ascii=False, sort_keys=True))
+        print(json.dumps({"files": ingested.files, "trajectories": summaries, "notes": ingested.notes,
+                          "corpora": ingested.corpora}, ensure_ascii=False, sort_keys=True))
     else:
         for name, report in ingested.files.items():
             _print_file(name, report)
+        for corpus in ingested.corpora:
+            print(f"corpus: {corpus['repositories']} repositories, {corpus['sessions_read']:,} sessions read, "
+                  f"{corpus['trajectories']} kept ({corpus['developers']} developers); left out: "
+                  f"{format_counts(corpus['left_out'])}; cut before replay: {format_counts(corpus['cut'])}")
+            for refusal in corpus["refusals"]:
+                print(f"  refused: {refusal}")
         for traj_id, summary in summaries.items():
             _print_summary(traj_id, summary)
         print(f"wrote {len(trajectories)} trajectories to {args.output}" if args.output is not None
@@ -203,13 +209,23 @@ def replay_command(args: argparse.Namespace) -> int:
     from themisto.replay.workspace_recipe import look_alike
 
     runner = _replay_runner(args)
-    trajectories = read_inputs(args).trajectories
+    ingested = read_inputs(args)
+    trajectories = ingested.trajectories
     settings = ReplaySettings(snapshots=not args.no_snapshots, values=not args.no_values)
     if args.cell_timeout is not None:
         settings = replace(settings, cell_timeout_s=args.cell_timeout, logged_time_factor=None)
     with tempfile.TemporaryDirectory(prefix="themisto-ws-") as tmp:
         workspace, recipe = args.workspace, None  # a given folder is recorded by its name and hash
-        if workspace is None:
+        if any(t.workspace for t in trajectories):  # sessions replayed in their own repositories' files
+            from themisto.release.sources import replay_workspace
+
+            try:
+                workspace, recipe, trajectories = replay_workspace(
+                    trajectories, ingested.workspace_folders, Path(tmp), given=args.workspace,
+                    seed=args.workspace_seed, size=args.size, out=args.output)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+        elif workspace is None:
             workspace = write_workspace(Path(tmp) / "ws", TASKS, seed=args.workspace_seed, size=args.size).root
             recipe = look_alike(TASKS, args.workspace_seed, args.size)
         elif not Path(workspace).is_dir():
