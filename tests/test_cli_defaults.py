@@ -17,6 +17,7 @@ from themisto.generation.backends.openai_api import OpenAIBackend
 from themisto.generation.backends.vllm_offline import VLLMBackend
 from themisto.generation.probe_protocol import ProbeSettings
 from themisto.generation.runs import RunSettings
+from themisto.ingest.ipython_corpus import CorpusSettings
 from themisto.ingest.workspace import SIZES, write_workspace
 from themisto.ingest.workspace import TASKS as WORKSPACE_TASKS
 from themisto.release.parquet import BuildInputs
@@ -34,6 +35,15 @@ MB = 2**20
 # (command, option's dest) -> (the settings dataclass, or the backend class or function, whose default it is; the
 # field or keyword; how the option's value becomes the field's, where it is not the value itself).
 SETTINGS = {
+    ("ingest", "min_inputs"): (CorpusSettings, "min_inputs", None),
+    ("ingest", "max_steps"): (CorpusSettings, "max_steps", None),
+    ("ingest", "sessions_per_developer"): (CorpusSettings, "sessions_per_developer", None),
+    ("replay", "min_inputs"): (CorpusSettings, "min_inputs", None),
+    ("replay", "max_steps"): (CorpusSettings, "max_steps", None),
+    ("replay", "sessions_per_developer"): (CorpusSettings, "sessions_per_developer", None),
+    ("build", "min_inputs"): (CorpusSettings, "min_inputs", None),
+    ("build", "max_steps"): (CorpusSettings, "max_steps", None),
+    ("build", "sessions_per_developer"): (CorpusSettings, "sessions_per_developer", None),
     ("score", "task"): (ScoreSettings, "task", None),
     ("score", "k"): (ScoreSettings, "k", tuple),
     ("score", "prediction_timeout"): (ScoreSettings, "timeout_s", None),
