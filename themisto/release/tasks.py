@@ -195,7 +195,7 @@ def trajectory_rows(steps: Iterable, participants: Mapping[str, str | None] | No
 
     def row(step) -> dict:
         known = trajectories.get(step.kernel_id)
-        return trajectory_row(step, participants.get(step.kernel_id), known.source if known else None,
+        return trajectory_row(step, participants.get(step.kernel_id), known.source if known else step.source,
                               known.provenance if known else None)
 
     rows = [row(s) for s in steps]

@@ -100,6 +100,7 @@ class Step:
     # variable's value is the file of its hash in the values folder (themisto.replay.values). None: not stored.
     values: dict | None = None
     time_limit_s: float | None = None  # the seconds replay gave the cell (`cell_limits`); None: a replay made before
+    source: str | None = None  # the trajectory's source (`Trajectory.source`); None: a replay made before
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -259,7 +260,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
             snapshot_failures=dict(snap.failures) if snap else snap_error,
             kernel_restarted=result.kernel_restarted, rebuilt_steps=rebuilt,
             logged=_logged(execution, logged_seconds[i]), notebook=trajectory.notebook, task=trajectory.task,
-            values=stored, time_limit_s=limits[i],
+            values=stored, time_limit_s=limits[i], source=trajectory.source,
         )
 
 
