@@ -62,6 +62,8 @@ def _contents(folder: Path) -> dict:
             found[path.parent.name, path.stem] = [(r["kernel_id"], r["step"], r["status"], r["output"]) for r in rows]
         elif path.parent.name == "values":  # each stored value by its content hash and its bytes' sha256
             found[path.parent.name, path.stem] = sorted((r["hash"], r["type"], r["format"], r["sha256"]) for r in rows)
+        elif path.parent.name.endswith("_prompts"):  # the text track: each row's prompts, by id
+            found[path.parent.name, path.stem] = [(r["id"], r["target"], sorted(r.items())) for r in rows]
         else:
             found[path.parent.name, path.stem] = [(r["id"], r["target"], [h["output"] for h in r["history"]])
                                                  for r in rows]
@@ -181,7 +183,8 @@ def test_two_fresh_builds_give_identical_ids_and_targets(tmp_path):
     addresses = [[m.group(0) for text in outputs for m in ADDRESS.finditer(text)] for outputs in raw]
     assert addresses[0] and addresses[0] != addresses[1]  # the replays themselves differ: the masking is needed
     first, second = (_contents(f) for f in folders)
-    assert set(first) == set(second) and {c for c, _ in first} == {"trajectories", "next_cell", "output_prediction", "values"}
+    assert set(first) == set(second) and {c for c, _ in first} == {
+        "trajectories", "next_cell", "output_prediction", "values", "next_cell_prompts", "output_prediction_prompts"}
     for key in first:
         assert first[key] == second[key], key
     assert any("at 0x…" in row[3] for row in first["trajectories", "test-00000-of-00001"])

@@ -164,6 +164,8 @@ def _row(record: Mapping, where: str) -> tuple[str, float, dict]:
         "notebook": str(_lookup(record, "notebook") or ""),
         "task": _optional(_lookup(record, "task")),
         "participant": _optional(_lookup(record, "participant")),
+        "source": "paper-release",
+        "provenance": None,
         "code": _text(code),
         "replayed_code": _text(code),
         "restarted_before": False,  # the published rows do not say; replay from the start is what they hold
@@ -185,6 +187,7 @@ def _row(record: Mapping, where: str) -> tuple[str, float, dict]:
         "logged_evalue": None,
         "logged_output_types": [],
         "code_state": "as_logged",  # the published code, as the paper's release holds it
+        "replay_cause": None,  # not replayed here: what its own replay met is not in its rows
     }
     return row["kernel_id"], order, row
 

@@ -8,7 +8,10 @@ build scrubs what replay made, the same way for every source, and counts what it
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+_OWN_HASH = re.compile(r'"hash"\s*:\s*"[0-9a-f]{16,64}"')
 
 
 @dataclass
@@ -31,13 +34,17 @@ class Scrubber:
             self.texts_changed += 1
         return clean
 
-    def holds(self, data: bytes) -> bool:
-        """Whether a stored value's bytes (read as text) hold personal data or a credential."""
+    def holds(self, format_name: str, data: bytes) -> bool:
+        """Whether a stored value holds personal data or a credential in its text: a JSON value's whole text, the
+        strings of a frame (and its column names), of a text array, or of a model's JSON schema. Binary parts are not
+        read as text (a Parquet footer's base64 schema would look like a secret to the scanner)."""
         from themisto.ingest.personal import mask_personal
         from themisto.ingest.secrets import redact_secrets
 
-        text = data.decode("utf-8", errors="ignore")
-        return mask_personal(text) != text or bool(redact_secrets(text)[1])
+        for text in _value_texts(format_name, data):
+            if mask_personal(text) != text or redact_secrets(text)[1]:
+                return True
+        return False
 
     def row(self, row: dict) -> dict:
         """A `trajectories` row with every text in it scrubbed (a new dict; `row` is not changed)."""
@@ -57,3 +64,38 @@ class Scrubber:
                 "modules": [{"name": self(m["name"]), "module": m["module"]} for m in stored["modules"]],
                 "aliases": [[self(n) for n in group] for group in stored["aliases"]]}
         return out
+
+
+def _value_texts(format_name: str, data: bytes):
+    """The texts a stored value holds, per format (`themisto.runtime.agent.formats`); everything readable where the
+    format is unknown."""
+    import io
+
+    if format_name == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(io.BytesIO(data))
+        yield "\n".join(table.column_names)
+        for column in table.columns:
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                yield "\n".join(str(v) for v in column.to_pylist() if v is not None)
+    elif format_name in ("npy", "npz"):
+        import numpy as np
+
+        loaded = np.load(io.BytesIO(data), allow_pickle=False)
+        arrays = [loaded] if format_name == "npy" else [loaded[name] for name in loaded.files]
+        yield "\n".join(getattr(loaded, "files", []))
+        for array in arrays:
+            if array.dtype.kind in "US":
+                yield "\n".join(str(v) for v in array.ravel().tolist())
+    elif format_name == "skops":
+        import zipfile
+
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for name in archive.namelist():
+                if name.endswith(".json"):
+                    yield archive.read(name).decode("utf-8", errors="replace")
+    else:
+        # A tagged JSON value refers to other values by their content hash, which is ours, not a secret.
+        yield _OWN_HASH.sub('"hash":""', data.decode("utf-8", errors="replace"))

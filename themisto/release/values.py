@@ -144,7 +144,7 @@ class _Taker:
         except ValueFormatError as error:
             self.checked[digest] = f"refused by the format check: {error}"
             return self.checked[digest]
-        if self.scrubber.holds(data):
+        if self.scrubber.holds(entry.format, data):
             self.checked[digest] = "holds personal data or a credential (themisto.release.scrub)"
             return self.checked[digest]
         if self.total + len(data) > caps.release_bytes:
