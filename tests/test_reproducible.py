@@ -62,8 +62,8 @@ def _contents(folder: Path) -> dict:
             found[path.parent.name, path.stem] = [(r["kernel_id"], r["step"], r["status"], r["output"]) for r in rows]
         elif path.parent.name == "values":  # each stored value by its content hash and its bytes' sha256
             found[path.parent.name, path.stem] = sorted((r["hash"], r["type"], r["format"], r["sha256"]) for r in rows)
-        elif path.parent.name.endswith("_prompts"):  # the text track: each row's prompts, by id
-            found[path.parent.name, path.stem] = [(r["id"], r["target"], sorted(r.items())) for r in rows]
+        elif path.parent.name.endswith("_prompts"):  # the text track: ids and targets (`full` shows the timings)
+            found[path.parent.name, path.stem] = [(r["id"], r["target"]) for r in rows]
         else:
             found[path.parent.name, path.stem] = [(r["id"], r["target"], [h["output"] for h in r["history"]])
                                                  for r in rows]
