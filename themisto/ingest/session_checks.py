@@ -3,8 +3,9 @@
 A session committed to a public repository ran on its developer's machine, with packages, files, a network and
 sometimes a GPU that a replay here lacks. Replaying a few thousand sessions takes hours on two cores, so each input is
 read (never run) first, and the session is cut at its first input that needs what the replay cannot give: a package
-the kernel environment lacks, a file its repository lists but the corpus did not keep, a URL, a GPU, or Python 2
-syntax. What replay then finds on its own (`themisto.replay.health`) cuts it further.
+the kernel environment lacks, a file its repository lists but the corpus did not keep, a URL, a GPU, Python 2
+syntax, or a program that waits for a person at a terminal (`!vim`, `!less`, `%edit`). What replay then finds on its
+own (`themisto.replay.health`) cuts it further.
 
 The checks read IPython's transformed text of each input with `ast`; an input that does not parse as Python 3 is
 Python 2 where it holds a `print` statement or an `except X, e:` clause, else it is left to the replay.
@@ -23,7 +24,8 @@ from pathlib import PurePosixPath
 from typing import Iterable, Mapping, Sequence
 
 # Why an input cannot replay as its developer ran it (a closed set, also `themisto.replay.health`'s causes).
-BLOCKERS: tuple[str, ...] = ("package_absent", "input_absent", "network_needed", "gpu_needed", "python2")
+BLOCKERS: tuple[str, ...] = ("package_absent", "input_absent", "network_needed", "gpu_needed", "python2",
+                              "interactive")
 
 # Suffixes of the data files sessions read; a string literal ending so is a file the session may open.
 _DATA_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".xlsx", ".xls", ".parquet", ".pkl", ".pickle", ".npy",
@@ -32,6 +34,11 @@ _DATA_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".xlsx", ".xls", ".
                             ".yaml", ".yml", ".jsonl", ".log", ".fits", ".sav", ".dta", ".ods", ".arff"})
 _URL = re.compile(r"""['"](?:https?|ftp|s3|gs)://""", re.IGNORECASE)
 _GPU = re.compile(r"""\.cuda\(|['"]cuda(?::\d+)?['"]|device\s*=\s*['"]?cuda|\bcupy\b|\bnumba\.cuda\b""")
+# A program that waits for a person at a terminal (an editor, a pager, a shell or an interpreter with no script): in a
+# replay it would wait, computing nothing, until its cell's clock ran out.
+_INTERACTIVE = re.compile(r"^\s*(?:!|%sx\s+|%system\s+)\s*(?:(?:sudo\s+)?(?:vim?|nvim|nano|emacs|pico|less|more|top|htop|"
+                          r"man|ssh|ftp|sftp|telnet|mysql|psql|sqlite3|watch)\b|(?:python[0-9.]*|ipython|bash|sh|zsh)"
+                          r"\s*$)|^\s*%(?:edit|ed|qtconsole)\b", re.MULTILINE)
 _PY2 = re.compile(r"^\s*(?:print\s+[^\s(=.,)\]][^=]*$|exec\s+['\"]|except\s+[\w.]+\s*,\s*\w+\s*:)", re.MULTILINE)
 
 
@@ -141,6 +148,8 @@ def first_blocker(codes: Sequence[str], modules: frozenset[str], files: Reposito
             if _PY2.search(code):
                 return Blocker(index, "python2", "a Python 2 statement")
             continue  # a syntax error its developer saw too: replay shows the same
+        if _INTERACTIVE.search(code):
+            return Blocker(index, "interactive", "a program waiting for a terminal")
         missing = [name for name in imported(tree) if name not in available]
         if missing:
             return Blocker(index, "package_absent", missing[0])
