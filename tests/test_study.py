@@ -222,6 +222,20 @@ def test_seeds_that_disagree_widen_the_paired_interval():
     assert disagree.mean == pytest.approx(np.mean([np.mean(lucky - control), np.mean(unlucky - control)]))
 
 
+def test_each_seed_pairs_with_a_single_control_so_the_spread_exists():
+    # The fine-tuning effect: three trained seeds against the base model's one.
+    rng = np.random.default_rng(5)
+    plan = _plan()
+    control = rng.integers(0, 2, plan.size).astype(float)
+    seeds = [rng.integers(0, 2, plan.size).astype(float) for _ in range(3)]
+    effect = seeded_paired(seeds, [control], plan)
+    own = [float(np.mean(s - control)) for s in seeds]
+    assert effect.seed_means == pytest.approx(own)
+    assert effect.seed_sd == pytest.approx(float(np.std(own, ddof=1))) and effect.seed_sd > 0
+    reverse = seeded_paired([control], seeds, plan)  # the single seed on the other side pairs the same way
+    assert reverse.seed_means == pytest.approx([-x for x in own])
+
+
 def test_a_preset_fills_what_the_user_did_not_give_and_bad_settings_are_refused():
     from themisto.study.settings import PRESETS, StudyError, is_path_check, with_preset
 
