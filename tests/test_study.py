@@ -19,26 +19,12 @@ from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_i
 from themisto.study.effects import seeded_interval, seeded_paired
 
 REPO = Path(__file__).resolve().parents[1]
-# Two trajectories the build puts in train and two in test, each cut to its first 40 log lines (about 16 steps).
-SAMPLE_LOGS = ("07eaff00-25ed-4330-8ff3-a87cc639a862", "359cb2f2-cec2-4a7a-93b5-c30607c0b518",
-               "2851258b-9d31-4a50-b2ec-a96ac55e075c", "e50c32e4-ef80-44d3-9535-36a5662816af")
 STUDY_ARGS = ("--contexts", "variables", "--seeds", "2", "--max-steps", "1", "--batch-size", "2", "--max-length", "1024",
               "--max-prompt-tokens", "600", "--max-new-tokens", "12", "--test-limit", "4", "--train-limit", "6",
               "--execute", "--execute-limit", "2", "--device", "cpu", "--generation-batch", "8", "--resamples", "200",
               "--json")
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sample_release(tmp_path_factory) -> Path:
-    logs = tmp_path_factory.mktemp("sample-logs")
-    for name in SAMPLE_LOGS:
-        lines = (REPO / "data" / "sample" / f"{name}.log").read_text(encoding="utf-8").splitlines(keepends=True)
-        (logs / f"{name}.log").write_text("".join(lines[:40]), encoding="utf-8")
-    release = tmp_path_factory.mktemp("sample-release") / "release"
-    assert main(["build", str(logs), "-o", str(release), "--json"]) == 0
-    return release
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +64,11 @@ def test_every_mode_trains_on_the_same_rows_steps_and_completions(study):
     assert [e["completion"] for e in none] == [e["completion"] for e in variables]
     assert all(a["prompt"] != b["prompt"] for a, b in zip(none, variables))  # only the prompt differs
     units = [json.loads(p.read_text()) for p in sorted((study / "units").glob("*.json"))]
-    assert [u["unit"] for u in units] == ["none-s0", "none-s1", "variables-s0", "variables-s1"]
-    assert {(u["steps"], u["trained_on"]) for u in units} == {(1, 6)}
+    assert [u["unit"] for u in units] == ["base", "none-s0", "none-s1", "variables-s0", "variables-s1"]
+    assert {(u["steps"], u["trained_on"]) for u in units[1:]} == {(1, 6)}
+    # what a plan measures throughput from: tokens trained, prompts generated, seconds, side by side
+    assert all(u["train_tokens"] > 0 and u["prompts"] == 8 * (1 + (u["mode"] == "variables")) for u in units[1:])
+    assert units[0]["prompts"] == 16 and all(u["generate_seconds"] > 0 and u["parallel"] == 1 for u in units)
     tokens = json.loads((study / "results.json").read_text())["rows"]["tokens"]
     assert tokens["variables"]["prompt_mean"] > tokens["none"]["prompt_mean"]  # runtime modes see more: said
     assert tokens["variables"]["completion_mean"] == tokens["none"]["completion_mean"]
@@ -115,6 +104,9 @@ def test_results_hold_each_cell_with_seeds_and_the_paired_effects(study):
     assert cells[("trained:variables@variables", "chrf")]["n"] == 4  # text scores cover every generated example
     assert cells[("baseline:previous-cell", "functional_match")]["seeds"] == 1
     assert ("base@variables", "chrf") in cells and ("trained:variables@none", "chrf") in cells
+    tuned = next(e for e in next_cell["effects"] if e["effect"] == "fine-tuning" and e["metric"] == "chrf")
+    assert len(tuned["seed_means"]) == 2  # each trained seed against the base model's one
+    assert results["seeds"] == {"none": 2, "variables": 2} and results["units_left"] == []
     kinds = {(e["effect"], e["mode"]) for e in next_cell["effects"] if e["metric"] == "functional_match"}
     assert kinds == {("fine-tuning", "none"), ("runtime", "variables"), ("reliance", "variables"),
                      ("transfer", "variables"), ("untrained", "variables")}
@@ -167,7 +159,9 @@ def test_a_study_generated_on_one_machine_is_scored_on_another(study, sample_rel
     shutil.copytree(tiny_model_dir, model)
     capsys.readouterr()
     assert _study(release, model, moved, "--generate-only") == 0
-    assert json.loads(capsys.readouterr().out)["generated"] == ["none-s0", "none-s1", "variables-s0", "variables-s1"]
+    # seed 0 of every mode first, then the base model, then seed 1
+    assert json.loads(capsys.readouterr().out)["generated"] == ["none-s0", "variables-s0", "base", "none-s1",
+                                                                 "variables-s1"]
     assert not (moved / "results.json").exists()
     assert _study(release, model, moved) == 0
     assert not (moved / "models").exists() and not (moved / "exports").exists()  # nothing trained again
@@ -185,6 +179,52 @@ def test_a_study_generated_on_one_machine_is_scored_on_another(study, sample_rel
     capsys.readouterr()
     assert _study(release, other, moved) == 2
     assert "another base model" in capsys.readouterr().err
+
+
+def test_the_plan_gives_each_unit_in_run_order_with_figures_that_say_where_they_come_from(study, sample_release,
+                                                                                        tiny_model_dir, capsys):
+    capsys.readouterr()
+    assert _study(sample_release, tiny_model_dir, study, "--plan") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [u["unit"] for u in plan["units"]] == ["none-s0", "variables-s0", "base", "none-s1", "variables-s1"]
+    assert all(u["done"] for u in plan["units"]) and plan["wall_seconds"] == 0
+    # 4 test examples a task, in the model's own mode and in `none`; the base model in both modes
+    assert [u["prompts"] for u in plan["units"]] == [8, 16, 16, 8, 16]
+    variables = plan["units"][1]
+    assert (variables["rows"], variables["steps"]) == (6, 1) and variables["train_tokens"] > plan["units"][0]["train_tokens"]
+    assert {f["kind"] for f in plan["throughput"].values()} == {"measured here"}
+    # Told to re-plan from scratch (a folder of its own) the figures are stated, each with its source.
+    fresh = study.parent / "plan-only"
+    assert _study(sample_release, tiny_model_dir, fresh, "--plan", "--budget-s", "45") == 0
+    assert not fresh.exists()  # nothing written
+    plan = json.loads(capsys.readouterr().out)
+    assert {f["kind"] for f in plan["throughput"].values()} == {"measured elsewhere", "assumed"}
+    assert all("DESIGN.md" in f["source"] for f in plan["throughput"].values() if f["kind"] == "measured elsewhere")
+
+
+def test_a_budget_starts_no_unit_it_cannot_finish_and_score_only_scores_the_whole_ones(study, sample_release,
+                                                                                        tiny_model_dir, tmp_path,
+                                                                                        capsys):
+    import shutil
+
+    # As if a budget had stopped the study after seed 0 of every mode and the base model.
+    moved = tmp_path / "stopped"
+    shutil.copytree(study, moved, ignore=shutil.ignore_patterns("models", "exports", "results.*", "effects.png"))
+    for unit in ("none-s1", "variables-s1"):
+        (moved / "units" / f"{unit}.json").unlink()
+        shutil.rmtree(moved / "runs" / unit)
+    capsys.readouterr()
+    assert _study(sample_release, tiny_model_dir, moved, "--generate-only", "--budget-s", "1") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["generated"] == ["none-s0", "variables-s0", "base"] and out["left"] == ["none-s1", "variables-s1"]
+    assert not (moved / "models").exists()  # nothing started
+    assert _study(sample_release, tiny_model_dir, moved, "--score-only") == 0
+    results = json.loads((moved / "results.json").read_text())
+    assert results["seeds"] == {"none": 1, "variables": 1} and results["units_left"] == ["none-s1", "variables-s1"]
+    cells = {(c["system"], c["metric"]): c for c in results["tasks"]["next_cell"]["cells"]}
+    assert cells[("trained:variables@variables", "chrf")]["seeds"] == 1
+    assert "A partial study: 2 of its units are not run yet" in (moved / "results.md").read_text()
+    assert not (moved / "models").exists()  # scoring trained nothing
 
 
 def _plan(n: int = 60, clusters: int = 12, resamples: int = 2000):
