@@ -142,9 +142,9 @@ def test_one_writer_then_a_rerun_trains_nothing_and_other_settings_are_refused(s
     assert _study(sample_release, tiny_model_dir, study) == 0
     assert [p.stat().st_mtime_ns for p in weights] == stamps
     capsys.readouterr()
-    assert _study(sample_release, tiny_model_dir, study, "--seeds", "3") == 2
+    assert _study(sample_release, tiny_model_dir, study, "--max-new-tokens", "13") == 2
     err = capsys.readouterr().err
-    assert "other settings" in err and "seeds is 2 there, 3 here" in err
+    assert "other settings" in err and "max_new_tokens is 12 there, 13 here" in err
 
 
 def test_a_study_generated_on_one_machine_is_scored_on_another(study, sample_release, tiny_model_dir, tmp_path,
@@ -193,6 +193,11 @@ def test_the_plan_gives_each_unit_in_run_order_with_figures_that_say_where_they_
     variables = plan["units"][1]
     assert (variables["rows"], variables["steps"]) == (6, 1) and variables["train_tokens"] > plan["units"][0]["train_tokens"]
     assert {f["kind"] for f in plan["throughput"].values()} == {"measured here"}
+    # A third seed extends the study: units of its own, planned after the others, nothing done redone.
+    assert _study(sample_release, tiny_model_dir, study, "--plan", "--seeds", "3") == 0
+    more = json.loads(capsys.readouterr().out)["units"]
+    assert [(u["unit"], u["done"]) for u in more[5:]] == [("none-s2", False), ("variables-s2", False)]
+    assert all(u["done"] for u in more[:5])
     # Told to re-plan from scratch (a folder of its own) the figures are stated, each with its source.
     fresh = study.parent / "plan-only"
     assert _study(sample_release, tiny_model_dir, fresh, "--plan", "--budget-s", "45") == 0
@@ -283,7 +288,8 @@ def test_a_preset_fills_what_the_user_did_not_give_and_bad_settings_are_refused(
     assert check.seeds == 3 and check.max_steps == PRESETS["cpu-check"]["max_steps"] and is_path_check(check)
     assert check.contexts[0] == "none"  # the paired effects' control is always in, first
     gpu = with_preset("gpu", {"release": "r", "model": "m"})
-    assert (gpu.device, gpu.dtype, gpu.parallel, gpu.seeds) == ("cuda", "bfloat16", 4, 3) and not is_path_check(gpu)
+    assert (gpu.device, gpu.dtype, gpu.parallel, gpu.seeds) == ("cuda", "bfloat16", 4, 1) and not is_path_check(gpu)
+    assert gpu.batch_size * gpu.grad_accum == 16 and gpu.batching == "memory"
     for preset, given, message in (("fast", {}, "unknown preset"), ("custom", {"lr": 1}, "unknown study setting"),
                                    ("custom", {"max_prompt_tokens": 4000}, "leave room"),
                                    ("custom", {"contexts": ("probe",)}, "cannot be trained on")):

@@ -28,11 +28,14 @@ MEASURED_HERE, MEASURED_ELSEWHERE, ASSUMED = "measured here", "measured elsewher
 # SmolLM2-135M, counted as model_parameters counts (the stated figures were measured with it); another size scales
 # them by the ratio (compute grows with the parameters).
 REFERENCE_PARAMETERS = 134_479_872
-# The H200 figures (DESIGN.md, "Fine-tuning", 2026-12-04): 150 optimizer steps of 16 rows in 90-100 s per mode, in
-# random order; plus ~45 s of loading and saving (with a checkpoint every 50 steps, which study units no longer
-# write); generation with the transformers backend in fixed batches of 64: 5.4 prompts/s.
-H200_STEP_SECONDS, H200_ROWS_PER_STEP = 95 / 150, 16
+# The H200 figures (DESIGN.md, "Fine-tuning", 2026-12-04, on the real release): 150 optimizer steps of 16 rows in
+# 90-100 s per mode, in random order; plus ~45 s of loading and saving (with a checkpoint every 50 steps, which study
+# units no longer write); generation with the transformers backend in fixed batches of 64: 5.4 prompts/s. The same
+# real release's train rows (the study's 1,410 common rows, none/variables/full/trace, SmolLM2's tokenizer, built
+# 2026-12-05) take 2,323 tokens a row in random batches of 16, padding included (`random_padded_tokens`).
+H200_STEP_SECONDS, H200_ROWS_PER_STEP, REAL_PADDED_ROW = 95 / 150, 16, 2323
 H200_PROMPTS_PER_S = 5.4
+CPU_STEP_SECONDS = 607  # one optimizer step of 16 such rows on a 2-core CPU (DESIGN.md, 2026-12-04)
 
 
 @dataclass(frozen=True)
@@ -181,24 +184,16 @@ def model_parameters(config) -> int:
     return embeddings + text.num_hidden_layers * (attention + 3 * hidden * text.intermediate_size)
 
 
-def _reference_row(lengths: dict[str, list[int]]) -> float:
-    """Padded tokens per row in random batches of 16, over the modes the H200 figure was measured with."""
-    measured = [m for m in ("none", "variables", "full", "trace") if lengths.get(m)] or list(lengths)
-    per_row = [random_padded_tokens(lengths[m], H200_ROWS_PER_STEP) / len(lengths[m]) for m in measured]
-    return sum(per_row) / len(per_row)
-
-
-def stated_throughput(device: str, lengths: dict[str, list[int]], parameters: int) -> Throughput:
+def stated_throughput(device: str, parameters: int) -> Throughput:
     """The figures a plan uses where this study folder has measured none: measured elsewhere where there is a
     measurement, assumed where there is none; scaled from SmolLM2-135M to `parameters`."""
     scale = REFERENCE_PARAMETERS / max(parameters, 1)
-    scaled = "" if abs(scale - 1) < 0.05 else f", scaled by {scale:,.3g} from 135 M to {parameters:,} parameters"
-    row = _reference_row(lengths) if lengths else 1500.0
+    scaled = "" if abs(scale - 1) < 0.05 else f"; scaled by {scale:,.3g} from 135 M to {parameters:,} parameters"
+    row = f"the real release's {REAL_PADDED_ROW:,} tokens a row in random batches of 16, padding included"
     if device.startswith("cuda"):
-        train = Figure(H200_ROWS_PER_STEP * row / H200_STEP_SECONDS * scale, MEASURED_ELSEWHERE,
-                       f"150 steps of 16 rows in 90-100 s per mode on one H200, rows in random order (DESIGN.md, "
-                       f"fine-tuning, 2026-12-04), at this release's {row:,.0f} padded tokens a row; an H100 has the "
-                       f"same compute{scaled}")
+        train = Figure(H200_ROWS_PER_STEP * REAL_PADDED_ROW / H200_STEP_SECONDS * scale, MEASURED_ELSEWHERE,
+                       f"150 steps of 16 rows in 90-100 s per mode on one H200, bf16 (DESIGN.md, fine-tuning, "
+                       f"2026-12-04), at {row}; an H100 has the same compute{scaled}")
         prompts = Figure(50.0 * scale, ASSUMED,
                          "the memory-batched greedy path's target on one H100 (bf16, <= 2,048 prompt tokens, 128 "
                          f"new); measured on an H200 in fixed batches of 64: {H200_PROMPTS_PER_S} prompts/s{scaled}")
@@ -206,9 +201,9 @@ def stated_throughput(device: str, lengths: dict[str, list[int]], parameters: in
                           "(measured on the H200: ~45 s with a checkpoint every 50 steps, which units no longer write)")
         side = Figure(2.0, ASSUMED, "models of 135 M parameters side by side on one GPU, each leaving most of it idle")
     else:
-        train = Figure(16 * row / 607 * scale, MEASURED_ELSEWHERE,
-                       f"one optimizer step of 16 rows in 607 s on a 2-core CPU (DESIGN.md, fine-tuning, "
-                       f"2026-12-04), at this release's {row:,.0f} padded tokens a row{scaled}")
+        train = Figure(H200_ROWS_PER_STEP * REAL_PADDED_ROW / CPU_STEP_SECONDS * scale, MEASURED_ELSEWHERE,
+                       f"one optimizer step of 16 rows in {CPU_STEP_SECONDS} s on a 2-core CPU (DESIGN.md, "
+                       f"fine-tuning, 2026-12-04), at {row}{scaled}")
         prompts = Figure(1 / 3.5 * scale, MEASURED_ELSEWHERE,
                          f"SmolLM2 about 3.5 s a prompt on a 2-core CPU (DESIGN.md, round 2 main job){scaled}")
         overhead = Figure(30.0, ASSUMED, "loading the base model (a GGUF file: ~15 s here) and saving a model")
@@ -313,7 +308,7 @@ def plan_for(settings: StudySettings, rows, info, out: Path | None, given: dict[
     device = _device(settings.device)
     records = unit_records(out) if out is not None and out.is_dir() else []
     throughput = measured_throughput(records, device) or \
-        stated_throughput(device, rows.lengths, _parameters(settings.model))
+        stated_throughput(device, _parameters(settings.model))
     throughput = with_given(throughput, given or {})
     done = set()
     if out is not None and out.is_dir():

@@ -266,7 +266,7 @@ def run_study(settings: StudySettings, out: str | Path, *, progress: Callable[[s
 
     started = time.perf_counter()
     say = progress or (lambda msg: print(f"study: {msg}", file=sys.stderr, flush=True))
-    if settings.execute and not settings.generate_only:
+    if settings.execute and not settings.generate_only and not prepare_only:
         permit(execute=True)  # refuse before anything is trained
     out = Path(out)
     info = open_release(settings.release)

@@ -1,15 +1,17 @@
 """What a fine-tuning study is: its modes, seeds, training and generation settings, and the presets that fill them.
 
 A study folder records its settings in `study.json`; a rerun with other settings is refused, naming what differs
-(`what_differs`), except `parallel`, `progress` and `generate_only`, which change how it runs, not what it computes.
-Where the release and the base model lie may change too (a study generated on a GPU machine is scored on another):
-they are matched by the release's content hash and the model's weights (themisto.study.run.open_study).
+(`what_differs`), except those that change how it runs, not what it computes (NOT_RESULTS: `parallel`, `progress`,
+`generate_only`, ...), and `seeds`: each seed is whole units of its own, so a later run may add seeds (the results
+give each cell's). Where the release and the base model lie may change too (a study generated on a GPU machine is
+scored on another): they are matched by the release's content hash and the model's weights
+(themisto.study.run.open_study).
 
 >>> StudySettings(release="r", model="m", contexts=("variables",)).contexts
 ('none', 'variables')
 >>> what_differs(StudySettings(release="r", model="m").to_dict(),
-...              StudySettings(release="r", model="m", seeds=2, parallel=3).to_dict())
-'seeds is 3 there, 2 here'
+...              StudySettings(release="r", model="m", epochs=1.0, seeds=5, parallel=3).to_dict())
+'epochs is 2.0 there, 1.0 here'
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ STUDY_CONTEXT_MODES: tuple[str, ...] = STATIC_CONTEXT_MODES
 # `batching` is one of them: the memory-batched greedy path gives the plain path's answers
 # (tests/test_generation_batched.py).
 NOT_RESULTS: tuple[str, ...] = ("parallel", "progress", "generate_only", "score_only", "budget_s", "batching")
+# A study may be given more seeds later (or fewer): each seed adds units of its own and changes none of the others.
+EXTENDABLE: tuple[str, ...] = ("seeds",)
 BATCHINGS: tuple[str, ...] = ("fixed", "memory")  # themisto.generation.backends.hf.BATCHINGS (not imported: torch)
 # Settings that say where something lies: a folder is matched by what lies there (content hash, weights hash).
 LOCATIONS: tuple[str, ...] = ("release", "model")
@@ -120,8 +124,11 @@ class StudySettings:
 PRESETS: dict[str, dict] = {
     # Batches of 16 rows as 2 micro-batches of 8 (the same optimizer steps; a micro-batch of 16 rows of 2,600 tokens
     # holds ~20 GB of logits alone, too much for 4 models side by side on an H100's 80 GB); 300 test examples a
-    # task (next_cell has 1,661), all of them executed when scored; generation in batches sized by memory.
-    "gpu": {"method": "full", "epochs": 2.0, "max_steps": -1, "learning_rate": 5e-5, "batch_size": 8,
+    # task (next_cell has 1,661), all of them executed when scored; generation in batches sized by memory. One seed:
+    # by the plan's estimate on the real release (docs/fine-tuning.md) every mode with 3 seeds takes 14 min of an
+    # H100 (4 modes; 17 with 5), 2 seeds 9.5 min (12 with 5), 1 seed 5 min (6 with 5): one fits an 8-minute slot,
+    # and a later slot adds seeds (`--seeds 3`: a study takes more seeds, each whole units of its own).
+    "gpu": {"seeds": 1, "method": "full", "epochs": 2.0, "max_steps": -1, "learning_rate": 5e-5, "batch_size": 8,
             "grad_accum": 2, "max_length": 2600, "max_prompt_tokens": 2048, "max_new_tokens": 128,
             "test_limit": 300, "execute_limit": 300, "generation_batch": 256, "batching": "memory",
             "device": "cuda", "dtype": "bfloat16", "parallel": 4},
@@ -157,6 +164,6 @@ def what_differs(recorded: dict, asked: dict, *, ignore: tuple[str, ...] = ()) -
     from themisto.resume import settings_difference
 
     def results_only(data: dict) -> dict:
-        return {k: v for k, v in data.items() if k not in NOT_RESULTS and k not in ignore}
+        return {k: v for k, v in data.items() if k not in NOT_RESULTS and k not in EXTENDABLE and k not in ignore}
 
     return settings_difference(results_only(recorded), results_only(asked))
