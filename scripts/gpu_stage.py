@@ -175,7 +175,7 @@ def _print_calls(call1: Path, call2: Path, args: argparse.Namespace) -> None:
           f"{(size(call2) + tree) / MIB:.1f})")
     print(f"  run(command='bash scripts/gpu_study.sh run {rel2}', carry=['{rel2}'], timeout_s=600)")
     print("what comes back lies in $OUT: study.tgz (the study folder without models/ and exports/), gpu.json, "
-          "study.log, nvidia-smi.txt")
+          "study.log, study.json.out, nvidia-smi.txt, generation.json, generation.log")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     stage.add_argument("--study", type=Path, required=True, help="a study folder prepared with --prepare-only")
     stage.add_argument("-o", "--output", type=Path, default=REPO / ".gpu")
     stage.add_argument("--wheels", type=Path, help="the wheels folder (`wheels` writes it)")
-    stage.add_argument("--budget-s", type=float, default=480.0, help="the study's --budget-s there (default 480)")
+    stage.add_argument("--budget-s", type=float, default=420.0,
+                       help="the study's --budget-s there (default %(default)s: a call's 600 s less the setup, the "
+                            "generation bench and the packing)")
     stage.add_argument("--limit-mib", type=float, default=64.0, help="what one call may carry (default 64)")
     args = parser.parse_args(argv)
     return wheels_command(args) if args.command == "wheels" else stage_command(args)

@@ -9,8 +9,10 @@
 # installs the carried wheels (into .gpu/kept/site, ahead of the image's packages), checks the GPU, runs
 # `themisto study --generate-only --budget-s B` (units in run order, each written whole; a unit the budget cannot
 # finish is not started), and packs what must come back into $OUT: study.tgz (the study folder without models/ and
-# exports/), gpu.json (times, units done and left, GPU, versions), study.log and nvidia-smi.txt. It packs whatever
-# happened, so a failed or stopped run still returns its whole units.
+# exports/), gpu.json (times, units done and left, GPU, versions), study.log, study.json.out, nvidia-smi.txt, and
+# generation.json and .log (bench/batched_generation.py: both generation paths' prompts/s and how many answers
+# agree). It packs whatever happened, so a failed or stopped run still returns its whole units; it ends within
+# THEMISTO_GPU_LIMIT_S (570 s: a call's limit is 600).
 #
 # PYTHON (default python3) is the interpreter; --cpu runs it without a GPU (a check of the path: the tiny model, a
 # reduced study). THEMISTO_GPU_BUDGET_S overrides the staged budget.
@@ -49,9 +51,9 @@ install_wheels() {
 
 check_imports() {
   export PYTHONPATH="$KEPT/site:$REPO"
-  if ! "$PYTHON" -c "import transformers, trl, peft, datasets, gguf" 2>"$OUT/imports.txt"; then
+  if ! "$PYTHON" -c "import transformers, trl, peft, datasets, gguf" 2>"$KEPT/imports.txt"; then
     # The carried transformers may need a newer huggingface_hub than the image has: use the image's own.
-    say "the carried transformers does not import here ($(tail -1 "$OUT/imports.txt")): the image's transformers"
+    say "the carried transformers does not import here ($(tail -1 "$KEPT/imports.txt")): the image's transformers"
     rm -rf "$KEPT"/site/transformers "$KEPT"/site/transformers-* "$KEPT"/site/tokenizers "$KEPT"/site/tokenizers-*
     "$PYTHON" -c "import transformers, trl, peft, datasets, gguf" || { say "the packages do not import"; exit 4; }
   fi
@@ -127,13 +129,23 @@ ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 print('GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, 'bf16', ok, file=sys.stderr)
 sys.exit(0 if ok else 5)"
 fi
-BUDGET=${THEMISTO_GPU_BUDGET_S:-$(stage_value "['budget_s']")}
-mapfile -t OPTIONS < <("$PYTHON" -c "import json; print('\n'.join(json.load(open('$KEPT/stage.json'))['study_options']))")
-say "the study's generate-only part within ${BUDGET} s: ${OPTIONS[*]}"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+# The two generation paths on the release's prompts: their prompts/s, and how many answers agree (float32, bfloat16).
+BENCH_PROMPTS=${THEMISTO_GPU_BENCH_PROMPTS:-$([ "$CPU" = 1 ] && echo 4 || echo 64)}
+say "the generation paths on $BENCH_PROMPTS prompts (bench/batched_generation.py, at most 75 s)"
+timeout 75 "$PYTHON" bench/batched_generation.py --release "$KEPT/release" --model "$MODEL" --prompts "$BENCH_PROMPTS" \
+  --max-new-tokens "$([ "$CPU" = 1 ] && echo 8 || echo 128)" --json > "$OUT/generation.json" 2> "$OUT/generation.log" \
+  || say "the generation bench did not finish (generation.log)"
+# Everything must be packed before the slot's command limit: the study's budget and its backstop fit what is left.
+LIMIT=${THEMISTO_GPU_LIMIT_S:-570}
+LEFT=$(( LIMIT - ($(date +%s) - started) ))
+BUDGET=${THEMISTO_GPU_BUDGET_S:-$(stage_value "['budget_s']")}
+BUDGET=$(( ${BUDGET%.*} < LEFT - 120 ? ${BUDGET%.*} : LEFT - 120 ))
+mapfile -t OPTIONS < <("$PYTHON" -c "import json; print('\n'.join(json.load(open('$KEPT/stage.json'))['study_options']))")
+say "the study's generate-only part within ${BUDGET} s (${LEFT} s left of ${LIMIT}): ${OPTIONS[*]}"
 set +e
 # The budget starts no unit it cannot finish; the timeout is the backstop (a unit's estimate was wrong).
-timeout --signal=INT "$(( ${BUDGET%.*} + 90 ))" "$PYTHON" -m themisto.cli study --release "$KEPT/release" \
+timeout --signal=INT "$(( LEFT - 30 ))" "$PYTHON" -m themisto.cli study --release "$KEPT/release" \
   --model "$MODEL" -o "$KEPT/study" "${OPTIONS[@]}" --generate-only --budget-s "$BUDGET" --json \
   > "$OUT/study.json.out" 2> "$OUT/study.log"
 STUDY_RC=$?

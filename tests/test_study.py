@@ -288,7 +288,7 @@ def test_a_preset_fills_what_the_user_did_not_give_and_bad_settings_are_refused(
     assert check.seeds == 3 and check.max_steps == PRESETS["cpu-check"]["max_steps"] and is_path_check(check)
     assert check.contexts[0] == "none"  # the paired effects' control is always in, first
     gpu = with_preset("gpu", {"release": "r", "model": "m"})
-    assert (gpu.device, gpu.dtype, gpu.parallel, gpu.seeds) == ("cuda", "bfloat16", 4, 1) and not is_path_check(gpu)
+    assert (gpu.device, gpu.dtype, gpu.parallel, gpu.seeds) == ("cuda", "bfloat16", 3, 1) and not is_path_check(gpu)
     assert gpu.batch_size * gpu.grad_accum == 16 and gpu.batching == "memory"
     for preset, given, message in (("fast", {}, "unknown preset"), ("custom", {"lr": 1}, "unknown study setting"),
                                    ("custom", {"max_prompt_tokens": 4000}, "leave room"),

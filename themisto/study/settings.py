@@ -123,7 +123,8 @@ class StudySettings:
 # check the path; they are not a result (results.md says so).
 PRESETS: dict[str, dict] = {
     # Batches of 16 rows as 2 micro-batches of 8 (the same optimizer steps; a micro-batch of 16 rows of 2,600 tokens
-    # holds ~20 GB of logits alone, too much for 4 models side by side on an H100's 80 GB); 300 test examples a
+    # holds ~20 GB of logits alone; with 8, three models training side by side and generating in their share of
+    # the memory stay within an H100's 80 GB, by estimate: ~10 + ~13 GB each at worst); 300 test examples a
     # task (next_cell has 1,661), all of them executed when scored; generation in batches sized by memory. One seed:
     # by the plan's estimate on the real release (docs/fine-tuning.md) every mode with 3 seeds takes 14 min of an
     # H100 (4 modes; 17 with 5), 2 seeds 9.5 min (12 with 5), 1 seed 5 min (6 with 5): one fits an 8-minute slot,
@@ -131,7 +132,7 @@ PRESETS: dict[str, dict] = {
     "gpu": {"seeds": 1, "method": "full", "epochs": 2.0, "max_steps": -1, "learning_rate": 5e-5, "batch_size": 8,
             "grad_accum": 2, "max_length": 2600, "max_prompt_tokens": 2048, "max_new_tokens": 128,
             "test_limit": 300, "execute_limit": 300, "generation_batch": 256, "batching": "memory",
-            "device": "cuda", "dtype": "bfloat16", "parallel": 4},
+            "device": "cuda", "dtype": "bfloat16", "parallel": 3},
     "cpu-check": {"contexts": (BASELINE_CONTEXT, "variables"), "seeds": 2, "method": "full", "max_steps": 1,
                   "learning_rate": 5e-5, "batch_size": 2, "max_length": 1024, "max_prompt_tokens": 768,
                   "max_new_tokens": 24, "train_limit": 8, "test_limit": 4, "execute_limit": 2,
