@@ -219,10 +219,10 @@ def test_a_budget_starts_no_unit_it_cannot_finish_and_score_only_scores_the_whol
         (moved / "units" / f"{unit}.json").unlink()
         shutil.rmtree(moved / "runs" / unit)
     capsys.readouterr()
-    assert _study(sample_release, tiny_model_dir, moved, "--generate-only", "--budget-s", "1") == 0
+    assert _study(sample_release, tiny_model_dir, moved, "--generate-only", "--budget-s", "0.001") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["generated"] == ["none-s0", "variables-s0", "base"] and out["left"] == ["none-s1", "variables-s1"]
-    assert not (moved / "models").exists()  # nothing started
+    assert not (moved / "models").exists()  # nothing started: the study took more than a millisecond to begin
     assert _study(sample_release, tiny_model_dir, moved, "--score-only") == 0
     results = json.loads((moved / "results.json").read_text())
     assert results["seeds"] == {"none": 1, "variables": 1} and results["units_left"] == ["none-s1", "variables-s1"]
@@ -230,6 +230,21 @@ def test_a_budget_starts_no_unit_it_cannot_finish_and_score_only_scores_the_whol
     assert cells[("trained:variables@variables", "chrf")]["seeds"] == 1
     assert "A partial study: 2 of its units are not run yet" in (moved / "results.md").read_text()
     assert not (moved / "models").exists()  # scoring trained nothing
+
+
+def test_units_side_by_side_in_processes_of_their_own_do_the_same_work(study, sample_release, tiny_model_dir,
+                                                                         tmp_path, capsys):
+    # What a GPU runs: units in spawned processes, the modes' exports written at once beside them.
+    side = tmp_path / "side"
+    capsys.readouterr()
+    assert _study(sample_release, tiny_model_dir, side, "--seeds", "1", "--parallel", "2", "--generate-only") == 0
+    assert json.loads(capsys.readouterr().out)["generated"] == ["none-s0", "variables-s0", "base"]
+    for unit in ("none-s0", "variables-s0"):
+        here, alone = (json.loads((folder / "units" / f"{unit}.json").read_text()) for folder in (side, study))
+        assert here["parallel"] == 2 and alone["parallel"] == 1
+        assert (here["first_loss"], here["steps"], here["prompts"]) == (alone["first_loss"], alone["steps"],
+                                                                        alone["prompts"])
+    assert sorted(p.name for p in (side / "exports").iterdir()) == ["none", "variables"]
 
 
 def _plan(n: int = 60, clusters: int = 12, resamples: int = 2000):

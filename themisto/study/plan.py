@@ -276,7 +276,8 @@ def build_plan(settings: StudySettings, rows, test_counts: dict[str, int], throu
 def render_plan(plan: StudyPlan, settings: StudySettings, budget_s: float | None) -> str:
     """The plan as text: a table of units, the estimated wall time, what a budget admits, and each figure's source."""
     modes = len(settings.contexts)
-    lines = [f"Plan of the study: {modes} modes x {settings.seeds} seeds and the base model "
+    seeds = f"{settings.seeds} seed{'' if settings.seeds == 1 else 's'}"
+    lines = [f"Plan of the study: {modes} modes x {seeds} and the base model "
              f"({', '.join(settings.contexts)}), on {plan.device}, {plan.parallel} side by side; in run order "
              "(seed 0 of every mode first, then the base model, then seed 1, ...)", "",
              f"| unit | rows | steps | training tokens | prompts | est. s | done |",

@@ -142,6 +142,18 @@ def export_for(out: Path, settings: StudySettings, rows, counter, say) -> Callab
     return export
 
 
+def export_job(settings_dict: dict, out: str, mode: str) -> str:
+    """Write `mode`'s export in a process of its own (side by side, the modes' exports are written at once)."""
+    from themisto.generation.backends.hf import prompt_token_counter
+    from themisto.study.rows import CommonRows, load_tokenizer
+
+    settings, folder = _settings_of(settings_dict), Path(out)
+    rows = CommonRows.from_dict(json.loads((folder / ROWS_FILE).read_text(encoding="utf-8")))
+    counter = prompt_token_counter(load_tokenizer(settings.model))
+    export_for(folder, settings, rows, counter, lambda msg: None)(mode)
+    return mode
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Units: fine-tune, then generate
 

@@ -74,7 +74,7 @@ def run_work(out: Path, settings: StudySettings, info, rows, todo: list, say: Ca
     with bar:
         if parallel == 1:
             return _in_turn(out, settings, todo, planned, clock, say, bar, export)
-        return _side_by_side(out, settings, todo, planned, clock, say, bar, parallel, export)
+        return _side_by_side(out, settings, todo, planned, clock, say, bar, parallel)
 
 
 def _report(record: dict, say: Callable[[str], None]) -> None:
@@ -103,18 +103,25 @@ def _in_turn(out: Path, settings: StudySettings, todo: list, planned: dict, cloc
 
 
 def _side_by_side(out: Path, settings: StudySettings, todo: list, planned: dict, clock: Clock, say, bar,
-                  parallel: int, export) -> list[str]:
+                  parallel: int) -> list[str]:
     import multiprocessing
+    import os
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+    from themisto.study.run import export_job
+
     data, pending, running = settings.to_dict(), list(todo), {}
-    # spawn: a CUDA context does not survive fork, and each unit loads its own model anyway.
-    with ProcessPoolExecutor(max_workers=parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
+    modes = list(dict.fromkeys(job.mode for job in todo if job is not None))
+    spawn = multiprocessing.get_context("spawn")  # a CUDA context does not survive fork
+    # Every mode's export is written at once, beside the units (a mode's first unit waits for its own only).
+    with ProcessPoolExecutor(max_workers=max(1, min(len(modes), (os.cpu_count() or 2) // 2)), mp_context=spawn) as \
+            exporting, ProcessPoolExecutor(max_workers=parallel, mp_context=spawn) as pool:
+        exports = {mode: exporting.submit(export_job, data, str(out), mode) for mode in modes}
         while pending or running:
             while pending and len(running) < parallel and clock.fits(planned[_name(pending[0])]):
                 job = pending.pop(0)
                 if job is not None:
-                    export(job.mode)
+                    say(f"{job.name}: its export ({exports[job.mode].result()})")
                 function, args = _call(job)
                 running[pool.submit(function, data, str(out), *args)] = job
             if not running:
