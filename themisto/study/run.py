@@ -1,17 +1,20 @@
 """`themisto study`: the folder, its units of work, and resuming them.
 
     STUDY/study.json                   the settings, the release's hash, the base model, versions (a rerun must match)
-    STUDY/rows.json                    the train rows every mode trains on, with tokens per mode (`rows`)
+    STUDY/rows.json                    the train rows every mode trains on, with tokens per mode and per row
     STUDY/exports/<mode>/              each mode's sft-export of exactly those rows
     STUDY/models/<mode>-s<seed>/       each fine-tuned model (eval/finetune.py's folder)
     STUDY/runs/<system>/<task>/        run folders (`themisto generate`): each model in its own mode and in `none`;
                                        `base` in every mode
+    STUDY/units/<unit>.json            each finished unit's record (steps, losses, tokens, prompts, seconds)
     STUDY/scored/                      the scorer's records: every prediction of the study at once, per task
     STUDY/results.json, results.md, effects.png
 
-A unit is one (mode, seed): fine-tune, then generate on the test split; a finished unit leaves
-`units/<mode>-s<seed>.json` and is not run again. With `parallel` > 1 units run side by side in processes of their
-own (on one GPU several small models fit).
+A unit is one (mode, seed): fine-tune, then generate on the test split; or the base model generating in every mode.
+They run in `work_order`: seed 0 of every mode, the base model, then seed 1 of every mode, ...; a finished unit
+leaves `units/<unit>.json` and is not run again. With `parallel` > 1 units run side by side in processes of their
+own (on one GPU several small models fit); `budget_s` starts no unit the plan says would end past it
+(themisto.study.schedule).
 
 Generation and scoring may run on two machines: `generate_only` stops once every model has generated; the folder
 without `models/` and `exports/` (the predictions are small) is then finished by the same command elsewhere, the
