@@ -43,17 +43,18 @@ def bytes_per_token(config, element_size: int) -> int:
 
 def memory_plan(model, device: str, torch, *, fraction: float = DEFAULT_MEMORY_FRACTION,
                 batch_tokens: int | None = None) -> MemoryPlan:
-    """The token budget of one batch: given, or on a GPU `fraction` of its total memory within what is free now."""
+    """The token budget of one batch: given, or on a GPU `fraction` of its total memory. Not of what is free now:
+    the batches, and so (in bfloat16, where padding changes the rounding) the answers, are then the same on every run
+    of the same settings on the same GPU; a batch that does not fit is split (generate_greedy)."""
     per_token = bytes_per_token(model.config, next(model.parameters()).element_size())
     if batch_tokens is not None:
         return MemoryPlan(batch_tokens, per_token, "given (batch_tokens)")
     if not device.startswith("cuda"):
         return MemoryPlan(CPU_BATCH_TOKENS, per_token, "the CPU default")
     torch.cuda.empty_cache()  # what a finished training left in the allocator's cache is free for this
-    free, total = torch.cuda.mem_get_info(torch.device(device))
-    usable = min(free * 0.9, total * fraction)
-    return MemoryPlan(max(1, int(usable // per_token)), per_token,
-                      f"{fraction:.2f} of {total / 2**30:.0f} GiB within {free / 2**30:.0f} GiB free")
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return MemoryPlan(max(1, int(total * fraction // per_token)), per_token,
+                      f"{fraction:.2f} of {total / 2**30:.0f} GiB")
 
 
 def plan_batches(lengths: list[int], *, max_new_tokens: int, budget_tokens: int, max_batch: int) -> list[list[int]]:
