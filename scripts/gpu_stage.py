@@ -26,10 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 # What the GPU image lacks (it has torch 2.11, transformers 5.17, peft, accelerate, pyarrow and pandas), at this
 # project's pins; transformers and its tokenizers, regex and safetensors ride along so both sides run one version
-# (gpu_study.sh falls back to the image's transformers where the carried one does not import there).
+# (gpu_study.sh falls back to the image's transformers where the carried one does not import there). datasets 5.2
+# and transformers 5.23 need huggingface_hub >= 1.31, transformers 5.17 (the image's) < 2: the last 1.x satisfies
+# all three.
 WHEELS: tuple[str, ...] = ("datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "xxhash==4.1.0",
                            "gguf==0.19.0", "peft==0.21.2", "trl==1.16.0", "transformers==5.23.0",
-                           "tokenizers==0.23.3", "safetensors==0.8.0", "regex==2026.12.2")
+                           "tokenizers==0.23.3", "safetensors==0.8.0", "regex==2026.12.2",
+                           "huggingface_hub==1.33.0")
 STUDY_FILES = ("study.json", "rows.json")
 
 
