@@ -39,6 +39,8 @@ def _train_parser(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--limit", type=int, help="train on the first N examples only")
+    parser.add_argument("--length-grouped", action="store_true",
+                        help="batches of like lengths, in a seeded random order (less padding; no packing)")
     parser.add_argument("--overwrite", action="store_true", help="replace MODEL/ and its checkpoints")
     parser.add_argument("--json", action="store_true", help="print the training record as one JSON object")
 
@@ -58,7 +60,7 @@ def train(args: argparse.Namespace) -> int:
         adapter_only=args.adapter_only, lora_r=args.lora_r, lora_alpha=args.lora_alpha, max_steps=args.max_steps,
         epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size, grad_accum=args.grad_accum,
         max_length=args.max_length, save_steps=args.save_steps, seed=args.seed, device=args.device,
-        limit=args.limit)
+        limit=args.limit, length_grouped=args.length_grouped)
     result = finetune(settings, overwrite=args.overwrite)
     record = result.record
     if args.json:

@@ -59,6 +59,26 @@ def small_release(tmp_path_factory) -> Path:
     return out
 
 
+# Two trajectories the build puts in train and two in test, each cut to its first 40 log lines (about 16 steps).
+SAMPLE_LOGS = ("07eaff00-25ed-4330-8ff3-a87cc639a862", "359cb2f2-cec2-4a7a-93b5-c30607c0b518",
+               "2851258b-9d31-4a50-b2ec-a96ac55e075c", "e50c32e4-ef80-44d3-9535-36a5662816af")
+
+
+@pytest.fixture(scope="session")
+def sample_release(tmp_path_factory) -> Path:
+    """Four shipped sample trajectories, cut short, replayed in real kernels and built once per session (the
+    study's tests and the generation parity test share it)."""
+    from themisto.cli import main
+
+    logs = tmp_path_factory.mktemp("sample-logs")
+    for name in SAMPLE_LOGS:
+        lines = (REPO_ROOT / "data" / "sample" / f"{name}.log").read_text(encoding="utf-8").splitlines(keepends=True)
+        (logs / f"{name}.log").write_text("".join(lines[:40]), encoding="utf-8")
+    release = tmp_path_factory.mktemp("sample-release") / "release"
+    assert main(["build", str(logs), "-o", str(release), "--json"]) == 0
+    return release
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer random Llama with a locally trained tokenizer and a chat template (tests/_tiny_model.py)."""

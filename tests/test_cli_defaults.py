@@ -65,6 +65,7 @@ SETTINGS = {
     ("generate", "probe_protocol"): (ProbeSettings, "protocol", None),
     ("generate", "device"): (TransformersBackend, "device", None),
     ("generate", "dtype"): (TransformersBackend, "dtype", None),
+    ("generate", "batching"): (TransformersBackend, "batching", None),
     ("generate", "concurrency"): (OpenAIBackend, "concurrency", None),
     ("generate", "max_retries"): (OpenAIBackend, "max_retries", None),
     ("generate", "request_timeout"): (OpenAIBackend, "timeout_s", None),
@@ -89,6 +90,7 @@ SETTINGS = {
     ("study", "preset"): (StudySettings, "preset", None),
     ("study", "execute"): (StudySettings, "execute", None),
     ("study", "generate_only"): (StudySettings, "generate_only", None),
+    ("study", "score_only"): (StudySettings, "score_only", None),
 }
 # Flags that turn a setting off: absent, the setting keeps its (true) default.
 NEGATED = {
@@ -100,6 +102,8 @@ NEGATED = {
 # Defaults that are no settings field, each with why.
 NOT_SETTINGS = {
     ("generate", "context"): "RunSettings.contexts has no default: the vocabulary's DEFAULT_CONTEXT_MODES",
+    ("study", "plan"): "what the command does (print the plan), not a setting of the study",
+    ("study", "prepare_only"): "what the command does (write study.json and rows.json), not a setting of the study",
 }
 
 ACTIONS_WITHOUT_A_VALUE = (argparse._HelpAction, argparse._SubParsersAction)

@@ -19,26 +19,12 @@ from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_i
 from themisto.study.effects import seeded_interval, seeded_paired
 
 REPO = Path(__file__).resolve().parents[1]
-# Two trajectories the build puts in train and two in test, each cut to its first 40 log lines (about 16 steps).
-SAMPLE_LOGS = ("07eaff00-25ed-4330-8ff3-a87cc639a862", "359cb2f2-cec2-4a7a-93b5-c30607c0b518",
-               "2851258b-9d31-4a50-b2ec-a96ac55e075c", "e50c32e4-ef80-44d3-9535-36a5662816af")
 STUDY_ARGS = ("--contexts", "variables", "--seeds", "2", "--max-steps", "1", "--batch-size", "2", "--max-length", "1024",
               "--max-prompt-tokens", "600", "--max-new-tokens", "12", "--test-limit", "4", "--train-limit", "6",
               "--execute", "--execute-limit", "2", "--device", "cpu", "--generation-batch", "8", "--resamples", "200",
               "--json")
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sample_release(tmp_path_factory) -> Path:
-    logs = tmp_path_factory.mktemp("sample-logs")
-    for name in SAMPLE_LOGS:
-        lines = (REPO / "data" / "sample" / f"{name}.log").read_text(encoding="utf-8").splitlines(keepends=True)
-        (logs / f"{name}.log").write_text("".join(lines[:40]), encoding="utf-8")
-    release = tmp_path_factory.mktemp("sample-release") / "release"
-    assert main(["build", str(logs), "-o", str(release), "--json"]) == 0
-    return release
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +64,11 @@ def test_every_mode_trains_on_the_same_rows_steps_and_completions(study):
     assert [e["completion"] for e in none] == [e["completion"] for e in variables]
     assert all(a["prompt"] != b["prompt"] for a, b in zip(none, variables))  # only the prompt differs
     units = [json.loads(p.read_text()) for p in sorted((study / "units").glob("*.json"))]
-    assert [u["unit"] for u in units] == ["none-s0", "none-s1", "variables-s0", "variables-s1"]
-    assert {(u["steps"], u["trained_on"]) for u in units} == {(1, 6)}
+    assert [u["unit"] for u in units] == ["base", "none-s0", "none-s1", "variables-s0", "variables-s1"]
+    assert {(u["steps"], u["trained_on"]) for u in units[1:]} == {(1, 6)}
+    # what a plan measures throughput from: tokens trained, prompts generated, seconds, side by side
+    assert all(u["train_tokens"] > 0 and u["prompts"] == 8 * (1 + (u["mode"] == "variables")) for u in units[1:])
+    assert units[0]["prompts"] == 16 and all(u["generate_seconds"] > 0 and u["parallel"] == 1 for u in units)
     tokens = json.loads((study / "results.json").read_text())["rows"]["tokens"]
     assert tokens["variables"]["prompt_mean"] > tokens["none"]["prompt_mean"]  # runtime modes see more: said
     assert tokens["variables"]["completion_mean"] == tokens["none"]["completion_mean"]
@@ -115,6 +104,9 @@ def test_results_hold_each_cell_with_seeds_and_the_paired_effects(study):
     assert cells[("trained:variables@variables", "chrf")]["n"] == 4  # text scores cover every generated example
     assert cells[("baseline:previous-cell", "functional_match")]["seeds"] == 1
     assert ("base@variables", "chrf") in cells and ("trained:variables@none", "chrf") in cells
+    tuned = next(e for e in next_cell["effects"] if e["effect"] == "fine-tuning" and e["metric"] == "chrf")
+    assert len(tuned["seed_means"]) == 2  # each trained seed against the base model's one
+    assert results["seeds"] == {"none": 2, "variables": 2} and results["units_left"] == []
     kinds = {(e["effect"], e["mode"]) for e in next_cell["effects"] if e["metric"] == "functional_match"}
     assert kinds == {("fine-tuning", "none"), ("runtime", "variables"), ("reliance", "variables"),
                      ("transfer", "variables"), ("untrained", "variables")}
@@ -150,9 +142,9 @@ def test_one_writer_then_a_rerun_trains_nothing_and_other_settings_are_refused(s
     assert _study(sample_release, tiny_model_dir, study) == 0
     assert [p.stat().st_mtime_ns for p in weights] == stamps
     capsys.readouterr()
-    assert _study(sample_release, tiny_model_dir, study, "--seeds", "3") == 2
+    assert _study(sample_release, tiny_model_dir, study, "--max-new-tokens", "13") == 2
     err = capsys.readouterr().err
-    assert "other settings" in err and "seeds is 2 there, 3 here" in err
+    assert "other settings" in err and "max_new_tokens is 12 there, 13 here" in err
 
 
 def test_a_study_generated_on_one_machine_is_scored_on_another(study, sample_release, tiny_model_dir, tmp_path,
@@ -167,7 +159,9 @@ def test_a_study_generated_on_one_machine_is_scored_on_another(study, sample_rel
     shutil.copytree(tiny_model_dir, model)
     capsys.readouterr()
     assert _study(release, model, moved, "--generate-only") == 0
-    assert json.loads(capsys.readouterr().out)["generated"] == ["none-s0", "none-s1", "variables-s0", "variables-s1"]
+    # seed 0 of every mode first, then the base model, then seed 1
+    assert json.loads(capsys.readouterr().out)["generated"] == ["none-s0", "variables-s0", "base", "none-s1",
+                                                                 "variables-s1"]
     assert not (moved / "results.json").exists()
     assert _study(release, model, moved) == 0
     assert not (moved / "models").exists() and not (moved / "exports").exists()  # nothing trained again
@@ -185,6 +179,72 @@ def test_a_study_generated_on_one_machine_is_scored_on_another(study, sample_rel
     capsys.readouterr()
     assert _study(release, other, moved) == 2
     assert "another base model" in capsys.readouterr().err
+
+
+def test_the_plan_gives_each_unit_in_run_order_with_figures_that_say_where_they_come_from(study, sample_release,
+                                                                                        tiny_model_dir, capsys):
+    capsys.readouterr()
+    assert _study(sample_release, tiny_model_dir, study, "--plan") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [u["unit"] for u in plan["units"]] == ["none-s0", "variables-s0", "base", "none-s1", "variables-s1"]
+    assert all(u["done"] for u in plan["units"]) and plan["wall_seconds"] == 0
+    # 4 test examples a task, in the model's own mode and in `none`; the base model in both modes
+    assert [u["prompts"] for u in plan["units"]] == [8, 16, 16, 8, 16]
+    variables = plan["units"][1]
+    assert (variables["rows"], variables["steps"]) == (6, 1) and variables["train_tokens"] > plan["units"][0]["train_tokens"]
+    assert {f["kind"] for f in plan["throughput"].values()} == {"measured here"}
+    # A third seed extends the study: units of its own, planned after the others, nothing done redone.
+    assert _study(sample_release, tiny_model_dir, study, "--plan", "--seeds", "3") == 0
+    more = json.loads(capsys.readouterr().out)["units"]
+    assert [(u["unit"], u["done"]) for u in more[5:]] == [("none-s2", False), ("variables-s2", False)]
+    assert all(u["done"] for u in more[:5])
+    # Told to re-plan from scratch (a folder of its own) the figures are stated, each with its source.
+    fresh = study.parent / "plan-only"
+    assert _study(sample_release, tiny_model_dir, fresh, "--plan", "--budget-s", "45") == 0
+    assert not fresh.exists()  # nothing written
+    plan = json.loads(capsys.readouterr().out)
+    assert {f["kind"] for f in plan["throughput"].values()} == {"measured elsewhere", "assumed"}
+    assert all("DESIGN.md" in f["source"] for f in plan["throughput"].values() if f["kind"] == "measured elsewhere")
+
+
+def test_a_budget_starts_no_unit_it_cannot_finish_and_score_only_scores_the_whole_ones(study, sample_release,
+                                                                                        tiny_model_dir, tmp_path,
+                                                                                        capsys):
+    import shutil
+
+    # As if a budget had stopped the study after seed 0 of every mode and the base model.
+    moved = tmp_path / "stopped"
+    shutil.copytree(study, moved, ignore=shutil.ignore_patterns("models", "exports", "results.*", "effects.png"))
+    for unit in ("none-s1", "variables-s1"):
+        (moved / "units" / f"{unit}.json").unlink()
+        shutil.rmtree(moved / "runs" / unit)
+    capsys.readouterr()
+    assert _study(sample_release, tiny_model_dir, moved, "--generate-only", "--budget-s", "0.001") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["generated"] == ["none-s0", "variables-s0", "base"] and out["left"] == ["none-s1", "variables-s1"]
+    assert not (moved / "models").exists()  # nothing started: the study took more than a millisecond to begin
+    assert _study(sample_release, tiny_model_dir, moved, "--score-only") == 0
+    results = json.loads((moved / "results.json").read_text())
+    assert results["seeds"] == {"none": 1, "variables": 1} and results["units_left"] == ["none-s1", "variables-s1"]
+    cells = {(c["system"], c["metric"]): c for c in results["tasks"]["next_cell"]["cells"]}
+    assert cells[("trained:variables@variables", "chrf")]["seeds"] == 1
+    assert "A partial study: 2 of its units are not run yet" in (moved / "results.md").read_text()
+    assert not (moved / "models").exists()  # scoring trained nothing
+
+
+def test_units_side_by_side_in_processes_of_their_own_do_the_same_work(study, sample_release, tiny_model_dir,
+                                                                         tmp_path, capsys):
+    # What a GPU runs: units in spawned processes, the modes' exports written at once beside them.
+    side = tmp_path / "side"
+    capsys.readouterr()
+    assert _study(sample_release, tiny_model_dir, side, "--seeds", "1", "--parallel", "2", "--generate-only") == 0
+    assert json.loads(capsys.readouterr().out)["generated"] == ["none-s0", "variables-s0", "base"]
+    for unit in ("none-s0", "variables-s0"):
+        here, alone = (json.loads((folder / "units" / f"{unit}.json").read_text()) for folder in (side, study))
+        assert here["parallel"] == 2 and alone["parallel"] == 1
+        assert (here["first_loss"], here["steps"], here["prompts"]) == (alone["first_loss"], alone["steps"],
+                                                                        alone["prompts"])
+    assert sorted(p.name for p in (side / "exports").iterdir()) == ["none", "variables"]
 
 
 def _plan(n: int = 60, clusters: int = 12, resamples: int = 2000):
@@ -222,6 +282,20 @@ def test_seeds_that_disagree_widen_the_paired_interval():
     assert disagree.mean == pytest.approx(np.mean([np.mean(lucky - control), np.mean(unlucky - control)]))
 
 
+def test_each_seed_pairs_with_a_single_control_so_the_spread_exists():
+    # The fine-tuning effect: three trained seeds against the base model's one.
+    rng = np.random.default_rng(5)
+    plan = _plan()
+    control = rng.integers(0, 2, plan.size).astype(float)
+    seeds = [rng.integers(0, 2, plan.size).astype(float) for _ in range(3)]
+    effect = seeded_paired(seeds, [control], plan)
+    own = [float(np.mean(s - control)) for s in seeds]
+    assert effect.seed_means == pytest.approx(own)
+    assert effect.seed_sd == pytest.approx(float(np.std(own, ddof=1))) and effect.seed_sd > 0
+    reverse = seeded_paired([control], seeds, plan)  # the single seed on the other side pairs the same way
+    assert reverse.seed_means == pytest.approx([-x for x in own])
+
+
 def test_a_preset_fills_what_the_user_did_not_give_and_bad_settings_are_refused():
     from themisto.study.settings import PRESETS, StudyError, is_path_check, with_preset
 
@@ -229,7 +303,8 @@ def test_a_preset_fills_what_the_user_did_not_give_and_bad_settings_are_refused(
     assert check.seeds == 3 and check.max_steps == PRESETS["cpu-check"]["max_steps"] and is_path_check(check)
     assert check.contexts[0] == "none"  # the paired effects' control is always in, first
     gpu = with_preset("gpu", {"release": "r", "model": "m"})
-    assert (gpu.device, gpu.dtype, gpu.parallel, gpu.seeds) == ("cuda", "bfloat16", 4, 3) and not is_path_check(gpu)
+    assert (gpu.device, gpu.dtype, gpu.parallel, gpu.seeds) == ("cuda", "bfloat16", 3, 1) and not is_path_check(gpu)
+    assert gpu.batch_size * gpu.grad_accum == 16 and gpu.batching == "memory"
     for preset, given, message in (("fast", {}, "unknown preset"), ("custom", {"lr": 1}, "unknown study setting"),
                                    ("custom", {"max_prompt_tokens": 4000}, "leave room"),
                                    ("custom", {"contexts": ("probe",)}, "cannot be trained on")):

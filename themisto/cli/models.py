@@ -76,7 +76,9 @@ def add_sft_export(subparsers: argparse._SubParsersAction) -> None:
 def _backend_options(args: argparse.Namespace) -> dict:
     """The options each backend takes from the command line (recorded in run.json; a resume must match them)."""
     if args.backend == "transformers":
-        return {"device": args.device, "dtype": args.dtype}
+        # `fixed` is left out, so a run folder written before the option existed resumes as it was.
+        batching = {} if args.batching == "fixed" else {"batching": args.batching}
+        return {"device": args.device, "dtype": args.dtype, **batching}
     if args.backend == "openai":
         return {"base_url": args.base_url, "concurrency": args.concurrency, "max_retries": args.max_retries,
                 "timeout_s": args.request_timeout}
@@ -159,7 +161,7 @@ def _add_mode_options(parser: argparse.ArgumentParser) -> None:
 
 def add_generate(subparsers: argparse._SubParsersAction) -> None:
     from themisto.generation.backends import BACKENDS, Sampling
-    from themisto.generation.backends.hf import DTYPES, TransformersBackend
+    from themisto.generation.backends.hf import BATCHINGS, DTYPES, TransformersBackend
     from themisto.generation.backends.openai_api import OpenAIBackend
     from themisto.generation.backends.vllm_offline import VLLMBackend
     from themisto.generation.runs import RunSettings
@@ -196,6 +198,10 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
                         help="transformers: the weights' number format (default auto: the checkpoint's own; a GGUF "
                              "is dequantized to float32); bfloat16 on a CPU or a GPU that has it, float16 on a GPU; "
                              "int8 on a CPU: float32 with every Linear layer dynamically quantized")
+    parser.add_argument("--batching", default=default_of(TransformersBackend, "batching"), choices=BATCHINGS,
+                        help="transformers: fixed (--batch-size prompts a batch through model.generate) or memory "
+                             "(greedy prompts sorted by length in batches sized by the device's memory, at most "
+                             "--batch-size rows, with a static KV cache: the same answers; default %(default)s)")
     parser.add_argument("--base-url", help="openai: the endpoint (default: OPENAI_BASE_URL); key from OPENAI_API_KEY")
     parser.add_argument("--concurrency", type=int, default=default_of(OpenAIBackend, "concurrency"),
                         help="openai: requests in flight (default %(default)s)")

@@ -13,7 +13,7 @@ from themisto.vocabulary import CLUSTER_UNITS, STATIC_CONTEXT_MODES, TASKS
 _OVERRIDES: tuple[str, ...] = (
     "contexts", "seeds", "tasks", "method", "epochs", "max_steps", "learning_rate", "batch_size", "grad_accum",
     "max_length", "train_limit", "max_prompt_tokens", "max_new_tokens", "test_limit", "generation_batch", "device",
-    "dtype", "execute_limit", "cluster", "resamples", "parallel")
+    "dtype", "execute_limit", "cluster", "resamples", "parallel", "batching", "budget_s")
 
 
 def study_command(args: argparse.Namespace) -> int:
@@ -27,17 +27,21 @@ def study_command(args: argparse.Namespace) -> int:
             given[name] = tuple(given[name])
     settings = with_preset(args.preset, {"release": str(args.release), "model": args.model,
                                          "execute": args.execute, "progress": not args.json,
-                                         "generate_only": args.generate_only, **given})
+                                         "generate_only": args.generate_only, "score_only": args.score_only,
+                                         **given})
+    if args.plan:
+        return _print_plan(settings, args)
     try:
-        results = run_study(settings, args.output)
+        results = run_study(settings, args.output, prepare_only=args.prepare_only)
     except KeyboardInterrupt:
         print(f"themisto study: interrupted; rerun the same command to resume into {args.output}", file=sys.stderr)
         return 130
-    if settings.generate_only:
-        print(json.dumps({"output": str(args.output), "seconds": results["seconds"], "generated": results["generated"]},
-                         sort_keys=True) if args.json else
-              f"{len(results['generated'])} models generated into {args.output}/runs in {results['seconds']:.0f} s; "
-              "the same command without --generate-only scores them")
+    if "generated" in results:  # --generate-only, or stopped by --budget-s: nothing scored
+        print(json.dumps({"output": str(args.output), "seconds": results["seconds"], "generated": results["generated"],
+                          "left": results["left"]}, sort_keys=True) if args.json else
+              f"{len(results['generated'])} units generated into {args.output}/runs in {results['seconds']:.0f} s"
+              + (f"; {len(results['left'])} left for a later run ({', '.join(results['left'])})" if results["left"]
+                 else "; the same command without --generate-only scores them"))
         return 0
     if args.json:
         print(json.dumps({"output": str(args.output), "seconds": results["seconds"],
@@ -49,6 +53,24 @@ def study_command(args: argparse.Namespace) -> int:
 
     print(render_markdown(results))
     print(f"wrote {args.output}/results.json, results.md and effects.png in {results['seconds']:.0f} s")
+    return 0
+
+
+def _print_plan(settings, args: argparse.Namespace) -> int:
+    """--plan: each unit's rows, tokens, prompts and estimated time, and where each throughput figure comes from."""
+    from themisto.study.plan import plan_study, render_plan
+    from themisto.study.settings import StudyError
+
+    given = {}
+    for item in args.throughput or ():
+        name, _, value = item.partition("=")
+        try:
+            given[name] = float(value)
+        except ValueError:
+            raise StudyError(f"--throughput {item!r}: expected NAME=NUMBER") from None
+    plan = plan_study(settings, args.output, given)
+    print(json.dumps(plan.to_dict(), sort_keys=True) if args.json else render_plan(plan, settings, settings.budget_s),
+          end="\n" if args.json else "")
     return 0
 
 
@@ -97,5 +119,23 @@ def add_study(subparsers: argparse._SubParsersAction) -> None:
                         help="stop once every model has generated (on a GPU machine, say); the same command without "
                              "it scores, here or on a machine given STUDY without models/ and exports/: the release "
                              "and the base model are matched by their content, not their paths")
+    parser.add_argument("--score-only", action="store_true",
+                        help="score the finished units and run nothing else (a study stopped by its budget, on the "
+                             "scoring machine); the results give each cell's seeds and the units left")
+    parser.add_argument("--budget-s", type=float, metavar="SECONDS",
+                        help="start no unit that the plan says would end past SECONDS from the start (a started "
+                             "unit runs to its end: the folder keeps whole units, which a later run resumes)")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="write STUDY/study.json and the train rows every mode shares (rows.json), then stop: "
+                             "what a short GPU slot then need not spend time on (scripts/gpu_study.sh)")
+    parser.add_argument("--plan", action="store_true",
+                        help="print, before anything runs, each unit's rows, optimizer steps, training tokens, test "
+                             "prompts and estimated time, and where each throughput figure comes from; runs nothing")
+    parser.add_argument("--throughput", nargs="+", metavar="NAME=VALUE",
+                        help="--plan: state a figure (train_tokens_per_s, prompts_per_s, "
+                             "unit_overhead_s, side_by_side) instead of the measured or stated one")
+    parser.add_argument("--batching", choices=("fixed", "memory"),
+                        help=f"generation: memory (greedy, batches sized by memory, the same answers) or fixed "
+                             f"(default {d.batching})")
     parser.add_argument("--json", action="store_true", help="no progress bars; print a summary JSON object")
     parser.set_defaults(run=study_command)

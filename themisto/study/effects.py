@@ -118,9 +118,19 @@ def seeded_interval(values, plan: ResamplePlan, *, seed: int | None = None) -> S
     return SeededInterval(mean, low, high, int((~np.isnan(per_example)).sum()), array.shape[0], means, _spread(means))
 
 
+def _seed_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each seed's differences: seed i with seed i, or every seed with the other side's only one (the base model
+    has one; pairing by index would keep only the first trained seed and lose the spread)."""
+    if a.shape[0] == 1 or b.shape[0] == 1:
+        return a - b  # broadcast over the side with several seeds
+    pairs = min(a.shape[0], b.shape[0])
+    return a[:pairs] - b[:pairs]
+
+
 def seeded_paired(treated, control, plan: ResamplePlan, *, seed: int | None = None) -> SeededInterval:
     """The mean of `treated − control` over the examples both have, each side averaged over its own seeds; one
-    cluster draw for both sides, an independent seed draw for each. Its seed spread pairs seed i with seed i."""
+    cluster draw for both sides, an independent seed draw for each. Its seed spread pairs seed i with seed i (each
+    seed with the single control where one side has one)."""
     a, b = _as_array(treated), _as_array(control)
     if a.shape[1] != plan.size or b.shape[1] != plan.size:
         raise ValueError(f"got {a.shape[1]} and {b.shape[1]} examples for a plan of {plan.size}")
@@ -132,7 +142,6 @@ def seeded_paired(treated, control, plan: ResamplePlan, *, seed: int | None = No
     per_example = np.where(both, ea - eb, np.nan)
     replicates = np.where(both, ra - rb, np.nan)
     mean, low, high = _interval(per_example, replicates, plan)
-    pairs = min(a.shape[0], b.shape[0])
-    seed_effects = _seed_means(np.where(both, a[:pairs] - b[:pairs], np.nan))
+    seed_effects = _seed_means(np.where(both, _seed_pairs(a, b), np.nan))
     return SeededInterval(mean, low, high, int(both.sum()), max(a.shape[0], b.shape[0]), seed_effects,
                           _spread(seed_effects))

@@ -118,9 +118,14 @@ def render_markdown(results: dict) -> str:
     if results.get("path_check"):
         lines += [f"**{results['path_check']}.**", ""]
     hw = results["hardware"]
+    seeds = results.get("seeds") or {mode: s["seeds"] for mode in s["contexts"]}
+    per_mode = ", ".join(f"`{mode}` {n}" for mode, n in seeds.items())
+    if results.get("units_left"):
+        lines += [f"**A partial study: {len(results['units_left'])} of its units are not run yet "
+                  f"({', '.join(results['units_left'])}); each cell gives its seeds.**", ""]
     lines += [f"Base model `{Path(s['model']).name}`, fine-tuned ({s['method']}, lr {s['learning_rate']}, batch "
-              f"{s['batch_size']}, {results['steps']} steps) on the same {results['rows']['rows']} train rows in each "
-              f"mode ({', '.join(s['contexts'])}), {s['seeds']} seed(s) each; greedy generation, prompts within "
+              f"{s['batch_size'] * s['grad_accum']}, {results['steps']} steps) on the same {results['rows']['rows']} "
+              f"train rows in each mode; seeds per mode: {per_mode}; greedy generation, prompts within "
               f"{s['max_prompt_tokens']} tokens of the base model's tokenizer, {s['max_new_tokens']} new tokens. "
               f"Hardware: {hw.get('gpu') or hw['cpu']} ({hw['device']}, {hw['precision']}).", "",
               "| mode | rows | prompt tokens (mean) | completion tokens (mean) |", "| --- | ---: | ---: | ---: |"]
@@ -133,11 +138,12 @@ def render_markdown(results: dict) -> str:
         shown = list(dict.fromkeys(shown))
         executed = f", {r['executed']} executed" if r["executed"] else ""
         lines += [f"## {task} ({r['examples']} test examples{executed})", "",
-                  "| system | " + " | ".join(shown) + " |", "| --- |" + " ---: |" * len(shown)]
+                  "| system | seeds | " + " | ".join(shown) + " |", "| --- | ---: |" + " ---: |" * len(shown)]
         by = {(c["system"], c["metric"]): c for c in r["cells"]}
         for system in dict.fromkeys(c["system"] for c in r["cells"]):
-            lines.append(f"| {_label(system)} | " + " | ".join(_fmt(by[(system, m)]) if (system, m) in by else "—"
-                                                               for m in shown) + " |")
+            cells = [by[(system, m)] for m in shown if (system, m) in by]
+            lines.append(f"| {_label(system)} | {cells[0]['seeds'] if cells else '—'} | "
+                         + " | ".join(_fmt(by[(system, m)]) if (system, m) in by else "—" for m in shown) + " |")
         lines += ["", f"Paired effects on {r['headline']} (same examples):", "",
                   "| effect | mode | difference | n |", "| --- | --- | ---: | ---: |"]
         for e in r["effects"]:
@@ -175,8 +181,10 @@ def _plot(results: dict, path: Path) -> None:
 
 
 def write_report(out: Path, settings: StudySettings, rows: CommonRows, records: list[dict],
-                 scores: list[TaskScores], *, seconds: float) -> dict:
+                 scores: list[TaskScores], *, seconds: float, left: list[str] = ()) -> dict:
+    """results.json, results.md and effects.png of the finished units `records` (`left`: units not yet run)."""
     steps = sorted({r["steps"] for r in records if r})
+    seeds = {mode: sum(1 for r in records if r and r["mode"] == mode) for mode in settings.contexts}
     results = {
         "format": 1, "settings": settings.to_dict(),
         "path_check": PATH_CHECK_NOTE.format(steps=settings.max_steps if settings.max_steps > 0 else "all",
@@ -184,7 +192,8 @@ def write_report(out: Path, settings: StudySettings, rows: CommonRows, records: 
         if is_path_check(settings) else None,
         "hardware": _hardware(records), "steps": steps[0] if len(steps) == 1 else steps,
         "rows": {"rows": len(rows.keys), "tokens": rows.tokens, "census": rows.census},
-        "units": records, "tasks": {s.task: analyse(s, settings) for s in scores},
+        "units": records, "seeds": seeds, "units_left": list(left),
+        "tasks": {s.task: analyse(s, settings) for s in scores},
         "seconds": round(seconds, 1),
     }
     write_json_atomic(out / RESULTS_JSON, results)

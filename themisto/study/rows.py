@@ -25,14 +25,15 @@ class CommonRows:
     keys: list[tuple[str, str]]
     tokens: dict[str, dict[str, float]]  # mode -> prompt_mean, completion_mean, total_mean
     census: dict = field(default_factory=dict)  # how many rows each rule left out
+    lengths: dict[str, list[int]] = field(default_factory=dict)  # mode -> each row's training tokens, in keys' order
 
     def to_dict(self) -> dict:
         return {"rows": len(self.keys), "keys": [list(k) for k in self.keys], "tokens": self.tokens,
-                "census": self.census}
+                "census": self.census, "lengths": self.lengths}
 
     @classmethod
     def from_dict(cls, data: dict) -> CommonRows:
-        return cls([tuple(k) for k in data["keys"]], data["tokens"], data.get("census", {}))
+        return cls([tuple(k) for k in data["keys"]], data["tokens"], data.get("census", {}), data.get("lengths", {}))
 
 
 def load_tokenizer(model: str):
@@ -83,17 +84,17 @@ def common_rows(settings: StudySettings, tokenizer, counter: Callable[[str], int
     if not keys:
         raise StudyError(f"{settings.release}: no train row is kept in every mode ({', '.join(settings.contexts)}) "
                          f"within max_length {settings.max_length} and max_prompt_tokens {settings.max_prompt_tokens}")
-    tokens = {}
+    tokens, lengths = {}, {}
     for mode in settings.contexts:
         prompt = [per_key[k][mode][0] for k in keys]
-        total = [per_key[k][mode][1] for k in keys]
+        total = lengths[mode] = [per_key[k][mode][1] for k in keys]
         tokens[mode] = {"prompt_mean": round(fmean(prompt), 1), "total_mean": round(fmean(total), 1),
                         "completion_mean": round(fmean(t - p for t, p in zip(total, prompt)), 1)}
     dropped = Counter((d["context"] or "all", d["reason"]) for d in collected.dropped)
     census = {"rendered": len(order), "in_every_mode": len(every), "kept": len(keys),
               "over_max_length": dict(over),
               "dropped": {f"{context}/{reason}": n for (context, reason), n in sorted(dropped.items())}}
-    return CommonRows(keys, tokens, census)
+    return CommonRows(keys, tokens, census, lengths)
 
 
 def export_mode(settings: StudySettings, mode: str, rows: CommonRows, out: Path, counter: Callable[[str], int]):

@@ -58,6 +58,10 @@ class FinetuneSettings:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     limit: int | None = None  # train on the first N examples only
+    # Batches of like lengths (transformers' length-grouped sampler, seeded like the random one): less padding. No
+    # packing across examples: under SDPA attention packed rows would see each other.
+    length_grouped: bool = False
+    checkpoints: bool = True  # False: no checkpoint (a short run restarts whole rather than resuming)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -206,6 +210,17 @@ def _within_length(dataset, tokenizer, settings: FinetuneSettings):
     return kept, len(dataset) - len(kept)
 
 
+def _sampling(config_class, grouped: bool) -> dict:
+    """The length-grouped sampler as this transformers names it (`train_sampling_strategy` since 5.x, before it
+    `group_by_length`), or the random one."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(config_class)}
+    if "train_sampling_strategy" in names:
+        return {"train_sampling_strategy": "group_by_length" if grouped else "random"}
+    return {"group_by_length": grouped}
+
+
 def _sft_config(settings: FinetuneSettings, work: Path):
     from trl import SFTConfig
 
@@ -213,8 +228,9 @@ def _sft_config(settings: FinetuneSettings, work: Path):
         output_dir=str(work), max_steps=settings.max_steps, num_train_epochs=settings.epochs,
         per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
         learning_rate=settings.lr, max_length=settings.max_length, seed=settings.seed, data_seed=settings.seed,
-        logging_steps=1, save_strategy="steps", save_steps=settings.save_steps, save_total_limit=2,
-        report_to=[], completion_only_loss=True, disable_tqdm=True, **_precision(settings))
+        logging_steps=1, save_strategy="steps" if settings.checkpoints else "no", save_steps=settings.save_steps,
+        save_total_limit=2, report_to=[], completion_only_loss=True, disable_tqdm=True,
+        **_sampling(SFTConfig, settings.length_grouped), **_precision(settings))
 
 
 def _resume_point(work: Path, settings: FinetuneSettings, overwrite: bool) -> str | None:

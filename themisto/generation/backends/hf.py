@@ -20,6 +20,10 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 # output channel, its activations on the fly (torch's dynamic quantization): a GGUF file's 4-bit weights lose little
 # more, and its own runtime (llama.cpp) also multiplies them with 8-bit activations.
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "int8")
+# How prompts are batched: `fixed`, `batch_size` prompts a batch through `model.generate` (any sampling); `memory`,
+# greedy single-sample prompts in batches sized by the device's memory, sorted by length, with a static KV cache
+# (themisto.generation.backends.hf_batched; the same answers, at the device's pace). Other prompts take `fixed`.
+BATCHINGS: tuple[str, ...] = ("fixed", "memory")
 
 
 def split_model_path(model: str, gguf_file: str | None) -> tuple[str, str | None]:
@@ -62,6 +66,16 @@ def _check_dtype(dtype: str, device: str, torch) -> None:
         raise BackendError("--dtype int8 (dynamic quantization) runs on the CPU only: use --device cpu")
 
 
+def _gguf_in(model, dtype, torch):
+    """A GGUF-loaded model in `dtype`: cast where its weights were dequantized; kept in float32 (what runs) where
+    they stay packed in GGUF blocks, whose kernels compute in float32."""
+    if all(p.is_floating_point() for p in model.parameters()):
+        return model.to(dtype)
+    warnings.warn(f"this GGUF model keeps its weights packed and computes in float32; {dtype} was asked for",
+                  stacklevel=3)
+    return model
+
+
 def _encode(tokenizer, text: str) -> list[int]:
     # The chat template already wrote the special tokens; adding them again would double a BOS.
     return tokenizer(text, add_special_tokens=not getattr(tokenizer, "chat_template", None))["input_ids"]
@@ -101,7 +115,8 @@ class TransformersBackend:
     """Greedy or sampled generation with `model.generate`; the tokenizer counts tokens for the prompt budget."""
 
     def __init__(self, model: str, *, device: str = "auto", dtype: str = "auto", gguf_file: str | None = None,
-                 batch_size: int = 8, revision: str | None = None) -> None:
+                 batch_size: int = 8, revision: str | None = None, batching: str = "fixed",
+                 memory_fraction: float | None = None, batch_tokens: int | None = None) -> None:
         require("torch", INSTALL)
         transformers = require("transformers", INSTALL)
         import torch
@@ -112,14 +127,22 @@ class TransformersBackend:
             require("gguf", INSTALL)
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         _check_dtype(dtype, self.device, torch)
-        self.batch_size = batch_size
+        if batching not in BATCHINGS:
+            raise BackendError(f"unknown batching {batching!r} (expected one of {', '.join(BATCHINGS)})")
+        self.batch_size, self.batching = batch_size, batching
+        self.memory_fraction, self.batch_tokens = memory_fraction, batch_tokens
         kwargs = {"revision": revision, "gguf_file": self.gguf_file}
+        torch_dtype = {"auto": "auto", "int8": torch.float32}.get(dtype) or getattr(torch, dtype)
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.source, **kwargs)
-            torch_dtype = {"auto": "auto", "int8": torch.float32}.get(dtype) or getattr(torch, dtype)
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(self.source, dtype=torch_dtype, **kwargs)
+            # A GGUF file is asked for what its loader gives, float32 (asked for another format, transformers
+            # warns that its kernels compute in float32 even where it dequantized the weights); cast below.
+            loaded = torch.float32 if self.gguf_file and torch_dtype != "auto" else torch_dtype
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(self.source, dtype=loaded, **kwargs)
         except OSError as exc:
             raise BackendError(f"cannot load model {model!r} with transformers: {exc}") from exc
+        if self.gguf_file and loaded != torch_dtype:
+            self.model = _gguf_in(self.model, torch_dtype, torch)
         self.model.to(self.device).eval()
         if dtype == "int8":
             self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
@@ -149,6 +172,9 @@ class TransformersBackend:
         return len(self._encode(text)) + self._overhead
 
     def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]:
+        if self.batching == "memory" and sampling.temperature == 0 and sampling.n == 1 and \
+                not any(p.tools for p in prompts):
+            return self._generate_greedy(prompts, sampling)
         # Prompts of like length share a batch (less padding: each batch runs as long as its longest prompt); the
         # answers come back in the order asked. Greedy answers do not depend on the batch's other prompts beyond
         # the numerical noise of padding, which this only reduces.
@@ -198,6 +224,20 @@ class TransformersBackend:
             results.append(samples)
         return results
 
+    def _generate_greedy(self, prompts: list[Prompt], sampling: Sampling) -> list[list[Generation]]:
+        import torch
+
+        from themisto.generation.backends.hf_batched import DEFAULT_MEMORY_FRACTION, generate_greedy, memory_plan
+
+        ids = [self._encode(self._text(p.messages)) for p in prompts]
+        plan = memory_plan(self.model, self.device, torch, batch_tokens=self.batch_tokens,
+                           fraction=self.memory_fraction or DEFAULT_MEMORY_FRACTION)
+        answers = generate_greedy(self.model, ids, max_new_tokens=sampling.max_new_tokens, stop_ids=self._stop_ids(),
+                                  pad_id=self.tokenizer.pad_token_id, device=self.device, torch=torch, plan=plan,
+                                  max_batch=self.batch_size)
+        return [[Generation(self.tokenizer.decode(answer, skip_special_tokens=True), "ok", None, len(prompt),
+                            len(answer))] for prompt, answer in zip(ids, answers)]
+
     def _stop_ids(self) -> set[int]:
         ids = self.model.generation_config.eos_token_id
         ids = set(ids if isinstance(ids, list) else [ids]) - {None}
@@ -207,7 +247,7 @@ class TransformersBackend:
         import transformers
 
         info = {"backend": "transformers", "version": transformers.__version__, "model": self.model_name,
-                "device": self.device, "dtype": self.dtype,
+                "device": self.device, "dtype": self.dtype, "batching": self.batching,
                 "chat_template": self.has_chat_template}
         digest = local_weights_sha256(self.source, self.gguf_file)
         if digest is not None:
