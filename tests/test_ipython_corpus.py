@@ -73,9 +73,10 @@ def test_a_session_is_cut_at_its_first_input_the_replay_cannot_run():
     assert first_blocker(["import urllib.request", "urllib.request.urlopen('https://example.org/x.csv')"],
                          MODULES, files).cause == "network_needed"
     assert first_blocker(codes[:3], MODULES | {"pandas"}, files) is None
-    for waiting in ("!vim notes.py", "!less log.txt", "%edit f", "!python", "!ssh host"):
+    for waiting in ("!vim notes.py", "!less log.txt", "%edit f", "!python", "!ssh host", "vim deploy/app.py"):
         assert first_blocker(["x = 1", waiting], MODULES, files).cause == "interactive", waiting
-    assert first_blocker(["!python run.py", "!ls data", "!pwd"], MODULES, files) is None
+    assert first_blocker(["!python run.py", "!ls data", "!pwd", "top = 3", "less = top - 1", "man(x)"], MODULES,
+                         files) is None
 
 
 def _row(step, code, status="ok", ename=None, evalue=None, logged_status="unknown", logged_ename=None):

@@ -36,9 +36,13 @@ _URL = re.compile(r"""['"](?:https?|ftp|s3|gs)://""", re.IGNORECASE)
 _GPU = re.compile(r"""\.cuda\(|['"]cuda(?::\d+)?['"]|device\s*=\s*['"]?cuda|\bcupy\b|\bnumba\.cuda\b""")
 # A program that waits for a person at a terminal (an editor, a pager, a shell or an interpreter with no script): in a
 # replay it would wait, computing nothing, until its cell's clock ran out.
-_INTERACTIVE = re.compile(r"^\s*(?:!|%sx\s+|%system\s+)\s*(?:(?:sudo\s+)?(?:vim?|nvim|nano|emacs|pico|less|more|top|htop|"
-                          r"man|ssh|ftp|sftp|telnet|mysql|psql|sqlite3|watch)\b|(?:python[0-9.]*|ipython|bash|sh|zsh)"
-                          r"\s*$)|^\s*%(?:edit|ed|qtconsole)\b", re.MULTILINE)
+_WAITING = r"(?:vim?|nvim|nano|emacs|pico|less|more|top|htop|man|ssh|ftp|sftp|telnet|mysql|psql|sqlite3|watch)"
+_ESCAPE = r"(?:!|%sx\s+|%system\s+)"
+_INTERACTIVE = re.compile(
+    rf"^\s*{_ESCAPE}\s*(?:sudo\s+)?{_WAITING}\b"  # a shell escape to one of them
+    rf"|^\s*(?:sudo\s+)?{_WAITING}\s+[\w./~-]"  # an alias of it (`%rehashx` makes one of every program) with an argument
+    rf"|^\s*{_ESCAPE}\s*(?:python[0-9.]*|ipython|bash|sh|zsh)\s*$"  # a shell or an interpreter with no script
+    r"|^\s*%(?:edit|ed|qtconsole)\b", re.MULTILINE)
 _PY2 = re.compile(r"^\s*(?:print\s+[^\s(=.,)\]][^=]*$|exec\s+['\"]|except\s+[\w.]+\s*,\s*\w+\s*:)", re.MULTILINE)
 
 
@@ -143,13 +147,13 @@ def first_blocker(codes: Sequence[str], modules: frozenset[str], files: Reposito
     environment imports; `local`: module names the repository's own kept files provide), or None."""
     available = modules | frozenset(local)
     for index, code in enumerate(codes):
+        if _INTERACTIVE.search(code):
+            return Blocker(index, "interactive", "a program waiting for a terminal")
         tree = _python3(code)
         if tree is None:
             if _PY2.search(code):
                 return Blocker(index, "python2", "a Python 2 statement")
             continue  # a syntax error its developer saw too: replay shows the same
-        if _INTERACTIVE.search(code):
-            return Blocker(index, "interactive", "a program waiting for a terminal")
         missing = [name for name in imported(tree) if name not in available]
         if missing:
             return Blocker(index, "package_absent", missing[0])
