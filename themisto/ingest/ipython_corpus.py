@@ -56,6 +56,9 @@ class CorpusSettings:
     limit: int | None = None  # sessions kept in all, spread over developers (one each first, then a second, ...)
     match_inputs: int = 3
     match_share: float = 0.2
+    # A history times no cell: each may run this many CPU seconds (and four times as many of the clock while it waits
+    # on nothing: `themisto.runtime.kernel_requests`), not the 120 s a JuNE cell gets where its log did not time it.
+    cell_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,8 @@ def trajectory_of(repo: Repository, kind: str, file: Path, session, codes: list[
                   "inputs": len(session.inputs), "cut": cut}
     return Trajectory(id=f"ih-{ident}", notebook=notebook, source=SOURCE_KINDS[kind], executions=executions,
                       participant=repo.developer, sources=[SourceFile(file=f"{repo.id}/{rel}", sha256=_sha256(file))],
-                      workspace=f"{WORKSPACE_FOLDER}/{repo.id}", start_dir=start, provenance=provenance)
+                      workspace=f"{WORKSPACE_FOLDER}/{repo.id}", start_dir=start, provenance=provenance,
+                      cell_timeout_s=settings.cell_timeout_s)
 
 
 WORKSPACE_FOLDER = "ipython"  # where a composed workspace holds each repository's files (`workspace_recipe.compose`)

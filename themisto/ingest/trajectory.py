@@ -117,6 +117,9 @@ class Trajectory:
     # Where a trajectory from the wild came from, without naming anyone (`themisto.ingest.ipython_corpus`):
     # repository (a hashed id), commit, path, session, date, licence, and how its notebook was matched.
     provenance: dict | None = None
+    # How long a cell the log did not time may run in replay (seconds of `ReplaySettings.cell_clock`); None: the
+    # replay's `cell_timeout_s`. A source without any timing sets its own (`CorpusSettings.cell_timeout_s`).
+    cell_timeout_s: float | None = None
 
     def digest(self) -> str:
         """The sha256 of everything the trajectory holds: equal digests, the same replay."""

@@ -155,13 +155,17 @@ def interrupted_by_developer(status: str | None, ename: str | None) -> bool:
 
 def cell_limits(trajectory: Trajectory, settings: ReplaySettings) -> list[float]:
     """The seconds each execution of `trajectory` may run in replay: a cell the developer interrupted gets
-    `interrupted_timeout_s`, any other the rule of `themisto.replay.cell_limits` over its logged seconds."""
+    `interrupted_timeout_s`, any other the rule of `themisto.replay.cell_limits` over its logged seconds (an untimed
+    one the trajectory's own `cell_timeout_s` where it sets one)."""
     out = []
+    # A fixed limit (no logged-time rule) is every cell's; else a trajectory's own default stands for its untimed cells.
+    fixed = settings.logged_time_factor is None
+    default_s = settings.cell_timeout_s if fixed else (trajectory.cell_timeout_s or settings.cell_timeout_s)
     for execution, seconds in zip(trajectory.executions, trajectory.logged_seconds()):
         if interrupted_by_developer(execution.status, execution.ename):
             out.append(settings.interrupted_timeout_s)
         else:
-            out.append(cell_limit(seconds, default_s=settings.cell_timeout_s, factor=settings.logged_time_factor,
+            out.append(cell_limit(seconds, default_s=default_s, factor=settings.logged_time_factor,
                                   ceiling_s=settings.cell_timeout_ceiling_s))
     return out
 
