@@ -217,3 +217,17 @@ def test_themisto_ingest_reads_a_corpus_and_prints_its_refusals(corpus, tmp_path
     assert len(out.read_text().splitlines()) == 1
     assert main(["ingest", str(corpus), "--min-inputs", "0"]) == 2  # a setting out of range: one line, exit 2
     assert "--min-inputs must be at least 1" in capsys.readouterr().err
+
+
+def test_a_corpus_sessions_untimed_cells_get_the_corpus_limit_and_a_fixed_limit_wins(corpus):
+    from dataclasses import replace
+
+    from themisto.replay.replay import ReplaySettings, cell_limits
+
+    trajectory = read_corpus(corpus, SMALL, modules=MODULES).trajectories[0]
+    assert set(cell_limits(trajectory, ReplaySettings())) == {SMALL.cell_timeout_s}
+    assert SMALL.cell_timeout_s < ReplaySettings().cell_timeout_s
+    fixed = ReplaySettings(cell_timeout_s=7.0, logged_time_factor=None)
+    assert set(cell_limits(trajectory, fixed)) == {7.0}
+    assert set(cell_limits(replace(trajectory, cell_timeout_s=None), ReplaySettings())) == {
+        ReplaySettings().cell_timeout_s}

@@ -122,8 +122,13 @@ class Trajectory:
     cell_timeout_s: float | None = None
 
     def digest(self) -> str:
-        """The sha256 of everything the trajectory holds: equal digests, the same replay."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode("utf-8")).hexdigest()
+        """The sha256 of everything the trajectory holds: equal digests, the same replay. An unset `cell_timeout_s`
+        is left out, so trajectories that do not set it keep the digest they had before the field existed (a stopped
+        replay of them still resumes)."""
+        held = asdict(self)
+        if held["cell_timeout_s"] is None:
+            del held["cell_timeout_s"]
+        return hashlib.sha256(json.dumps(held, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
     def errors_by_ename(self) -> dict[str, int]:
         counts: dict[str, int] = {}
