@@ -7,22 +7,17 @@ a fixed overhead (process start, loading, saving); units side by side share the 
 over units divided by the side-by-side speed-up. Training tokens are counted as batches pad them: rows grouped by
 length (the study's sampler) pad little, rows in random order pad to the longest of each batch.
 
->>> padded_tokens([10, 20, 30, 40], micro_batch=2)  # (40 + 40) + (20 + 20)
-120
->>> padded_tokens([10, 20, 30, 40], micro_batch=2, order=[0, 3, 1, 2])  # (40 + 40) + (30 + 30)
-140
 >>> Figure(50.0, "assumed", "a target").text("prompts/s")
 '50 prompts/s (assumed: a target)'
 """
 
 from __future__ import annotations
 
-import math
-import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from themisto.study.settings import StudyError, StudySettings
+from themisto.study.tokens import optimizer_steps, unit_tokens
 
 MEASURED_HERE, MEASURED_ELSEWHERE, ASSUMED = "measured here", "measured elsewhere", "assumed"
 # SmolLM2-135M, counted as model_parameters counts (the stated figures were measured with it); another size scales
@@ -32,7 +27,7 @@ REFERENCE_PARAMETERS = 134_479_872
 # 90-100 s per mode, in random order; plus ~45 s of loading and saving (with a checkpoint every 50 steps, which study
 # units no longer write); generation with the transformers backend in fixed batches of 64: 5.4 prompts/s. The same
 # real release's train rows (the study's 1,410 common rows, none/variables/full/trace, SmolLM2's tokenizer, built
-# 2026-12-05) take 2,323 tokens a row in random batches of 16, padding included (`random_padded_tokens`).
+# 2026-12-05) take 2,323 tokens a row in random batches of 16, padding included (`themisto.study.tokens.random_padded_tokens`).
 H200_STEP_SECONDS, H200_ROWS_PER_STEP, REAL_PADDED_ROW = 95 / 150, 16, 2323
 H200_PROMPTS_PER_S = 5.4
 CPU_STEP_SECONDS = 607  # one optimizer step of 16 such rows on a 2-core CPU (DESIGN.md, 2026-12-04)
@@ -128,47 +123,6 @@ class StudyPlan:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Tokens and steps
-
-
-def padded_tokens(lengths: list[int], micro_batch: int, *, order: list[int] | None = None) -> int:
-    """Tokens one pass over `lengths` puts through the model in micro-batches, each padded to its longest row:
-    grouped by length (sorted) unless `order` gives another."""
-    seq = [lengths[i] for i in order] if order is not None else sorted(lengths, reverse=True)
-    return sum(len(chunk) * max(chunk) for chunk in (seq[k:k + micro_batch] for k in range(0, len(seq), micro_batch)))
-
-
-def random_padded_tokens(lengths: list[int], micro_batch: int, *, draws: int = 5) -> float:
-    """The mean of `padded_tokens` over random orders (the trainer's default sampler)."""
-    rng = random.Random(0)
-    total = 0
-    for _ in range(draws):
-        order = list(range(len(lengths)))
-        rng.shuffle(order)
-        total += padded_tokens(lengths, micro_batch, order=order)
-    return total / draws
-
-
-def optimizer_steps(rows: int, settings: StudySettings) -> int:
-    """The trainer's optimizer steps for `rows` rows (as transformers counts them)."""
-    if settings.max_steps > 0:
-        return settings.max_steps
-    micro_batches = math.ceil(rows / settings.batch_size)
-    per_epoch = max(1, math.ceil(micro_batches / settings.grad_accum))
-    return math.ceil(settings.epochs * per_epoch)
-
-
-def unit_tokens(lengths: list[int], settings: StudySettings, steps: int) -> int:
-    """Padded training tokens of one unit: passes over the rows in micro-batches, as many as its steps make."""
-    if not lengths:
-        return 0
-    one_pass = padded_tokens(lengths, settings.batch_size) if settings.length_grouped else \
-        random_padded_tokens(lengths, settings.batch_size)
-    passes = steps * settings.batch_size * settings.grad_accum / len(lengths)
-    return int(one_pass * passes)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Throughput figures
 
 
@@ -248,7 +202,8 @@ def build_plan(settings: StudySettings, rows, test_counts: dict[str, int], throu
                done: set[str]) -> StudyPlan:
     """Every unit of `settings` in run order with its work and estimated seconds; `rows`: the CommonRows (with
     each mode's per-row tokens), `test_counts`: test examples per task, `done`: names of finished units."""
-    from themisto.study.run import BASE_SYSTEM, eval_contexts, work_order
+    from themisto.study.scores import BASE_SYSTEM, eval_contexts
+    from themisto.study.units import work_order
 
     examples = sum(min(n, settings.test_limit or n) for n in test_counts.values())
     notes = []
@@ -304,7 +259,8 @@ def render_plan(plan: StudyPlan, settings: StudySettings, budget_s: float | None
 def plan_for(settings: StudySettings, rows, info, out: Path | None, given: dict[str, float] | None = None) -> StudyPlan:
     """The plan of `settings` on this machine's device: figures measured in `out` where it has finished units on
     that device, else the stated ones; `given` figures on top."""
-    from themisto.study.run import BASE_SYSTEM, unit_record, unit_records, work_order
+    from themisto.study.scores import BASE_SYSTEM
+    from themisto.study.units import unit_record, unit_records, work_order
 
     device = _device(settings.device)
     records = unit_records(out) if out is not None and out.is_dir() else []
@@ -348,7 +304,7 @@ def plan_study(settings: StudySettings, out: Path | None, given: dict[str, float
     from themisto.generation.backends.hf import prompt_token_counter
     from themisto.release.folder import open_release
     from themisto.study.rows import CommonRows, common_rows, load_tokenizer
-    from themisto.study.run import ROWS_FILE
+    from themisto.study.units import ROWS_FILE
 
     info = open_release(settings.release)
     for task in settings.tasks:

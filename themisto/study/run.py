@@ -32,35 +32,11 @@ from typing import Callable
 
 from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
 from themisto.study.scores import BASE_SYSTEM, eval_contexts
+from themisto.study.units import (ROWS_FILE, STUDY_FILE, Unit, base_done, unit_record, unit_records,  # noqa: F401
+                                  units_of, work_order)
 from themisto.study.settings import LOCATIONS, StudyError, StudySettings, what_differs
 
-STUDY_FILE, ROWS_FILE = "study.json", "rows.json"
 FORMAT = 1
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One (mode, seed): a model trained with `mode` prompts from data order `seed`."""
-
-    mode: str
-    seed: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.mode}-s{self.seed}"
-
-
-def units_of(settings: StudySettings) -> list[Unit]:
-    """Every (mode, seed), in the order that answers the question soonest: seed 0 of every mode, then seed 1, ..."""
-    return [Unit(mode, seed) for seed in range(settings.seeds) for mode in settings.contexts]
-
-
-def work_order(settings: StudySettings) -> list[Unit | None]:
-    """The units in run order, None standing for the base model: after seed 0 of every mode (the scores need its
-    runs; with them, seed 0 alone answers the question)."""
-    units = units_of(settings)
-    first = len(settings.contexts)
-    return [*units[:first], None, *units[first:]]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,7 +160,7 @@ def _settings_of(settings_dict: dict) -> StudySettings:
 
 def _train(settings: StudySettings, folder: Path, unit: Unit) -> tuple[dict, int | None]:
     """The unit's model (trained now, or found trained) and the training tokens it took now (None: found)."""
-    from themisto.study.plan import optimizer_steps, unit_tokens
+    from themisto.study.tokens import optimizer_steps, unit_tokens
     from themisto.study.rows import CommonRows
     from themisto.training.finetune import TRAINING_FILE, FinetuneSettings, finetune
 
@@ -242,24 +218,6 @@ def run_base(settings_dict: dict, out: str) -> dict:
     return record
 
 
-def unit_record(out: Path, unit: Unit | None) -> dict | None:
-    """A finished unit's record (None: the base model's), or None while it is not whole."""
-    if unit is None:
-        return {"unit": BASE_SYSTEM} if base_done(out) else None
-    path = out / "units" / f"{unit.name}.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
-def base_done(out: Path) -> bool:
-    return (out / "runs" / BASE_SYSTEM / "done.json").is_file()
-
-
-def unit_records(out: Path) -> list[dict]:
-    """Every record under units/ (the base model's too): what the plan measures throughput from."""
-    folder = out / "units"
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The study
 
@@ -289,7 +247,7 @@ def _run(settings: StudySettings, out: Path, info, say: Callable[[str], None], s
          prepare_only: bool) -> dict:
     from themisto.generation.backends.hf import prompt_token_counter
     from themisto.study.rows import load_tokenizer
-    from themisto.study.schedule import run_work
+    from themisto.study.schedule import UnitJobs, run_work
 
     open_study(out, settings, info.content_hash)
     units = units_of(settings)
@@ -305,7 +263,8 @@ def _run(settings: StudySettings, out: Path, info, say: Callable[[str], None], s
     todo = [job for job in work_order(settings) if unit_record(out, job) is None]
     say(f"{len(units)} models ({len(settings.contexts)} modes x {settings.seeds} seeds) on {len(rows.keys)} rows "
         f"each and the base model; {len(work_order(settings)) - len(todo)} units done before")
-    left = run_work(out, settings, info, rows, todo, say, started, export_for(out, settings, rows, counter, say))
+    left = run_work(out, settings, info, rows, todo, say, started, export_for(out, settings, rows, counter, say),
+                    UnitJobs(run_base, run_unit, export_job))
     if settings.generate_only or left:
         done = [u.name if u else BASE_SYSTEM for u in work_order(settings) if unit_record(out, u) is not None]
         if left:

@@ -44,21 +44,29 @@ class Clock:
             self.ratios.append(took_s / planned_s)
 
 
+@dataclass(frozen=True)
+class UnitJobs:
+    """What runs a unit, the base model and a mode's export: module-level functions of `themisto.study.run` (a
+    process of its own pickles them by name), handed down so that this module need not import the one that calls it."""
+
+    run_base: Callable
+    run_unit: Callable
+    export: Callable
+
+
 def _name(job) -> str:
-    from themisto.study.run import BASE_SYSTEM
+    from themisto.study.scores import BASE_SYSTEM
 
     return BASE_SYSTEM if job is None else job.name
 
 
-def _call(job):
+def _call(job, jobs: UnitJobs):
     """The function and arguments that run `job` (a Unit, or None for the base model)."""
-    from themisto.study.run import run_base, run_unit
-
-    return (run_base, ()) if job is None else (run_unit, (job.mode, job.seed))
+    return (jobs.run_base, ()) if job is None else (jobs.run_unit, (job.mode, job.seed))
 
 
 def run_work(out: Path, settings: StudySettings, info, rows, todo: list, say: Callable[[str], None],
-             started: float, export: Callable[[str], None]) -> list[str]:
+             started: float, export: Callable[[str], None], jobs: UnitJobs) -> list[str]:
     """Run `todo` (Units, None for the base model) in order within the budget, each mode's export written before
     its first unit starts; returns the names of those the budget left unstarted."""
     from tqdm import tqdm
@@ -73,8 +81,8 @@ def run_work(out: Path, settings: StudySettings, info, rows, todo: list, say: Ca
     bar = tqdm(total=len(todo), desc="study units (fine-tune + generate)", unit="unit", disable=not settings.progress)
     with bar:
         if parallel == 1:
-            return _in_turn(out, settings, todo, planned, clock, say, bar, export)
-        return _side_by_side(out, settings, todo, planned, clock, say, bar, parallel)
+            return _in_turn(out, settings, todo, planned, clock, say, bar, export, jobs)
+        return _side_by_side(out, settings, todo, planned, clock, say, bar, parallel, jobs)
 
 
 def _report(record: dict, say: Callable[[str], None]) -> None:
@@ -86,7 +94,7 @@ def _report(record: dict, say: Callable[[str], None]) -> None:
 
 
 def _in_turn(out: Path, settings: StudySettings, todo: list, planned: dict, clock: Clock, say, bar,
-             export) -> list[str]:
+             export, jobs: UnitJobs) -> list[str]:
     data = settings.to_dict()
     for k, job in enumerate(todo):
         if not clock.fits(planned[_name(job)]):
@@ -94,7 +102,7 @@ def _in_turn(out: Path, settings: StudySettings, todo: list, planned: dict, cloc
         bar.set_postfix_str(_name(job))
         if job is not None:
             export(job.mode)
-        function, args = _call(job)
+        function, args = _call(job, jobs)
         record = function(data, str(out), *args)
         clock.finished(planned[_name(job)], record["unit_seconds"])
         _report(record, say)
@@ -103,12 +111,10 @@ def _in_turn(out: Path, settings: StudySettings, todo: list, planned: dict, cloc
 
 
 def _side_by_side(out: Path, settings: StudySettings, todo: list, planned: dict, clock: Clock, say, bar,
-                  parallel: int) -> list[str]:
+                  parallel: int, jobs: UnitJobs) -> list[str]:
     import multiprocessing
     import os
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    from themisto.study.run import export_job
 
     data, pending, running = settings.to_dict(), list(todo), {}
     modes = list(dict.fromkeys(job.mode for job in todo if job is not None))
@@ -116,13 +122,13 @@ def _side_by_side(out: Path, settings: StudySettings, todo: list, planned: dict,
     # Every mode's export is written at once, beside the units (a mode's first unit waits for its own only).
     with ProcessPoolExecutor(max_workers=max(1, min(len(modes), (os.cpu_count() or 2) // 2)), mp_context=spawn) as \
             exporting, ProcessPoolExecutor(max_workers=parallel, mp_context=spawn) as pool:
-        exports = {mode: exporting.submit(export_job, data, str(out), mode) for mode in modes}
+        exports = {mode: exporting.submit(jobs.export, data, str(out), mode) for mode in modes}
         while pending or running:
             while pending and len(running) < parallel and clock.fits(planned[_name(pending[0])]):
                 job = pending.pop(0)
                 if job is not None:
                     say(f"{job.name}: its export ({exports[job.mode].result()})")
-                function, args = _call(job)
+                function, args = _call(job, jobs)
                 running[pool.submit(function, data, str(out), *args)] = job
             if not running:
                 break  # the budget admits no more
