@@ -97,11 +97,13 @@ def test_a_failure_whose_names_nobody_uses_is_flagged_not_cut_and_a_logged_error
     rows = [_row(0, "x = 1"), _row(1, "y = open('gone.csv')", "error", "FileNotFoundError", "No such file"),
             _row(2, "import nothing", "error", "ModuleNotFoundError", "No module named 'nothing'", "error",
                  "ModuleNotFoundError"),
-            _row(3, "print(x)")]
+            _row(3, "import pandas as pd", "error", "ImportError", "Unable to import required dependencies: numpy",
+                 "error", "ModuleNotFoundError"),
+            _row(4, "print(x, pd)")]
     health = judge({"k": rows})
     assert health.cut == {}
     kept = apply(rows, health)
-    assert [r["replay_cause"] for r in kept] == [None, "input_absent", None, None]
+    assert [r["replay_cause"] for r in kept] == [None, "input_absent", None, None, None]
     # A script run into the namespace binds names nobody can list: its failure cuts.
     ran = [_row(0, "x = 1"), _row(1, "%run -i setup.py", "error", "Exception", "File `'setup.py'` not found."),
            _row(2, "print(x)")]

@@ -6,7 +6,9 @@ has none of, Python 2 syntax. Such a step's output is no target. When later step
 (an import, an assignment, a definition; any name at all for a script it ran, `%run`), their pre-step state is
 wrong too: the trajectory is cut before it, so no
 later step is a target or a history. Sources without logged outcomes (IPython histories) are judged by the replay
-alone; a JuNE step whose log recorded the same exception is the developer's own error and stays.
+alone; a JuNE step whose log recorded an error is the developer's own failure and stays (by another exception too:
+`import pandas` raising ImportError here where the developer saw ModuleNotFoundError for numpy binds nothing in
+either run).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ _PY2 = re.compile(r"Missing parentheses in call to '(print|exec)'|multiple excep
 def environment_cause(status: str, ename: str | None, evalue: str | None, logged_status: str = "unknown",
                       logged_ename: str | None = None) -> str | None:
     """The `ENVIRONMENT_CAUSES` key of a replayed step's failure, or None (it ran, or the developer saw it too)."""
-    if status != "error" or (logged_status == "error" and logged_ename == ename):
-        return None
+    if status != "error" or logged_status == "error":
+        return None  # ran, or its developer's run failed there too (if by another exception: the names are unbound alike)
     text = f"{ename}: {evalue or ''}"
     if ename in ("ModuleNotFoundError", "ImportError") and "cuda" not in text.lower():
         return "package_absent"
