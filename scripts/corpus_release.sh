@@ -40,11 +40,16 @@ pathlib.Path(sys.argv[2]).write_text(json.dumps({p.stem: "student_7" for p in lo
 EOF
 
 if [ ! -f "$RELEASE/themisto_build.json" ]; then
-  say "replay both sources and build the release (progress: $OUT/build.log)"
+  if [ -f "$OUT/steps.jsonl" ]; then
+    say "build the release from the finished replay ($OUT/steps.jsonl)"
+    STEPS=(--steps "$OUT/steps.jsonl")
+  else
+    say "replay both sources and build the release (progress: $OUT/build.log)"
+    STEPS=(--steps-out "$OUT/steps.jsonl" --workers 2)
+  fi
   .venv/bin/themisto build "$JUNE" "$IPYTHON" --participants "$OUT/participants.json" \
     --sessions-per-developer "$PER_DEVELOPER" --corpus-limit "$SESSIONS" --max-steps "$MAX_STEPS" -o "$RELEASE" \
-    --steps-out "$OUT/steps.jsonl" --workers 2 --no-values --allow-missing-files --overwrite --json \
-    > "$OUT/build.json" 2>> "$OUT/build.log"
+    "${STEPS[@]}" --no-values --allow-missing-files --overwrite --json > "$OUT/build.json" 2>> "$OUT/build.log"
 fi
 .venv/bin/themisto check "$RELEASE"
 
