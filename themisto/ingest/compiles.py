@@ -43,6 +43,18 @@ def transformed(code: str) -> str:
     return _manager().transform_cell(code)
 
 
+def parse_cell(code: str):
+    """The `ast` tree of `code` after IPython's transforms, or None where it does not parse (never run)."""
+    import ast
+
+    try:
+        with warnings.catch_warnings():  # an invalid escape in the developer's string is not our warning
+            warnings.simplefilter("ignore")
+            return ast.parse(transformed(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 def compile_error(code: str) -> str | None:
     """None when `code` compiles as an IPython cell, else why not (`SyntaxError: … (line N)`)."""
     lines = code.splitlines()

@@ -18,10 +18,11 @@ import functools
 import json
 import re
 import subprocess
-import warnings
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Iterable, Mapping, Sequence
+
+from themisto.ingest.compiles import parse_cell
 
 # Why an input cannot replay as its developer ran it (a closed set, also `themisto.replay.health`'s causes).
 BLOCKERS: tuple[str, ...] = ("package_absent", "input_absent", "network_needed", "gpu_needed", "python2",
@@ -69,18 +70,6 @@ def importable_modules(python: str) -> frozenset[str]:
         raise RuntimeError(f"{python} could not list its modules: {done.stderr.strip()[-500:]}")
     # IPython's own names a session may import without installing anything (`pylab` is matplotlib's).
     return frozenset(json.loads(done.stdout)) | {"pylab"}
-
-
-def _python3(code: str) -> ast.Module | None:
-    """The input's tree after IPython's transforms (magics, `!shell`), or None when it does not parse."""
-    from themisto.ingest.compiles import transformed
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return ast.parse(transformed(code))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
 
 
 def imported(tree: ast.AST) -> list[str]:
@@ -149,7 +138,7 @@ def first_blocker(codes: Sequence[str], modules: frozenset[str], files: Reposito
     for index, code in enumerate(codes):
         if _INTERACTIVE.search(code):
             return Blocker(index, "interactive", "a program waiting for a terminal")
-        tree = _python3(code)
+        tree = parse_cell(code)
         if tree is None:
             if _PY2.search(code):
                 return Blocker(index, "python2", "a Python 2 statement")
@@ -189,7 +178,7 @@ def count_imports(sessions: Iterable[Sequence[str]]) -> Mapping[str, int]:
     for codes in sessions:
         names = set()
         for code in codes:
-            tree = _python3(code)
+            tree = parse_cell(code)
             if tree is not None:
                 names.update(imported(tree))
         for name in names:

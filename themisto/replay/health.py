@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import ast
 import re
-import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
+
+from themisto.ingest.compiles import parse_cell
 
 # A step's cause when its environment failed it, with the sentence the card and reports use.
 ENVIRONMENT_CAUSES: dict[str, str] = {
@@ -58,20 +59,9 @@ def environment_cause(status: str, ename: str | None, evalue: str | None, logged
     return None
 
 
-def _tree(code: str) -> ast.AST | None:
-    from themisto.ingest.compiles import transformed
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return ast.parse(transformed(code))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
 def bound_names(code: str) -> set[str]:
     """The names a cell binds at its top level or below: assignments, loop and `with` targets, imports, definitions."""
-    tree = _tree(code)
+    tree = parse_cell(code)
     names: set[str] = set()
     if tree is None:
         return names
@@ -87,7 +77,7 @@ def bound_names(code: str) -> set[str]:
 
 def used_names(code: str) -> set[str]:
     """The names a cell reads."""
-    tree = _tree(code)
+    tree = parse_cell(code)
     if tree is None:
         return set(re.findall(r"[A-Za-z_]\w*", code))  # a cell that does not parse: every word, to be safe
     return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}

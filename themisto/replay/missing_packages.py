@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import re
-import warnings
 from typing import Sequence
 
 # pip's distribution names whose import name differs, for the packages these logs install most.
@@ -56,13 +55,10 @@ def installed_modules(code: str) -> set[str]:
 
 
 def _imports(code: str) -> set[str]:
-    from themisto.ingest.compiles import transformed
+    from themisto.ingest.compiles import parse_cell
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tree = ast.parse(transformed(code))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = parse_cell(code)
+    if tree is None:
         return set()
     names = set()
     for node in ast.walk(tree):
