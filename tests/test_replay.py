@@ -188,3 +188,20 @@ def test_a_package_the_log_shows_missing_stays_unimportable_until_its_install(tm
     assert steps[6].output.strip() == "1"
     # The finder binds nothing the snapshot sees.
     assert {v["name"] for v in steps[1].variables} == {"x"}
+
+
+def test_a_missing_package_is_hidden_until_after_its_last_logged_error():
+    from themisto.replay.missing_packages import hidden_modules
+
+    def run(code, missing=None):
+        if missing is None:
+            return Execution(cell_id=code, code=code, status="ok")
+        return Execution(cell_id=code, code=code, status="error", ename="ModuleNotFoundError",
+                         evalue=f"No module named '{missing}'")
+
+    # numpy missing twice; a restart after its last error (installed in a terminal) ends the hiding, so the pandas
+    # import the log shows working works; a restart before that last error does not.
+    executions = [run("import pandas", "numpy"), run("x = 1"), run("import pandas", "numpy"), run("y = 2"),
+                  run("import pandas")]
+    assert [sorted(h) for h in hidden_modules(executions, restarts={1, 3})] == [["numpy"]] * 3 + [[], []]
+    assert [sorted(h) for h in hidden_modules(executions)] == [["numpy"]] * 5

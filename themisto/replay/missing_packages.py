@@ -4,8 +4,9 @@ The replay's kernel environment has every package the sessions need, so a cell w
 `ModuleNotFoundError` for its developer (who then ran `!pip install …`) would succeed in replay, and the steps between
 the failed import and the install would see a state their developer never had (JuNE's 9667b100 had ten such steps).
 Where the log records a `ModuleNotFoundError: No module named 'x'`, the module `x` is hidden from the kernel's
-imports (a finder first on `sys.meta_path` raises the same error) from the trajectory's start until the first later
-cell that installs it, or that the log shows importing it without error. The finder is set by a silent request
+imports (a finder first on `sys.meta_path` raises the same error) from the trajectory's start until, after the last
+error the log shows for it, the first cell that installs it, that the log shows importing it without error, or that
+a logged kernel restart came before (a developer who installed it in a terminal restarts the kernel to see it). The finder is set by a silent request
 before a step whose hidden set differs from the kernel's, and again in every new kernel life; it binds no name in
 the user's namespace, so snapshots and state hashes do not see it.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Sequence
+from typing import Iterable, Sequence
 
 # pip's distribution names whose import name differs, for the packages these logs install most.
 _IMPORT_NAMES = {"scikit_learn": "sklearn", "sklearn": "sklearn", "opencv_python": "cv2", "opencv_python_headless": "cv2",
@@ -69,20 +70,22 @@ def _imports(code: str) -> set[str]:
     return names
 
 
-def hidden_modules(executions: Sequence) -> list[frozenset[str]]:
-    """Per execution, the modules hidden from the kernel before it runs (the module docstring's rule)."""
-    hidden: list[set[str]] = [set() for _ in executions]
+def hidden_modules(executions: Sequence, restarts: Iterable[int] = ()) -> list[frozenset[str]]:
+    """Per execution, the modules hidden from the kernel before it runs (the module docstring's rule); `restarts`:
+    the executions a logged kernel restart came right before."""
+    last_error: dict[str, int] = {}
     for index, execution in enumerate(executions):
-        if execution.status != "error" or execution.ename != "ModuleNotFoundError":
-            continue
-        match = _MISSING.search(execution.evalue or "")
-        if match is None:
-            continue
-        module = match.group(1).partition(".")[0]
+        match = _MISSING.search(execution.evalue or "") if execution.ename == "ModuleNotFoundError" else None
+        if execution.status == "error" and match is not None:
+            last_error[match.group(1).partition(".")[0]] = index
+    restarts = set(restarts)
+    hidden: list[set[str]] = [set() for _ in executions]
+    for module, index in last_error.items():
         end = len(executions)
         for later in range(index + 1, len(executions)):
             other = executions[later]
-            if module in installed_modules(other.code) or (other.status == "ok" and module in _imports(other.code)):
+            if later in restarts or module in installed_modules(other.code) or (
+                    other.status == "ok" and module in _imports(other.code)):
                 end = later
                 break
         for step in range(0, end):

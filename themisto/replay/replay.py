@@ -221,7 +221,7 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
     limits = list(limits) if limits is not None else cell_limits(trajectory, settings)
     budgets = line_budgets(trajectory, settings)
     logged_seconds = trajectory.logged_seconds()
-    hidden = hidden_modules(trajectory.executions)
+    hidden = hidden_modules(trajectory.executions, restarts)
     hidden_in: tuple[int, frozenset[str]] = (-1, frozenset())  # (kernel start, modules) the kernel hides now
     for i, execution in enumerate(trajectory.executions):
         if i < start:
