@@ -172,15 +172,16 @@ def test_a_steps_execution_time_is_the_cells_own_whatever_its_snapshot_costs(tmp
 def test_a_package_the_log_shows_missing_stays_unimportable_until_its_install(tmp_path):
     from themisto.replay.missing_packages import hidden_modules
 
-    missing = {"status": "error", "ename": "ModuleNotFoundError", "evalue": "No module named 'csv'"}
-    executions = [Execution(cell_id="c0", code="import csv", **missing), Execution(cell_id="c1", code="x = 1"),
-                  Execution(cell_id="c2", code="import csv.x", **missing),
-                  Execution(cell_id="c3", code="import csv", **missing),
-                  Execution(cell_id="c4", code="!pip install csv==1.0"),
-                  Execution(cell_id="c5", code="import csv\ny = csv.QUOTE_ALL"), Execution(cell_id="c6", code="y")]
+    missing = {"status": "error", "ename": "ModuleNotFoundError", "evalue": "No module named 'tabulate'"}
+    executions = [Execution(cell_id="c0", code="import tabulate", **missing), Execution(cell_id="c1", code="x = 1"),
+                  Execution(cell_id="c2", code="import tabulate.x", **missing),
+                  Execution(cell_id="c3", code="import tabulate", **missing),
+                  Execution(cell_id="c4", code="!pip install tabulate==0.9.0"),
+                  Execution(cell_id="c5", code="import tabulate\ny = 1 if tabulate.tabulate else 0"),
+                  Execution(cell_id="c6", code="y")]
     traj = Trajectory(id="t-missing", notebook="nb.ipynb", source="test", executions=executions,
                       events=[KernelEvent(kind="restart", before=3)])
-    assert [sorted(h) for h in hidden_modules(executions)] == [["csv"]] * 4 + [[]] * 3
+    assert [sorted(h) for h in hidden_modules(executions)] == [["tabulate"]] * 4 + [[]] * 3
     steps = list(replay_trajectory(traj, tmp_path, FAST))
     # As in the log: missing before the install (in both kernel lives), there after it.
     assert [s.status for s in steps] == ["error", "ok", "error", "error", "ok", "ok", "ok"]
@@ -205,3 +206,10 @@ def test_a_missing_package_is_hidden_until_after_its_last_logged_error():
                   run("import pandas")]
     assert [sorted(h) for h in hidden_modules(executions, restarts={1, 3})] == [["numpy"]] * 3 + [[], []]
     assert [sorted(h) for h in hidden_modules(executions)] == [["numpy"]] * 5
+    # Not a package the environment lacked: a submodule that is not one, the standard library.
+    for evalue in ("No module named 'datetime.datetime'; 'datetime' is not a package", "No module named 'json'"):
+        wrong = Execution(cell_id="w", code="import x", status="error", ename="ModuleNotFoundError", evalue=evalue)
+        assert hidden_modules([wrong, run("y = 1")]) == [frozenset(), frozenset()]
+    # An import the log shows working before the first error keeps it importable up to there.
+    assert [sorted(h) for h in hidden_modules([run("import tqdm"), run("x = 1"), run("import tqdm", "tqdm")])] == [
+        [], ["tqdm"], ["tqdm"]]

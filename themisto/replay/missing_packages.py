@@ -3,8 +3,9 @@
 The replay's kernel environment has every package the sessions need, so a cell whose import raised
 `ModuleNotFoundError` for its developer (who then ran `!pip install …`) would succeed in replay, and the steps between
 the failed import and the install would see a state their developer never had (JuNE's 9667b100 had ten such steps).
-Where the log records a `ModuleNotFoundError: No module named 'x'`, the module `x` is hidden from the kernel's
-imports (a finder first on `sys.meta_path` raises the same error) from the trajectory's start until, after the last
+Where the log records a `ModuleNotFoundError: No module named 'x'` (a package: not a submodule, not the standard
+library), the module `x` is hidden from the kernel's imports (a finder first on `sys.meta_path` raises the same
+error) from the trajectory's start (or after the last import of it the log shows working before) until, after the last
 error the log shows for it, the first cell that installs it, that the log shows importing it without error, or that
 a logged kernel restart came before (a developer who installed it in a terminal restarts the kernel to see it). The finder is set by a silent request
 before a step whose hidden set differs from the kernel's, and again in every new kernel life; it binds no name in
@@ -73,14 +74,24 @@ def _imports(code: str) -> set[str]:
 def hidden_modules(executions: Sequence, restarts: Iterable[int] = ()) -> list[frozenset[str]]:
     """Per execution, the modules hidden from the kernel before it runs (the module docstring's rule); `restarts`:
     the executions a logged kernel restart came right before."""
+    import sys
+
+    first_error: dict[str, int] = {}
     last_error: dict[str, int] = {}
     for index, execution in enumerate(executions):
-        match = _MISSING.search(execution.evalue or "") if execution.ename == "ModuleNotFoundError" else None
-        if execution.status == "error" and match is not None:
-            last_error[match.group(1).partition(".")[0]] = index
+        match = _MISSING.fullmatch(execution.evalue or "") if execution.ename == "ModuleNotFoundError" else None
+        # A package, not a submodule (`import datetime.datetime`) and not the standard library: a name the
+        # developer's environment lacked.
+        if execution.status == "error" and match is not None and "." not in match.group(1) \
+                and match.group(1) not in sys.stdlib_module_names:
+            first_error.setdefault(match.group(1), index)
+            last_error[match.group(1)] = index
     restarts = set(restarts)
     hidden: list[set[str]] = [set() for _ in executions]
     for module, index in last_error.items():
+        # From after the last import of it the log shows working before its first error (if any), ...
+        start = next((k + 1 for k in range(first_error[module] - 1, -1, -1) if executions[k].status == "ok"
+                      and module in _imports(executions[k].code)), 0)
         end = len(executions)
         for later in range(index + 1, len(executions)):
             other = executions[later]
@@ -88,7 +99,7 @@ def hidden_modules(executions: Sequence, restarts: Iterable[int] = ()) -> list[f
                     other.status == "ok" and module in _imports(other.code)):
                 end = later
                 break
-        for step in range(0, end):
+        for step in range(start, end):
             hidden[step].add(module)
     return [frozenset(names) for names in hidden]
 
