@@ -119,6 +119,16 @@ def _side_by_side(out: Path, settings: StudySettings, todo: list, planned: dict,
     data, pending, running = settings.to_dict(), list(todo), {}
     modes = list(dict.fromkeys(job.mode for job in todo if job is not None))
     spawn = multiprocessing.get_context("spawn")  # a CUDA context does not survive fork
+    import sys
+
+    main = sys.modules.get("__main__")
+    if main is not None and not hasattr(main, "__spec__"):
+        # spawn reads `__main__.__spec__` to re-import the caller's main module; a host that made its own `__main__`
+        # (an embedding interpreter, a test runner's doctest) has none, and spawn would fail on it.
+        try:
+            main.__spec__ = None
+        except (AttributeError, TypeError):
+            pass  # an object that takes no attribute: spawn says what it lacks
     # Every mode's export is written at once, beside the units (a mode's first unit waits for its own only).
     with ProcessPoolExecutor(max_workers=max(1, min(len(modes), (os.cpu_count() or 2) // 2)), mp_context=spawn) as \
             exporting, ProcessPoolExecutor(max_workers=parallel, mp_context=spawn) as pool:
