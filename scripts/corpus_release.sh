@@ -33,11 +33,7 @@ started=$(date +%s)
 say() { echo "== two-source [$(( $(date +%s) - started )) s]: $*" >&2; }
 mkdir -p "$OUT/runs"
 
-.venv/bin/python - "$JUNE" "$OUT/participants.json" <<'EOF'
-import json, pathlib, sys
-logs = sorted(pathlib.Path(sys.argv[1]).glob("*.log"))
-pathlib.Path(sys.argv[2]).write_text(json.dumps({p.stem: "student_7" for p in logs}), encoding="utf-8")
-EOF
+.venv/bin/python scripts/june_participants.py "$JUNE" "$OUT/participants.json"
 
 if [ ! -f "$RELEASE/themisto_build.json" ]; then
   if [ -f "$OUT/steps.jsonl" ]; then

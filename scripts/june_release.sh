@@ -32,12 +32,7 @@ started=$(date +%s)
 say() { echo "== june [$(( $(date +%s) - started )) s]: $*" >&2; }
 mkdir -p "$OUT/runs"
 
-# The two logs beside participants/ are student_7's (the MANIFEST); the others are named by their folder.
-.venv/bin/python - "$JUNE" "$OUT/participants.json" <<'EOF'
-import json, pathlib, sys
-logs = sorted(pathlib.Path(sys.argv[1]).glob("*.log"))
-pathlib.Path(sys.argv[2]).write_text(json.dumps({p.stem: "student_7" for p in logs}), encoding="utf-8")
-EOF
+.venv/bin/python scripts/june_participants.py "$JUNE" "$OUT/participants.json"
 
 if [ ! -f "$RELEASE/themisto_build.json" ]; then
   if [ -f "$OUT/steps.jsonl" ]; then

@@ -32,6 +32,7 @@ from themisto.ingest.trajectory import Execution, SourceFile, Trajectory, anonym
 REPOS_FOLDER = "repos"
 REPO_FILE = "repo.json"
 SOURCE_KINDS = {"history": "ipython-history", "logs": "ipython-log"}
+WORKSPACE_FOLDER = "ipython"  # where a composed workspace holds each repository's files (`workspace_recipe.compose`)
 # repo.json's bounds (a tree of 5,000 entries is about 300 KB)
 _REPO_BOUNDS = Bounds(file_bytes=64 << 20, line_bytes=64 << 20, lines=1_000_000, depth=8, items=1_000_000)
 _FILES_WALKED = 20_000  # files under one repository's files/ looked at, at most
@@ -225,8 +226,6 @@ def trajectory_of(repo: Repository, kind: str, file: Path, session, codes: list[
                       workspace=f"{WORKSPACE_FOLDER}/{repo.id}", start_dir=start, provenance=provenance,
                       cell_timeout_s=settings.cell_timeout_s)
 
-
-WORKSPACE_FOLDER = "ipython"  # where a composed workspace holds each repository's files (`workspace_recipe.compose`)
 
 
 def _sha256(path: Path) -> str:
