@@ -23,9 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _prompts(release: Path, backend, count: int, budget: int):
     from themisto.generation.prompts import render_prompt
-    from themisto.generation.release_rows import load_task_rows, release_info
+    from themisto.generation.release_rows import load_task_rows
+    from themisto.release.folder import open_release
 
-    rows = load_task_rows(release_info(release, "next_cell"), "next_cell", ("variables",), limit=count)
+    rows = load_task_rows(open_release(release), "next_cell", ("variables",), limit=count)
     prompts = [render_prompt(r, "next_cell", "variables", count_tokens=backend.count_tokens, max_prompt_tokens=budget)
                for r in rows]
     return [p for p in prompts if p.skipped_reason is None]

@@ -48,9 +48,10 @@ def _release(given: Path | None, tmp: Path) -> Path:
 
 
 def _prompts(release: Path, count: int):
-    from themisto.generation.release_rows import load_task_rows, release_info
+    from themisto.generation.release_rows import load_task_rows
+    from themisto.release.folder import open_release
 
-    info = release_info(release, "next_cell")
+    info = open_release(release)
     return load_task_rows(info, "next_cell", ("variables",), limit=count)
 
 

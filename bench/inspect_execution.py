@@ -31,18 +31,19 @@ def main() -> None:
     args = parser.parse_args()
 
     from themisto.generation.baselines import baseline_prediction
-    from themisto.generation.release_rows import load_task_rows, release_info
+    from themisto.generation.release_rows import load_task_rows
+    from themisto.release.folder import open_release
     from themisto.harness.scorer import ScorerDoor
     from themisto.scoring.records import ScoreSettings
     from themisto.scoring.scorer import score
 
-    info = release_info(args.release, "next_cell")
+    info = open_release(args.release)
     rows = load_task_rows(info, "next_cell", ("none",), limit=args.limit)
     ids = [r["id"] for r in rows]
     predictions = [baseline_prediction("previous-cell", r, "next_cell") for r in rows]
     targets = [r["target"] for r in rows]
 
-    door = ScorerDoor(info.path, "next_cell", None, execute=True)
+    door = ScorerDoor(info, "next_cell", None, execute=True)
     door.workspace_folder()  # made once per task: not a per-sample cost
     print(f"scoring {len(ids)} example(s) one by one, as the Inspect scorer does...", file=sys.stderr, flush=True)
     per_sample, statuses, matches = [], [], []

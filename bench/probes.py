@@ -110,9 +110,7 @@ def main() -> int:
                 "cpu_ms_per_probe": round(1000 * cpu / len(runs), 1), "probes_per_s": round(len(runs) / elapsed, 2),
                 "statuses": statuses, "changed_state": sum(1 for r in runs if r.changed_state is not False)}
 
-    def at_step(_traj, i, session):
-        if i != step:
-            return
+    def at_step(i, session):
         snapshot = take_snapshot(session)
         ranked = sorted(snapshot.variables.values(), key=lambda v: (not v.type.endswith("DataFrame"), -(v.size or 0)))
         names = {v.name: v.type for v in ranked[:args.variables]}
@@ -125,8 +123,9 @@ def main() -> int:
                      thinking=thinking, in_a_row=in_a_row)
 
     with KernelSession(ws, replace(kernel_limits(settings), view="minimal")) as session:
-        for _ in replay(prefix(traj, step + 1), session, settings, before_step=at_step):
+        for _ in replay(prefix(traj, step + 1), session, settings, stop_before=step):
             pass
+        at_step(step, session)
     keep.cleanup()
     thinking, in_a_row = found["thinking"], found["in_a_row"]
     rows = [{"what": "overhead ms (median)", "thinking": thinking["overhead_ms_median"],

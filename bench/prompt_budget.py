@@ -41,9 +41,10 @@ def _share(pairs) -> float | None:
 
 def measure(release: Path, limit: int | None, budget: int | None, count, contexts=CONTEXTS) -> dict:
     from themisto.generation.prompts import render_prompt
-    from themisto.generation.release_rows import load_task_rows, release_info
+    from themisto.generation.release_rows import load_task_rows
+    from themisto.release.folder import open_release
 
-    rows = load_task_rows(release_info(release, "next_cell"), "next_cell", contexts, limit=limit)
+    rows = load_task_rows(open_release(release), "next_cell", contexts, limit=limit)
     out = {}
     for context in contexts:
         counts, seconds, prompts = [], [], []

@@ -7,7 +7,7 @@ re-runs, then the state hash checked against the replay's) in two kinds of kerne
 - warm: a kernel that restored another step first (the step halfway there), so the step's modules (pandas,
   matplotlib, ...) are imported already and the restore replaces its namespace. This is the scorer's case
   (`score --restore`): one kernel per trajectory restores the state before each scored step whose gap costs more to
-  replay (themisto.replay.states.walk_states), so only its first restore imports the modules;
+  replay (themisto.release.states.pre_step_states), so only its first restore imports the modules;
 - cold: a fresh kernel each time (the modules imported by the restore): a trajectory's first restore.
 Another fresh kernel replays the prefix up to the same step (what a branch needs without a restore; it imports the
 modules too). Kernel start is outside every timing. `speedup` is prefix replay over the warm restore;
@@ -43,13 +43,14 @@ def score_both_ways(release: Path, ws: Path, kernel_id: str, steps: list[int]) -
     before each step whose gap costs more to replay)."""
     import os
 
+    from themisto.release.folder import open_release
     from themisto.scoring import scorer as sc
     from themisto.settings import settings as env_settings
 
     os.environ["HF_ALLOW_CODE_EVAL"] = "1"  # the bench runs the developer's own cells, nothing model-written
     env_settings.cache_clear()
-    loaded = sc.load_release(release, "next_cell")
-    own = sorted((r for r in loaded.task_rows.values() if r["kernel_id"] == kernel_id), key=lambda r: r["step"])
+    loaded = open_release(release)
+    own = sorted((r for r in loaded.task_rows("next_cell").values() if r["kernel_id"] == kernel_id), key=lambda r: r["step"])
     # the first example at or after each step (the task's rules leave some steps without one)
     rows = list({row["id"]: row for row in (next((r for r in own if r["step"] >= step), None) for step in steps)
                  if row is not None}.values())

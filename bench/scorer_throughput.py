@@ -79,12 +79,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from themisto.gate import ExecutionRefused
     from themisto.scoring.records import ScoreSettings
-    from themisto.scoring.scorer import load_release, score
+    from themisto.release.folder import open_release
+    from themisto.scoring.scorer import score
 
     runs: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     with tempfile.TemporaryDirectory(prefix="themisto-bench-score-") as tmp:
         folder = release_folder(args.release, tmp)
-        release = load_release(folder, "next_cell")
+        release = open_release(folder)
         rows = pq.read_table(folder / "next_cell" / "test-00000-of-00001.parquet").to_pylist()
         rows = rows[: args.limit] if args.limit else rows
         ids = [r["id"] for r in rows]

@@ -42,18 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     from themisto.errors import InputError
     from themisto.generation.backends import Sampling, make_backend
     from themisto.generation.runs import RunSettings, generate_run
+    from themisto.release.folder import open_release
 
     sampling = Sampling(n=args.n, temperature=args.temperature, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
     options = {"tensor_parallel_size": args.tensor_parallel_size, "seed": args.seed}
     try:
+        release = open_release(args.release)  # once for both tasks
         # One engine for both tasks: loading the model is most of a small run's time.
         backend = make_backend("vllm", args.model, batch_size=args.batch_size, **options)
         for task in args.task:
             settings = RunSettings(task=task, contexts=tuple(args.context), backend="vllm", model=args.model,
                                    sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
                                    batch_size=args.batch_size, backend_options=options)
-            report = generate_run(args.release, args.output / task, settings, backend=backend)
+            report = generate_run(release, args.output / task, settings, backend=backend)
             print(f"{task}: {report.written} generations written ({report.resumed} from before) in "
                   f"{report.seconds:.1f} s, {report.run.get('generations_per_s')} generations/s; "
                   f"counts {report.counts}; score with: themisto score {args.output / task}")

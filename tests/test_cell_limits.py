@@ -96,7 +96,7 @@ def test_a_fixed_limit_stops_the_long_cell_and_says_what_the_developer_took(tmp_
 
 
 def test_a_release_walked_again_gives_each_cell_the_rule_over_the_builds_own_seconds():
-    from themisto.replay.states import release_limits
+    from themisto.release.states import release_limits
 
     rows = [{"status": "ok", "execution_time": 300.0, "logged_status": "ok"},  # a long search the build finished
             {"status": "ok", "execution_time": 0.5, "logged_status": "ok"},

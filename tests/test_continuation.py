@@ -15,6 +15,7 @@ from themisto.runtime.kernel import KernelSession, Limits
 from themisto.scoring import scorer as sc
 from themisto.scoring.continuation import cell_names, continuation_rows, own_alarms, state_names
 from themisto.settings import settings as env_settings
+from themisto.release.folder import open_release
 
 KERNEL = "cont-kernel"
 CELLS = [
@@ -107,7 +108,7 @@ def release(tmp_path_factory):
     out = tmp_path_factory.mktemp("cont-release") / "release"
     build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0, length_quantile=1.0),
                   source={"kind": "test", "workspace": {"given": "cont-ws"}})
-    return sc.load_release(out, "next_cell"), workspace
+    return open_release(out), workspace
 
 
 def _score(release, predictions, k):
@@ -117,7 +118,7 @@ def _score(release, predictions, k):
     env.setenv("HF_ALLOW_CODE_EVAL", "1")
     env_settings.cache_clear()
     try:
-        return sc.score([predictions[s] for s in predictions], [loaded.task_rows[i]["target"] for i in ids], ids=ids,
+        return sc.score([predictions[s] for s in predictions], [loaded.task_rows("next_cell")[i]["target"] for i in ids], ids=ids,
                         execute=True, release=loaded, workspace=workspace,
                         settings=sc.ScoreSettings(timeout_s=10, continuation_cells=k), progress=lambda msg: None)
     finally:

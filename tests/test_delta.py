@@ -16,8 +16,9 @@ from _sample_release import NOTEBOOK_CELLS, SAMPLE_KERNEL
 from themisto.cli import main
 from themisto.generation.delta import TRACEBACK_LEFT_OUT, DeltaError, DeltaSettings
 from themisto.generation.prompts import render_prompt
-from themisto.generation.release_rows import load_task_rows, release_info
+from themisto.generation.release_rows import load_task_rows
 from themisto.release.folder import TRAJECTORIES, open_release
+from themisto.release.folder import open_release
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = re.compile(r"^# Cell (\d+)(?: \(([^\n]*)\))?\n```python\n(.*?)\n```\n(.*?)(?=^Output)", re.S | re.M)
@@ -26,7 +27,7 @@ CELL = re.compile(r"^# Cell (\d+)(?: \(([^\n]*)\))?\n```python\n(.*?)\n```\n(.*?
 @pytest.fixture(scope="module")
 def rows(sample_steps_release) -> dict[tuple[str, int], dict]:
     """The release's next_cell rows as the delta mode reads them, by (kernel, step)."""
-    info = release_info(sample_steps_release, "next_cell")
+    info = open_release(sample_steps_release)
     return {(r["kernel_id"], r["step"]): r for r in load_task_rows(info, "next_cell", ["delta"])}
 
 
@@ -199,6 +200,6 @@ def test_the_inspect_samples_and_the_sft_export_render_the_mode(sample_steps_rel
                                               limit=3, delta=DeltaSettings(cells=2)))
     texts = [sample.input[1].content for sample in samples]
     assert len(texts) == 3 and all(text.count("\n# Cell ") == 2 and "Changed" in text for text in texts)
-    export_sft(sample_steps_release, tmp_path / "sft", ExportSettings(split="test", contexts=("delta",), verify=False))
+    export_sft(open_release(sample_steps_release), tmp_path / "sft", ExportSettings(split="test", contexts=("delta",), verify=False))
     lines = (tmp_path / "sft" / "examples.jsonl").read_text().splitlines()
     assert lines and all("\nChanged" in json.loads(line)["prompt"][1]["content"] for line in lines)

@@ -211,11 +211,11 @@ def _without_timings(results: dict) -> dict:
 
 def test_scoring_on_ray_gives_the_records_of_a_local_run(ray_build, tmp_path, monkeypatch):
     from themisto import settings as settings_module
-    from themisto.scoring.release_state import load_release
+    from themisto.release.folder import open_release
 
     monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")  # the workers get it with each task
     settings_module.settings.cache_clear()
-    rows = load_release(ray_build, "next_cell").task_rows
+    rows = open_release(ray_build).task_rows("next_cell")
     # the two earliest examples of each trajectory (replay stops after the last scored step)
     chosen = []
     for kernel_id in sorted({row["kernel_id"] for row in rows.values()}):
@@ -240,16 +240,16 @@ def test_scoring_on_ray_gives_the_records_of_a_local_run(ray_build, tmp_path, mo
 def test_a_trajectory_lost_on_ray_has_its_examples_refused_with_the_reason(ray_build):
     from themisto.distributed.ray_scoring import refused_trajectory
     from themisto.scoring.records import ScoreSettings, make_examples, text_records
-    from themisto.scoring.release_state import load_release
+    from themisto.release.folder import open_release
 
-    release = load_release(ray_build, "next_cell")
-    kernel_id = sorted({row["kernel_id"] for row in release.task_rows.values()})[0]
-    ids = sorted(i for i, row in release.task_rows.items() if row["kernel_id"] == kernel_id)[:2]
-    examples = make_examples(["x = 1", ["a = 1", "b = 2"]], [release.task_rows[i]["target"] for i in ids], ids)
+    release = open_release(ray_build)
+    kernel_id = sorted({row["kernel_id"] for row in release.task_rows("next_cell").values()})[0]
+    ids = sorted(i for i, row in release.task_rows("next_cell").items() if row["kernel_id"] == kernel_id)[:2]
+    examples = make_examples(["x = 1", ["a = 1", "b = 2"]], [release.task_rows("next_cell")[i]["target"] for i in ids], ids)
     records: dict[str, list] = {}
     for record in text_records(examples, ScoreSettings()):
         records.setdefault(record.id, []).append(record)
-    lost = refused_trajectory(release, kernel_id, examples, records, "WorkerCrashedError after 2 tries: gone")
+    lost = refused_trajectory(release, "next_cell", kernel_id, examples, records, "WorkerCrashedError after 2 tries: gone")
     assert [(e.id, e.status) for e in lost.examples] == [(ids[0], "refused"), (ids[1], "refused")]
     assert all("on Ray failed: WorkerCrashedError after 2 tries" in e.reason for e in lost.examples)
     assert [(p.id, p.index, p.outcome) for p in lost.predictions] == [

@@ -15,11 +15,12 @@ import pytest
 from themisto.generation.backends import Sampling, make_backend
 from themisto.generation.backends.hf_batched import bytes_per_token, plan_batches
 from themisto.generation.prompts import render_prompt
-from themisto.generation.release_rows import load_task_rows, release_info
+from themisto.generation.release_rows import load_task_rows
+from themisto.release.folder import open_release
 
 
 def _prompts(release: Path, backend, context: str, limit: int, budget: int):
-    rows = load_task_rows(release_info(release, "next_cell"), "next_cell", (context,), limit=limit)
+    rows = load_task_rows(open_release(release), "next_cell", (context,), limit=limit)
     prompts = [render_prompt(r, "next_cell", context, count_tokens=backend.count_tokens, max_prompt_tokens=budget)
                for r in rows]
     return [p for p in prompts if p.skipped_reason is None]

@@ -16,6 +16,7 @@ from test_generation_prompts import rows  # noqa: F401  (the release rows fixtur
 from themisto.generation.backends import Sampling, make_backend
 from themisto.generation.prompts import render_prompt
 from themisto.generation.runs import RunSettings, generate_run
+from themisto.release.folder import open_release
 
 
 def test_generates_against_a_real_transformers_serve_process(served, tiny_model_dir, rows):  # noqa: F811
@@ -134,7 +135,7 @@ def test_a_run_against_a_failing_endpoint_records_every_failure(small_release, t
     settings = RunSettings(task="output_prediction", contexts=("none", "variables"), backend="openai",
                            model="stand-in-model", limit=3, sampling=Sampling(n=2))
     with FlakyEndpointStandIn([500]) as endpoint:
-        report = generate_run(small_release, tmp_path / "run", settings,
+        report = generate_run(open_release(small_release), tmp_path / "run", settings,
                               backend=_backend(endpoint.url, max_retries=1), progress=False)
     lines = [json.loads(x) for x in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
     assert len(lines) == 3 * 2 * 2 and report.counts == {"generations": 12, "failed": 12}

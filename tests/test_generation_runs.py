@@ -26,6 +26,7 @@ from themisto.generation.runs import RunSettings, RunSettingsError, generate_run
 from themisto.release.folder import ReleaseError
 from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
+from themisto.release.folder import open_release
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT_RUN_KEYS = {"format", "task", "contexts", "backend", "backend_version", "model", "sampling", "templates",
@@ -48,7 +49,7 @@ def _baseline(task="output_prediction", model="previous-output", **kw) -> RunSet
 
 def test_a_baseline_run_writes_one_record_per_example_context_and_sample(small_release, tmp_path):
     settings = _baseline(sampling=Sampling(n=2))
-    report = generate_run(small_release, tmp_path / "run", settings, progress=False)
+    report = generate_run(open_release(small_release), tmp_path / "run", settings, progress=False)
     ids = _ids(small_release, "output_prediction")
     lines = _lines(tmp_path / "run")
     assert Counter((r["id"], r["context"], r["sample"]) for r in lines) == {
@@ -61,28 +62,28 @@ def test_a_baseline_run_writes_one_record_per_example_context_and_sample(small_r
     assert run["templates"]["full"]["sha256"] == template_sha256("output_prediction", "full")
     assert run["sampling"] == {"n": 2, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 256, "seed": 0}
     assert report.written == len(lines) and report.counts == {"generations": len(lines), "ok": len(lines)}
-    again = generate_run(small_release, tmp_path / "run", settings, progress=False)
+    again = generate_run(open_release(small_release), tmp_path / "run", settings, progress=False)
     assert again.written == 0 and again.resumed == len(lines) and len(_lines(tmp_path / "run")) == len(lines)
 
 
 def test_a_torn_last_line_is_redone_and_a_corrupt_line_is_named(small_release, tmp_path):
     run = tmp_path / "run"
     settings = _baseline(task="next_cell", model="common-cell", contexts=("none",), limit=6)
-    generate_run(small_release, run, settings, progress=False)
+    generate_run(open_release(small_release), run, settings, progress=False)
     path = run / "generations.jsonl"
     whole = path.read_text()
     path.write_text(whole[: len(whole) - 40])  # the process died inside the last write
-    report = generate_run(small_release, run, settings, progress=False)
+    report = generate_run(open_release(small_release), run, settings, progress=False)
     assert report.torn_line_dropped and report.written == 1 and path.read_text() == whole
     lines = whole.splitlines(keepends=True)
     path.write_text("".join(lines[:2]) + '{"id": "x", "task\n' + "".join(lines[3:]))
     with pytest.raises(InputError, match=r"generations.jsonl:3: not JSON"):
-        generate_run(small_release, run, settings, progress=False)
+        generate_run(open_release(small_release), run, settings, progress=False)
     assert path.read_text().count("\n") == len(lines)  # left as it was
     path.write_text("".join(lines) + lines[1])
     with pytest.raises(RunFolderError, match=rf"generations.jsonl:{len(lines) + 1}: example .* was already given on "
                                              r"line 2"):
-        generate_run(small_release, run, settings, progress=False)
+        generate_run(open_release(small_release), run, settings, progress=False)
 
 
 def test_a_run_folder_refuses_other_settings_and_another_release(small_release, tmp_path, capsys):
@@ -125,11 +126,11 @@ def test_bad_input_is_named(small_release, tmp_path, capsys):
     shutil.copytree(small_release, lacking)
     (lacking / "output_prediction" / "test-00000-of-00001.parquet").unlink()
     with pytest.raises(ReleaseError, match="has no output_prediction test split"):
-        generate_run(lacking, tmp_path / "r2", _baseline(), progress=False)
+        generate_run(open_release(lacking), tmp_path / "r2", _baseline(), progress=False)
     with (lacking / "next_cell" / "test-00000-of-00001.parquet").open("ab") as fh:
         fh.write(b"\0")
     with pytest.raises(ReleaseError, match="changed since the release was built"):
-        generate_run(lacking, tmp_path / "r3", _baseline(task="next_cell", model="previous-cell"), progress=False)
+        generate_run(open_release(lacking), tmp_path / "r3", _baseline(task="next_cell", model="previous-cell"), progress=False)
     assert not (tmp_path / "r").exists()
 
 
@@ -140,15 +141,15 @@ def test_a_context_mode_needs_the_snapshots_the_release_has(tmp_path):
     release = tmp_path / "no-snapshots"
     build_release(rows, release, TaskSettings(test_fraction=1.0))
     with pytest.raises(ReleaseError, match="context mode variables needs runtime snapshots"):
-        generate_run(release, tmp_path / "r", _baseline(task="next_cell", model="previous-cell"), progress=False)
-    report = generate_run(release, tmp_path / "r", _baseline(task="next_cell", model="previous-cell",
+        generate_run(open_release(release), tmp_path / "r", _baseline(task="next_cell", model="previous-cell"), progress=False)
+    report = generate_run(open_release(release), tmp_path / "r", _baseline(task="next_cell", model="previous-cell",
                                                              contexts=("none",)), progress=False)
     assert report.counts["ok"] == len(_ids(release, "next_cell"))
 
 
 def test_prompts_over_budget_are_recorded_as_skipped(small_release, tmp_path):
     settings = _baseline(contexts=("none", "full"), limit=3, max_prompt_tokens=60)
-    report = generate_run(small_release, tmp_path / "run", settings, progress=False)
+    report = generate_run(open_release(small_release), tmp_path / "run", settings, progress=False)
     assert report.counts == {"generations": 6, "skipped": 6}
     for record in _lines(tmp_path / "run"):
         assert record["status"] == "skipped" and "over budget" in record["reason"] and record["prediction"] == ""
@@ -159,7 +160,7 @@ def test_a_transformers_run_extracts_answers_and_records_the_model(small_release
     settings = RunSettings(task="next_cell", contexts=("none", "full"), backend="transformers",
                            model=str(tiny_model_dir), limit=2, sampling=Sampling(max_new_tokens=6),
                            backend_options={"device": "cpu", "dtype": "bfloat16"})
-    report = generate_run(small_release, tmp_path / "run", settings, progress=False)
+    report = generate_run(open_release(small_release), tmp_path / "run", settings, progress=False)
     lines = _lines(tmp_path / "run")
     assert len(lines) == 4 and all(r["status"] == "ok" and r["tokens_out"] for r in lines)
     assert all(r["prediction"] == extract_answer(r["raw"], "next_cell") for r in lines)

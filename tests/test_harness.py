@@ -55,14 +55,15 @@ def text_log(probe_release, tmp_path_factory):
 
 
 def test_inspect_eval_scores_with_themisto_metrics_and_renders_the_runs_prompts(text_log, probe_release):
-    from themisto.generation.release_rows import load_task_rows, release_info
+    from themisto.generation.release_rows import load_task_rows
+    from themisto.release.folder import open_release
     from themisto.generation.prompts import approx_tokens, render_prompt
 
     scores = {s.name: s for s in text_log.results.scores}
     assert list(scores) == ["exact_match", "rouge_l", "chrf"]
     for score in scores.values():
         assert {"mean", "stderr"} <= set(score.metrics) and score.scored_samples == 4
-    info = release_info(probe_release[0], "next_cell")
+    info = open_release(probe_release[0])
     rows = {r["id"]: r for r in load_task_rows(info, "next_cell", ("variables",))}
     for sample in text_log.samples:
         prompt = render_prompt(rows[sample.id], "next_cell", "variables", count_tokens=approx_tokens)
@@ -79,6 +80,7 @@ def test_the_log_scores_as_a_run_folder_with_the_same_predictions(text_log, prob
     from themisto.cli import main
     from themisto.generation.run_folder import Generation
     from themisto.generation.runs import RunSettings, generate_run
+    from themisto.release.folder import open_release
     from themisto.scoring.run_scores import score_run
 
     release, _ = probe_release
@@ -94,8 +96,9 @@ def test_the_log_scores_as_a_run_folder_with_the_same_predictions(text_log, prob
 
     ids = [s.id for s in text_log.samples]
     settings = RunSettings(task="next_cell", contexts=("variables",), backend="openai", model="same")
-    generate_run(release, tmp_path / "run", settings, backend=Same(), progress=False)
-    folder = score_run(tmp_path / "run", release=release)
+    handle = open_release(release)
+    generate_run(handle, tmp_path / "run", settings, backend=Same(), progress=False)
+    folder = score_run(tmp_path / "run", release=handle)
     log = tmp_path / "copy.eval"
     log.write_bytes(open(text_log.location, "rb").read())
     assert main(["score", str(log), "--release", str(release), "--json"]) == 0
@@ -107,7 +110,7 @@ def test_the_log_scores_as_a_run_folder_with_the_same_predictions(text_log, prob
     (tmp_path / "run4").mkdir()
     (tmp_path / "run4" / "run.json").write_text((tmp_path / "run" / "run.json").read_text())
     (tmp_path / "run4" / "generations.jsonl").write_text("".join(json.dumps(line) + "\n" for line in kept))
-    folder = score_run(tmp_path / "run4", release=release)
+    folder = score_run(tmp_path / "run4", release=handle)
     assert from_log["scores"] == folder["scores"] and from_log["baselines"] == folder["baselines"]
     assert from_log["paired"] == folder["paired"] and from_log["run"]["model"] == "mockllm/model"
     inspect_chrf = {s.name: s for s in text_log.results.scores}["chrf"].metrics["mean"].value

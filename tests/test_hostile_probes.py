@@ -19,7 +19,7 @@ from themisto.generation.probing import StateProbes, probe_limits
 from themisto.generation.run_folder import Generation
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.release.folder import open_release
-from themisto.replay.states import recorded_replay_settings, walk_states
+from themisto.release.states import pre_step_states
 from themisto.runtime.snapshot import take_snapshot
 from themisto.vocabulary import PROBE_CONTEXT
 
@@ -42,11 +42,8 @@ def _files_not_its_own(release: Path, secret: Path) -> str:
 
 @pytest.fixture(scope="module")
 def pre_step(probe_release, tmp_path_factory):
-    """The live state before step 6 of the probe release (words has 'c'), in the probe replay's kernel, and a
-    permit; yields (session, permit, release)."""
-    import queue
-    import threading
-
+    """The live state before step 6 of the probe release (words has 'c'), in the probe replay's kernel, served by
+    the state server, and a permit; yields (session, permit, release)."""
     from themisto.settings import settings as env_settings
 
     release, workspace = probe_release
@@ -54,22 +51,11 @@ def pre_step(probe_release, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_ALLOW_CODE_EVAL", "1")
     env_settings.cache_clear()
-    handed, done = queue.Queue(), threading.Event()
-
-    def at_step(state) -> None:
-        handed.put(state)
-        done.wait()  # the tests run while the replay waits here, in the exact pre-step state
-
-    walker = threading.Thread(target=walk_states, args=(info.trajectories_by_kernel()[KERNEL], [6], workspace,
-                                                       recorded_replay_settings(info.replay), at_step),
-                              kwargs={"limits": probe_limits(info)}, daemon=True)
-    walker.start()
     try:
-        state = handed.get(timeout=300)
-        yield state.session, permit(execute=True), release
+        with pre_step_states(info, KERNEL, [6], workspace, limits=probe_limits(info)) as walk:
+            (state,) = list(walk)  # the walk ends after its one step; the kernel stays until the `with` ends
+            yield state.session, permit(execute=True), release
     finally:
-        done.set()
-        walker.join(timeout=120)
         mp.undo()
         env_settings.cache_clear()
 
@@ -179,7 +165,7 @@ def test_a_run_whose_model_writes_hostile_probes_finishes_every_example(probe_re
                _files_not_its_own(release, tmp_path / "nothing")]
     settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="baseline", model="previous-cell",
                            probe=SETTINGS)
-    generate_run(release, tmp_path / "run", settings, backend=HostileModelStandIn(hostile), progress=False,
+    generate_run(open_release(release), tmp_path / "run", settings, backend=HostileModelStandIn(hostile), progress=False,
                  execute_probes=True, workspace=workspace)
     lines = [json.loads(line) for line in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
     rows = {r["id"]: r for r in open_release(release).rows("next_cell", "test")}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from themisto.resume import LOCK_FILE, FolderBusy, hold_folder, lock_path, writer_of
+from themisto.release.folder import open_release
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIM = Path(__file__).with_name("_paused_writer.py")
@@ -221,7 +222,7 @@ def test_two_executing_scorers_into_one_run_folder(probe_release, tmp_path, caps
 
     release, workspace = probe_release
     run = tmp_path / "run"
-    generate_run(release, run, RunSettings(task="next_cell", contexts=("none",), backend="baseline",
+    generate_run(open_release(release), run, RunSettings(task="next_cell", contexts=("none",), backend="baseline",
                                            model="previous-cell", limit=2), progress=False)
     args = ["score", run, "--execute", "--workspace", workspace]
     first = Paused(tmp_path, *args, HF_ALLOW_CODE_EVAL="1")  # paused after its trajectory's verdicts line
@@ -312,7 +313,7 @@ def test_a_backend_answering_a_lone_surrogate_fails_that_generation_only(small_r
 
     settings = RunSettings(task="next_cell", contexts=("none",), backend="openai", model="stand-in-model", limit=2)
     with FlakyEndpointStandIn([200], content="```python\n" + SURROGATE + "\n```") as endpoint:
-        report = generate_run(small_release, tmp_path / "run", settings, progress=False,
+        report = generate_run(open_release(small_release), tmp_path / "run", settings, progress=False,
                               backend=make_backend("openai", "stand-in-model", base_url=endpoint.url))
     assert report.counts == {"generations": 2, "failed": 2}
     records = list(read_run(tmp_path / "run").generations.values())  # the file is UTF-8 and reads back

@@ -10,6 +10,7 @@ from themisto.release.tasks import TaskSettings, trajectory_rows
 from themisto.replay.replay import ReplaySettings, replay_trajectory
 from themisto.scoring import scorer as sc
 from themisto.settings import settings as env_settings
+from themisto.release.folder import open_release
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ def release(tmp_path_factory):
     out = tmp_path_factory.mktemp("parallel-release") / "release"
     build_release(rows, out, TaskSettings(test_fraction=1.0, length_quantile=1.0),
                   source={"kind": "test", "workspace": {"given": "parallel-ws"}})
-    return sc.load_release(out, "next_cell"), workspace
+    return open_release(out), workspace
 
 
 def _plain(record) -> dict:
@@ -49,10 +50,10 @@ def _plain(record) -> dict:
 
 def test_two_workers_give_the_records_of_one(release, monkeypatch):
     loaded, workspace = release
-    ids = sorted(loaded.task_rows, key=lambda i: (loaded.task_rows[i]["kernel_id"], loaded.task_rows[i]["step"]))
-    ids = [i for i in ids if loaded.task_rows[i]["step"] >= 7]  # three steps of each trajectory
-    assert {loaded.task_rows[i]["kernel_id"] for i in ids} == set(CELLS)
-    references = [loaded.task_rows[i]["target"] for i in ids]
+    ids = sorted(loaded.task_rows("next_cell"), key=lambda i: (loaded.task_rows("next_cell")[i]["kernel_id"], loaded.task_rows("next_cell")[i]["step"]))
+    ids = [i for i in ids if loaded.task_rows("next_cell")[i]["step"] >= 7]  # three steps of each trajectory
+    assert {loaded.task_rows("next_cell")[i]["kernel_id"] for i in ids} == set(CELLS)
+    references = [loaded.task_rows("next_cell")[i]["target"] for i in ids]
     predictions = [[target, "values = None", "print(data)"] for target in references]
     monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
     env_settings.cache_clear()

@@ -58,7 +58,7 @@ def _run(release, workspace, out, backend: str, model: str, **options) -> list[d
     settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend=backend, model=model,
                            sampling=SAMPLING, max_prompt_tokens=BUDGET, probe=SETTINGS, backend_options=options,
                            limit=LIMIT)
-    generate_run(release, out, settings, progress=False, execute_probes=True, workspace=workspace)
+    generate_run(open_release(release), out, settings, progress=False, execute_probes=True, workspace=workspace)
     return [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
 
 
@@ -118,7 +118,7 @@ def test_the_text_protocol_with_a_model_that_writes_no_probe(probe_release, tiny
     settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="transformers",
                            model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=8), max_prompt_tokens=2000,
                            probe=ProbeSettings(max_probes=2))
-    generate_run(release, tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
+    generate_run(open_release(release), tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
     lines = [json.loads(line) for line in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
     assert lines and all(r["status"] == "ok" and r["probes"]["stop"] == "answered" and r["probes"]["turns"] == 1
                          for r in lines)

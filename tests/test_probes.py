@@ -93,7 +93,7 @@ def test_the_probe_mode_needs_both_switches(probe_release, tmp_path, monkeypatch
                            model="probe-previous-cell")
     monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
     with pytest.raises(ExecutionRefused, match="HF_ALLOW_CODE_EVAL"):
-        generate_run(release, tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
+        generate_run(open_release(release), tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
     code = main(["generate", "--release", str(release), "--task", "next_cell", "--context", PROBE_CONTEXT,
                  "--backend", "baseline", "--model", "probe-previous-cell", "-o", str(tmp_path / "cli")])
     assert code == 2 and "--execute-probes" in capsys.readouterr().err
@@ -105,7 +105,7 @@ def test_without_the_explicit_option_nothing_runs(probe_release, tmp_path, allow
     settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="baseline",
                            model="probe-previous-cell")
     with pytest.raises(ExecutionRefused, match="explicit option"):
-        generate_run(release, tmp_path / "run", settings, progress=False, workspace=workspace)
+        generate_run(open_release(release), tmp_path / "run", settings, progress=False, workspace=workspace)
     assert not (tmp_path / "run").exists()
 
 
@@ -126,7 +126,7 @@ def baseline_run(probe_release, tmp_path_factory):
         run = tmp_path_factory.mktemp("probe-runs") / "baseline"
         settings = RunSettings(task="next_cell", contexts=("none", "variables", PROBE_CONTEXT), backend="baseline",
                                model="probe-previous-cell", probe=ProbeSettings(max_probes=2))
-        report = generate_run(release, run, settings, progress=False, execute_probes=True, workspace=workspace)
+        report = generate_run(open_release(release), run, settings, progress=False, execute_probes=True, workspace=workspace)
         yield release, workspace, run, settings, report
     finally:
         mp.undo()
@@ -188,13 +188,13 @@ def test_a_probe_run_resumes_per_example_and_refuses_other_probe_settings(baseli
     kept = [line for line in lines if not (json.loads(line)["context"] == PROBE_CONTEXT
                                            and json.loads(line)["id"].endswith(("/9", "/11")))]
     (copy / "generations.jsonl").write_text("".join(kept))
-    report = generate_run(release, copy, settings, progress=False, execute_probes=True, workspace=workspace)
+    report = generate_run(open_release(release), copy, settings, progress=False, execute_probes=True, workspace=workspace)
     assert report.written == 2
     assert sorted(map(_timeless, _lines(copy)), key=lambda r: (r["id"], r["context"])) == sorted(
         map(_timeless, _lines(run)), key=lambda r: (r["id"], r["context"]))
     other = RunSettings(**{**settings.__dict__, "probe": ProbeSettings(max_probes=3)})
     with pytest.raises(RunFolderError, match="probe"):
-        generate_run(release, copy, other, progress=False, execute_probes=True, workspace=workspace)
+        generate_run(open_release(release), copy, other, progress=False, execute_probes=True, workspace=workspace)
 
 
 def test_a_transcript_that_lies_is_refused_with_its_line(baseline_run, tmp_path):
@@ -217,7 +217,7 @@ def test_probe_last_repr_answers_with_what_the_live_kernel_showed(probe_release,
     release, workspace = probe_release
     settings = RunSettings(task="output_prediction", contexts=("none", PROBE_CONTEXT), backend="baseline",
                            model="probe-last-repr")
-    generate_run(release, tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
+    generate_run(open_release(release), tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
     rows = _rows(release, "output_prediction")
     probed = [r for r in _lines(tmp_path / "run") if r["context"] == PROBE_CONTEXT]
     assert len(probed) == len(rows)

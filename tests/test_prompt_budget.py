@@ -15,11 +15,12 @@ from test_tasks import make_steps, rows_of
 
 from themisto.generation.budget import FIELD_CUTS, Cut, Fit, fit, least
 from themisto.generation.prompts import render_prompt
-from themisto.generation.release_rows import load_task_rows, release_info
+from themisto.generation.release_rows import load_task_rows
 from themisto.generation.variable_ranking import rank_variables
 from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
 from themisto.runtime.snapshot import VariableInfo
+from themisto.release.folder import open_release
 
 OLD = 40  # variables made by one early cell, long before the history window, never named since
 TARGET_STEP = 16
@@ -67,7 +68,7 @@ def crowded(tmp_path_factory) -> dict[str, dict]:
     build_release(rows_of(steps), out, TaskSettings(seed=1, test_fraction=1.0), source={"kind": "test-rows"})
     rows = {}
     for task in ("next_cell", "output_prediction"):
-        found = load_task_rows(release_info(out, task), task, ("variables", "full"))
+        found = load_task_rows(open_release(out), task, ("variables", "full"))
         rows[task] = next(r for r in found if r["step"] == TARGET_STEP)
     return rows
 

@@ -74,6 +74,46 @@ def test_a_removed_file_changes_the_content_hash(release):
     assert part.content_hash != whole and not part.has("output_prediction", "test")
 
 
+def test_a_handle_crosses_a_process_as_its_path_and_hash_and_reopens_without_hashing(release, monkeypatch):
+    import pickle
+
+    from themisto.release import folder
+
+    info = open_release(release)
+    info.task_rows("next_cell")  # a view read here does not travel
+    sent = pickle.dumps(info)
+    assert len(sent) < 1_000 and b"next_cell" not in sent  # no rows, no file list: the path and the hash
+
+    def no_hashing(path):
+        raise AssertionError(f"{path} hashed again")
+
+    monkeypatch.setattr(folder, "sha256_file", no_hashing)
+    again = pickle.loads(sent)
+    assert (again.path, again.files, again.content_hash) == (info.path, info.files, info.content_hash)
+    assert again.task_rows("next_cell") == info.task_rows("next_cell")
+    # The folder changed between the two sides: a file removed changes the content hash, and is refused.
+    (release / parquet_name("output_prediction", "test")).unlink()
+    with pytest.raises(ReleaseError, match="changed since it was opened"):
+        pickle.loads(sent)
+
+
+def test_the_views_are_read_once_and_shared(release, monkeypatch):
+    from themisto.release import folder
+
+    info = open_release(release)
+    reads = []
+    real = folder.read_parquet
+    monkeypatch.setattr(folder, "read_parquet", lambda path, *a, **k: reads.append(path.name) or real(path, *a, **k))
+    assert info.task_rows("next_cell") is info.task_rows("next_cell")
+    assert info.trajectories_by_kernel() is info.trajectories_by_kernel()
+    assert info.values() is info.values() and info.values().rows == {}  # the small release stores no values
+    assert len(reads) == 2  # next_cell's test split and trajectories' (no values file to read)
+    kernel = next(iter(info.trajectories_by_kernel()))
+    assert [r["step"] for r in info.trajectory(kernel)] == sorted(r["step"] for r in info.trajectory(kernel))
+    with pytest.raises(ReleaseError, match="no trajectories rows for nobody"):
+        info.trajectory("nobody")
+
+
 def test_a_build_report_nested_too_deep_or_of_another_shape_is_refused(release):
     (release / BUILD_FILE).write_text('{"files": ' + "[" * 10_000 + "]" * 10_000 + "}")
     with pytest.raises(ReleaseError, match=rf"{BUILD_FILE}:1: nested deeper than 32 levels \(bound: depth\)"):

@@ -10,6 +10,7 @@ from themisto.replay.steps_file import read_steps, replay_to_file
 from themisto.resume import ResumeError, folder_fingerprint, read_lines, settings_difference
 from themisto.scoring import scorer as sc
 from themisto.scoring.records import TrajectoryScore
+from themisto.release.folder import open_release
 
 
 def test_settings_difference_names_the_first_differing_setting():
@@ -47,9 +48,9 @@ def test_folder_fingerprint_sees_input_changes_but_not_the_runs_own_files(tmp_pa
 
 
 def _predictions(release_dir, path):
-    loaded = sc.load_release(release_dir, "next_cell")
-    chosen = sorted(loaded.task_rows)[:3]
-    path.write_text("".join(json.dumps({"id": i, "prediction": loaded.task_rows[i]["target"]}) + "\n"
+    loaded = open_release(release_dir)
+    chosen = sorted(loaded.task_rows("next_cell"))[:3]
+    path.write_text("".join(json.dumps({"id": i, "prediction": loaded.task_rows("next_cell")[i]["target"]}) + "\n"
                             for i in chosen))
     return path
 
@@ -58,7 +59,7 @@ def test_text_only_score_leaves_an_execute_runs_partial_file_alone(small_release
     out = tmp_path / "results.json"
     partial = out.with_name(out.name + ".partial.jsonl")
     partial.write_text('{"settings": {}}\n{"kernel_id": "k", "examples": [], "predictions": []}\n')
-    run = sc.score_to_file(small_release, _predictions(small_release, tmp_path / "p.jsonl"), out)
+    run = sc.score_to_file(open_release(small_release), _predictions(small_release, tmp_path / "p.jsonl"), out)
     assert run.result.scores["exact_match"] == 1.0 and out.exists()
     assert partial.read_text() == '{"settings": {}}\n{"kernel_id": "k", "examples": [], "predictions": []}\n'
 
@@ -70,17 +71,17 @@ def test_scorer_header_records_the_workspace_and_names_what_changed(small_releas
         (folder / "input.csv").write_text(text)
     out = tmp_path / "results.json"
     settings = sc.ScoreSettings()
-    header = sc.resume_header(small_release, ["k/5"], ["x"], settings, one, out)
+    header = sc.resume_header(open_release(small_release), ["k/5"], ["x"], settings, one, out)
     assert header["workspace"] == folder_fingerprint(one) and header["release_content_sha256"]
     partial = tmp_path / "partial.jsonl"
     finished = TrajectoryScore(kernel_id="kernel-0", examples=[], predictions=[])
     partial.write_text(json.dumps(header) + "\n" + json.dumps(finished.to_dict()) + "\n")
     said = []
     assert list(sc._load_partial(partial, header, said.append)) == ["kernel-0"]
-    other = sc.resume_header(small_release, ["k/5"], ["x"], settings, two, out)
+    other = sc.resume_header(open_release(small_release), ["k/5"], ["x"], settings, two, out)
     assert sc._load_partial(partial, other, said.append) == {}
     assert "written by another run (workspace.files_sha256 is" in said[-1] and "starting over" in said[-1]
-    changed = sc.resume_header(small_release, ["k/5"], ["x"], sc.ScoreSettings(continuation_cells=0), one, out)
+    changed = sc.resume_header(open_release(small_release), ["k/5"], ["x"], sc.ScoreSettings(continuation_cells=0), one, out)
     assert sc._load_partial(partial, changed, said.append) == {}
     assert "settings.continuation_cells is 3 there, 0 here" in said[-1]
 

@@ -14,6 +14,7 @@ from _leaderboard import write_run
 from themisto.generation.run_folder import (GENERATIONS_FILE, RECORD_KEYS, RUN_FILE, Generation, RunFolderError,
                                             read_generations, read_run, read_run_json)
 from themisto.scoring.run_scores import score_run
+from themisto.release.folder import open_release
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,7 +48,7 @@ def test_a_field_of_the_record_is_read_checked_and_written_with_no_other_edit():
 
 
 def test_scoring_a_run_writes_no_scorer_input_file(run, small_release):
-    score_run(run, release=small_release, progress=lambda message: None)
+    score_run(run, release=open_release(small_release), progress=lambda message: None)
     assert sorted(p.name for p in run.iterdir()) == ["generations.jsonl", "results.json", "results.md", "run.json",
                                                      "scorer_records.json"]
 

@@ -18,7 +18,6 @@ from themisto.release.tasks import TaskSettings
 from themisto.errors import InputError
 from themisto.generation.run_folder import RunFolderError
 from themisto.scoring.run_scores import score_run
-from themisto.scoring.release_state import load_release
 from themisto.scoring.text_scores import normalize_whitespace
 from themisto.settings import settings as env_settings
 
@@ -44,7 +43,7 @@ def write_run(folder: Path, release: Path, task: str, predict, *, contexts=("non
     """A run folder as `themisto generate` writes it; `predict(row, context, sample)` gives each prediction, the
     (id, context, sample) keys in `skip` are recorded as skipped over the prompt budget, and `kept(row, context)`
     what each prompt that was sent kept."""
-    rows = sorted(load_release(release, task).task_rows.values(), key=lambda r: (r["kernel_id"], r["step"]))
+    rows = sorted(open_release(release).task_rows(task).values(), key=lambda r: (r["kernel_id"], r["step"]))
     folder.mkdir(parents=True)
     meta = {"format": 1, "task": task, "contexts": list(contexts), "backend": "baseline", "model": "test-model",
             "sampling": {"n": samples, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 64, "seed": 0},
@@ -92,7 +91,7 @@ def _pick(entries, **keys):
 
 @pytest.fixture(scope="module")
 def next_cell_run(repeat_release, tmp_path_factory):
-    rows = sorted(load_release(repeat_release, "next_cell").task_rows.values(), key=lambda r: (r["kernel_id"],
+    rows = sorted(open_release(repeat_release).task_rows("next_cell").values(), key=lambda r: (r["kernel_id"],
                                                                                                r["step"]))
     skipped = (rows[3]["id"], "variables", 0)
     folder = write_run(tmp_path_factory.mktemp("runs") / "nc", repeat_release, "next_cell",
@@ -199,7 +198,7 @@ def test_results_md_is_the_table(next_cell_run):
 def test_output_prediction_runs_break_down_by_output_type(repeat_release, tmp_path):
     folder = write_run(tmp_path / "op", repeat_release, "output_prediction", _first_baseline("output_prediction"))
     results = score_run(folder)
-    rows = load_release(repeat_release, "output_prediction").task_rows.values()
+    rows = open_release(repeat_release).task_rows("output_prediction").values()
     assert results["metrics"] == ["exact_match", "rouge_l", "chrf", "output_equivalent"]
     hard = sum(not _solved_by_a_baseline(r, "output_prediction") for r in rows)
     assert 0 < hard < len(rows) and results["hard_subset"]["examples"] == hard
@@ -222,11 +221,32 @@ def test_cli_scores_a_run_folder_and_keeps_the_predictions_form(repeat_release, 
     printed = capsys.readouterr().out
     assert "| exact_match | model · variables |" in printed and "block bootstrap" in printed
     predictions = tmp_path / "preds.jsonl"
-    rows = load_release(repeat_release, "next_cell").task_rows.values()
+    rows = open_release(repeat_release).task_rows("next_cell").values()
     predictions.write_text("".join(json.dumps({"id": r["id"], "prediction": r["target"]}) + "\n" for r in rows))
     assert main(["score", "--release", str(repeat_release), "--predictions", str(predictions),
                  "-o", str(tmp_path / "plain.json")]) == 0
     assert json.loads((tmp_path / "plain.json").read_text())["scores"]["exact_match"] == 1.0
+
+
+def hash_counter(monkeypatch, release: Path):
+    """Each of `release`'s files as often as a release was opened over it (every open hashes every file)."""
+    from collections import Counter
+
+    from themisto.release import folder
+
+    hashed, real = Counter(), folder.sha256_file
+    monkeypatch.setattr(folder, "sha256_file",
+                        lambda path: hashed.update([Path(path).relative_to(release).as_posix()]) or real(path))
+    return hashed
+
+
+def test_scoring_a_run_folder_opens_and_hashes_its_release_once(repeat_release, tmp_path, monkeypatch, capsys):
+    folder = write_run(tmp_path / "once", repeat_release, "next_cell", _first_baseline("next_cell"))
+    hashed = hash_counter(monkeypatch, repeat_release)
+    assert main(["score", str(folder)]) == 0
+    assert main(["score", str(folder), "--release", str(repeat_release)]) == 0  # the release given: the same
+    files = sorted(p.relative_to(repeat_release).as_posix() for p in repeat_release.rglob("*.parquet"))
+    assert len(files) == 3 and dict(hashed) == {rel: 2 for rel in files}
 
 
 def test_the_summary_leads_with_the_headline_metric_against_the_best_baseline(next_cell_run, repeat_release,
@@ -312,7 +332,7 @@ def test_duplicates_and_gaps_are_refused(good_run):
 
 def test_another_release_is_refused(good_run, small_release):
     with pytest.raises(RunFolderError, match=r"content hash .* differs from the run's .*refusing to mix"):
-        score_run(good_run, release=small_release)
+        score_run(good_run, release=open_release(small_release))
     meta = json.loads((good_run / "run.json").read_text())
     meta["release"]["content_hash"] = "0" * 64
     (good_run / "run.json").write_text(json.dumps(meta))
@@ -379,7 +399,7 @@ def test_execution_scores_lead_and_a_functional_match_leaves_the_hard_subset(exe
     finally:
         monkeypatch.delenv("HF_ALLOW_CODE_EVAL")
         env_settings.cache_clear()
-    steps = sorted(int(i.rsplit("/", 1)[1]) for i in load_release(release, "next_cell").task_rows)
+    steps = sorted(int(i.rsplit("/", 1)[1]) for i in open_release(release).task_rows("next_cell"))
     assert steps == list(range(5, len(EXEC_CELLS)))
     assert results["executed"] is True and results["metrics"][:2] == ["continuation_match", "functional_match"]
     assert results["counts"]["execution"] == {"scored": len(steps)}

@@ -16,6 +16,7 @@ from themisto.replay.replay import ReplaySettings, replay_trajectory
 from themisto.settings import settings as env_settings
 from themisto.release.tasks import TaskSettings, trajectory_rows
 from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
+from themisto.release.folder import open_release
 
 KERNEL = "tiny-kernel"
 # Step -> code. Step 7 reads the clock (nondeterministic), step 8 raises, a restart comes before step 9.
@@ -58,11 +59,11 @@ def release(tmp_path_factory, workspace):
     out = tmp_path_factory.mktemp("scorer-release") / "release"
     build_release(trajectory_rows(steps), out, TaskSettings(test_fraction=1.0, length_quantile=1.0),
                   source={"kind": "test", "workspace": {"given": "scorer-ws"}})
-    return sc.load_release(out, "next_cell")
+    return open_release(out)
 
 
 def _targets(release, example_ids):
-    return [release.task_rows[i]["target"] for i in example_ids]
+    return [release.task_rows("next_cell")[i]["target"] for i in example_ids]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,6 +176,29 @@ def test_forged_permit_is_rejected(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# the state server every execution goes through
+
+
+@pytest.mark.slow
+def test_the_state_server_hands_each_asked_state_in_step_order_across_a_restart(release, workspace):
+    from themisto.release.states import pre_step_states
+    from themisto.runtime.outputs import output_text
+
+    look = "print(sorted(k for k in ('data', 'total', 'label') if k in globals()), globals().get('data'))"
+    seen, starts = {}, {}
+    with pre_step_states(release, KERNEL, [10, 2, 5, RESTART_BEFORE, 5], workspace) as walk:
+        for state in walk:
+            seen[state.step] = output_text(state.session.execute(look).outputs).strip()
+            starts[state.step] = state.session.kernel_starts
+    assert list(seen) == [2, 5, RESTART_BEFORE, 10]  # in step order, each once
+    assert seen[2] == "['data', 'total'] [3, 1, 2]"
+    assert seen[5] == "['data', 'label', 'total'] [1, 2, 3]"  # step 4 sorted it; step 5 has not run
+    assert seen[RESTART_BEFORE] == "[] None"  # the log's restart came before it: a fresh namespace
+    assert seen[10] == "['data'] [5]"
+    # Going on from the state before the restart point does not restart the kernel again.
+    assert starts[10] == starts[RESTART_BEFORE] == starts[5] + 1 and walk.restored.restores == 0
+
+
 # bad input against the release (caught before any kernel starts)
 
 
@@ -188,8 +212,8 @@ def test_unknown_id_and_wrong_reference_name_the_example(allow_execution, releas
 
 @pytest.mark.slow
 def test_missing_trajectory_rows_and_workspace_name_the_problem(allow_execution, release):
-    broken = release_state.Release(release.name, release.task_rows,
-                        {KERNEL: [r for r in release.trajectories[KERNEL] if r["step"] != 3]}, {}, release.replay)
+    broken = open_release(release.path)  # a handle of its own, its trajectory without step 3
+    broken.trajectories_by_kernel()[KERNEL][:] = [r for r in release.trajectory(KERNEL) if r["step"] != 3]
     with pytest.raises(sc.ScoreError, match=f"example {_id(6)}: .* do not hold steps 0..6"):
         sc.score(_targets(release, [_id(6)]), _targets(release, [_id(6)]), ids=[_id(6)], execute=True,
                  release=broken)
@@ -213,8 +237,8 @@ def executed(release, workspace):
                "block = bytearray(50 * 2**30)", "import os\nos.kill(-1, 9)"]
     predictions, references, trajectories = [], [], []
     for example_id in ids:
-        step = release.task_rows[example_id]["step"]
-        target = release.task_rows[example_id]["target"]
+        step = release.task_rows("next_cell")[example_id]["step"]
+        target = release.task_rows("next_cell")[example_id]["target"]
         extra = hostile if step == 6 else []
         predictions.append([target, CELLS[step - 1], *extra])
         references.append(target)
@@ -380,7 +404,7 @@ def test_resume_keeps_finished_trajectories(executed, release, workspace, allow_
 
 
 def _write_predictions(path, release, steps):
-    lines = [{"id": _id(s), "prediction": release.task_rows[_id(s)]["target"]} for s in steps]
+    lines = [{"id": _id(s), "prediction": release.task_rows("next_cell")[_id(s)]["target"]} for s in steps]
     path.write_text("".join(sc.json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -404,7 +428,7 @@ def test_cli_score_refuses_then_scores_and_resumes(release, workspace, tmp_path,
 
     predictions = _write_predictions(tmp_path / "preds.jsonl", release, [5, 6])
     out = tmp_path / "results.json"
-    argv = ["score", "--release", release.name, "--predictions", str(predictions), "--workspace", str(workspace),
+    argv = ["score", "--release", str(release.path), "--predictions", str(predictions), "--workspace", str(workspace),
             "-o", str(out), "--json"]
     monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
     env_settings.cache_clear()
@@ -424,7 +448,7 @@ def test_cli_score_refuses_then_scores_and_resumes(release, workspace, tmp_path,
         raise Stop(message)  # progress is reported after the trajectory was written: an interruption here
 
     with pytest.raises(Stop):
-        sc.score_to_file(release.name, predictions, out, execute=True, workspace=workspace,
+        sc.score_to_file(release, predictions, out, execute=True, workspace=workspace,
                          progress=stop_after_first)
     partial = out.with_name(out.name + ".partial.jsonl")
     assert len(partial.read_text().splitlines()) == 2  # the settings header and the one trajectory

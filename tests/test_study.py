@@ -46,11 +46,29 @@ def _study(release: Path, model: Path, out: Path, *extra: str) -> int:
     return main(["study", "--release", str(release), "--model", str(model), "-o", str(out), *STUDY_ARGS, *extra])
 
 
+HASHED: dict[str, int] = {}  # how often each file of the release was hashed while the `study` fixture ran
+
+
 @pytest.fixture(scope="module")
 def study(sample_release, tiny_model_dir, opted_in, tmp_path_factory) -> Path:
+    from collections import Counter
+
+    from themisto.release import folder
+
     out = tmp_path_factory.mktemp("study") / "study"
-    assert _study(sample_release, tiny_model_dir, out) == 0
+    hashed, real = Counter(), folder.sha256_file
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(folder, "sha256_file",
+                   lambda path: hashed.update([Path(path).relative_to(sample_release).as_posix()]) or real(path))
+        assert _study(sample_release, tiny_model_dir, out) == 0
+    HASHED.update(hashed)
     return out
+
+
+def test_the_whole_study_opens_and_hashes_the_release_once(study, sample_release):
+    # Trained, generated and scored with execution, two modes and two seeds: one open at the command's edge.
+    files = sorted(p.relative_to(sample_release).as_posix() for p in sample_release.rglob("*.parquet"))
+    assert len(files) > 5 and HASHED == {rel: 1 for rel in files}
 
 
 def _examples(folder: Path) -> list[dict]:

@@ -27,6 +27,7 @@ from themisto.training.export import ExportSettings, export_sft, fenced
 from themisto.training.finetune import FinetuneError, FinetuneSettings, checkpoints_folder, finetune
 from themisto.training.verify import VerificationError, Verifier
 from themisto.vocabulary import STATIC_CONTEXT_MODES
+from themisto.release.folder import open_release
 
 REPO = Path(__file__).resolve().parents[1]
 DIVERGED_STEP = 12  # replay raised NameError where the developer's run was ok
@@ -145,7 +146,7 @@ def test_verifier_treats_an_interrupt_as_reproduced_and_checks_the_history_the_p
 
 
 def test_mix_one_renders_each_verified_row_once_in_a_seeded_context(release, tmp_path):
-    report = export_sft(release, tmp_path / "one", ExportSettings(mix="one", seed=1, tasks=("next_cell",)))
+    report = export_sft(open_release(release), tmp_path / "one", ExportSettings(mix="one", seed=1, tasks=("next_cell",)))
     examples = _lines(tmp_path / "one" / "examples.jsonl")
     assert len({e["id"] for e in examples}) == len(examples) == report.examples
     assert len({e["context"] for e in examples}) > 1
@@ -185,14 +186,14 @@ def test_export_prompts_are_byte_identical_to_what_generate_sends(release, tiny_
             return super().generate(prompts, sampling)
 
     export = tmp_path / "test-export"
-    export_sft(release, export, ExportSettings(split="test", verify=False, contexts=STATIC_CONTEXT_MODES))
+    export_sft(open_release(release), export, ExportSettings(split="test", verify=False, contexts=STATIC_CONTEXT_MODES))
     exported = {(e["id"], e["task"], e["context"]): e["prompt"] for e in _lines(export / "examples.jsonl")}
     backend = RecordingBackend(str(tiny_model_dir), device="cpu")
     for task in ("next_cell", "output_prediction"):
         sent: list = []
         settings = RunSettings(task=task, contexts=STATIC_CONTEXT_MODES, backend="transformers",
                                model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=2), limit=3)
-        generate_run(release, tmp_path / f"run-{task}", settings, backend=backend, progress=False)
+        generate_run(open_release(release), tmp_path / f"run-{task}", settings, backend=backend, progress=False)
         assert len(sent) == 3 * len(STATIC_CONTEXT_MODES) and "trace" in STATIC_CONTEXT_MODES
         assert all("State after it: {" in p.messages[1]["content"] for p in sent if p.context == "trace")
         for prompt in sent:

@@ -140,6 +140,7 @@ from sklearn.ensemble import RandomForestClassifier
 from themisto.runtime.agent import values as V
 from themisto.runtime.agent.formats import skops as S
 from themisto.runtime.agent.hashing import content_hash
+from themisto.release.folder import open_release
 
 rng = np.random.default_rng(0)
 X, y = rng.normal(size=(400, 5)), rng.integers(0, 3, 400)
@@ -429,12 +430,12 @@ def test_the_scorer_starts_from_the_restored_state_and_judges_as_after_a_replay(
 
     monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
     env_settings.cache_clear()
-    loaded = sc.load_release(release, "next_cell")
-    last = max(loaded.task_rows.values(), key=lambda r: r["step"])
-    early = next(r for r in sorted(loaded.task_rows.values(), key=lambda r: r["step"]) if r["step"] >= 2)
+    loaded = open_release(release)
+    last = max(loaded.task_rows("next_cell").values(), key=lambda r: r["step"])
+    early = next(r for r in sorted(loaded.task_rows("next_cell").values(), key=lambda r: r["step"]) if r["step"] >= 2)
     # The replay's record says the cells between the two steps are slow: the scorer's kernel restores again
-    # (themisto.replay.states._worth_restoring) instead of replaying them.
-    for row in loaded.trajectories[last["kernel_id"]]:
+    # (themisto.release.states._worth_restoring) instead of replaying them.
+    for row in loaded.trajectory(last["kernel_id"]):
         if early["step"] <= row["step"] < last["step"]:
             row["execution_time"] = 60.0
     predictions = [[early["target"], "print(1)"], [last["target"], "print(summary['total'] + 1)", "print(twice(total))"]]

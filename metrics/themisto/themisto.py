@@ -105,8 +105,14 @@ class Themisto(evaluate.Metric):
                  continuation_cells=ScoreSettings.continuation_cells, return_records=False):
         from dataclasses import asdict
 
+        from themisto.gate import permit
+        from themisto.release.folder import open_release
         from themisto.scoring.scorer import score
 
+        if execute:
+            permit(execute=True)  # refused before the release is read
+        # The metric is where a release folder becomes its handle (read once per compute).
+        release = open_release(release) if execute and release is not None else None
         settings = ScoreSettings(task=self.config_name, k=k, timeout_s=float(timeout_s),
                                  memory_bytes=int(memory_bytes), continuation_cells=int(continuation_cells))
         result = score(predictions, references, ids=ids, settings=settings, execute=execute, release=release,

@@ -14,6 +14,7 @@ from themisto.vocabulary import (CONTEXT_MODES, DEFAULT_CONTEXT_MODES, PROBE_CON
 
 def sft_export_command(args: argparse.Namespace) -> int:
     """Write a release split as TRL prompt/completion examples (JSONL + datasets folder) with a manifest."""
+    from themisto.release.folder import open_release
     from themisto.training.export import ExportSettings, export_sft
 
     settings = ExportSettings(split=args.split, tasks=tuple(args.task), contexts=tuple(args.context), mix=args.mix,
@@ -24,7 +25,7 @@ def sft_export_command(args: argparse.Namespace) -> int:
 
         counter = {"count_tokens": prompt_token_counter(load_tokenizer(args.count_with)),
                    "counted_with": f"tokenizer of {args.count_with}"}
-    report = export_sft(args.release, args.output, settings, overwrite=args.overwrite, **counter)
+    report = export_sft(open_release(args.release), args.output, settings, overwrite=args.overwrite, **counter)
     if args.json:
         print(json.dumps({"output": str(args.output), **report.manifest["counts"], "dropped": report.dropped},
                          ensure_ascii=False, sort_keys=True))
@@ -108,6 +109,7 @@ def generate_command(args: argparse.Namespace) -> int:
     from themisto.generation.delta import DeltaSettings
     from themisto.generation.probe_protocol import ProbeSettings
     from themisto.generation.runs import RunSettings, generate_run
+    from themisto.release.folder import open_release
 
     sampling = Sampling(n=args.n, temperature=args.temperature, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
@@ -118,8 +120,9 @@ def generate_command(args: argparse.Namespace) -> int:
                            batch_size=args.batch_size, backend_options=_backend_options(args), split=args.split,
                            probe=probe, delta=DeltaSettings(cells=args.delta_cells))
     try:
+        release = open_release(args.release)
         with _generation_backend(args, settings) as backend:
-            report = generate_run(args.release, args.output, settings, backend=backend, progress=not args.json,
+            report = generate_run(release, args.output, settings, backend=backend, progress=not args.json,
                                   execute_probes=args.execute_probes, workspace=args.workspace)
     except KeyboardInterrupt:
         print(f"themisto generate: interrupted; rerun the same command to resume into {args.output}",

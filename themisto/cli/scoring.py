@@ -14,6 +14,7 @@ from themisto.vocabulary import CLUSTER_UNITS, TASKS
 def _score_run_folder(args: argparse.Namespace) -> int:
     """`themisto score RUN/`: every context of a run folder, the baselines, intervals; prints the summary (the whole
     Markdown table with --tables), the tables go to results.md beside results.json."""
+    from themisto.release.folder import open_release
     from themisto.scoring.results_table import render_markdown, render_summary
     from themisto.scoring.run_scores import score_run
 
@@ -27,7 +28,9 @@ def _score_run_folder(args: argparse.Namespace) -> int:
         args.run_dir = run_folder_from_log(args.run_dir)
         print(f"read the Inspect log into the run folder {args.run_dir}", file=sys.stderr)
 
-    results = score_run(args.run_dir, release=args.release, execute=args.execute, out=args.output,
+    # The release given, else the one the run folder names (score_run opens that one): once for the command.
+    release = open_release(args.release) if args.release is not None else None
+    results = score_run(args.run_dir, release=release, execute=args.execute, out=args.output,
                         runner=scoring_runner(args), workspace=args.workspace,
                         settings=IntervalSettings(cluster=args.cluster), restore=args.restore,
                         resume=not args.no_resume)
@@ -68,6 +71,8 @@ def add_summary(subparsers: argparse._SubParsersAction) -> None:
 def score_command(args: argparse.Namespace) -> int:
     """Score a predictions JSONL against a release: text scores, and with --execute (and HF_ALLOW_CODE_EVAL=1)
     execution in the exact pre-cell state; results are written per trajectory and a rerun resumes."""
+    from themisto.gate import permit
+    from themisto.release.folder import open_release
     from themisto.scoring.scorer import ScoreSettings, score_to_file
 
     if args.run_dir is not None:
@@ -76,7 +81,9 @@ def score_command(args: argparse.Namespace) -> int:
         raise CommandError("give a run folder (themisto score RUN/), or --release, --predictions and -o")
     settings = ScoreSettings(task=args.task, k=tuple(args.k), timeout_s=args.prediction_timeout,
                              continuation_cells=args.continuation_cells, restore=args.restore)
-    run = score_to_file(args.release, args.predictions, args.output, settings, execute=args.execute,
+    if args.execute:
+        permit(execute=True)  # refused before anything is read
+    run = score_to_file(open_release(args.release), args.predictions, args.output, settings, execute=args.execute,
                         workspace=args.workspace, resume=not args.no_resume, runner=scoring_runner(args))
     scores = run.result.scores
     if args.json:

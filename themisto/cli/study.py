@@ -18,6 +18,7 @@ _OVERRIDES: tuple[str, ...] = (
 
 def study_command(args: argparse.Namespace) -> int:
     """Run or resume a fine-tuning study into STUDY/ and print its results table."""
+    from themisto.release.folder import open_release
     from themisto.study.run import run_study
     from themisto.study.settings import with_preset
 
@@ -29,10 +30,11 @@ def study_command(args: argparse.Namespace) -> int:
                                          "execute": args.execute, "progress": not args.json,
                                          "generate_only": args.generate_only, "score_only": args.score_only,
                                          **given})
+    release = open_release(settings.release)  # once for the whole study: its units take this handle
     if args.plan:
-        return _print_plan(settings, args)
+        return _print_plan(settings, release, args)
     try:
-        results = run_study(settings, args.output, prepare_only=args.prepare_only)
+        results = run_study(settings, release, args.output, prepare_only=args.prepare_only)
     except KeyboardInterrupt:
         print(f"themisto study: interrupted; rerun the same command to resume into {args.output}", file=sys.stderr)
         return 130
@@ -56,7 +58,7 @@ def study_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_plan(settings, args: argparse.Namespace) -> int:
+def _print_plan(settings, release, args: argparse.Namespace) -> int:
     """--plan: each unit's rows, tokens, prompts and estimated time, and where each throughput figure comes from."""
     from themisto.study.plan import plan_study, render_plan
     from themisto.study.settings import StudyError
@@ -68,7 +70,7 @@ def _print_plan(settings, args: argparse.Namespace) -> int:
             given[name] = float(value)
         except ValueError:
             raise StudyError(f"--throughput {item!r}: expected NAME=NUMBER") from None
-    plan = plan_study(settings, args.output, given)
+    plan = plan_study(settings, release, args.output, given)
     print(json.dumps(plan.to_dict(), sort_keys=True) if args.json else render_plan(plan, settings, settings.budget_s),
           end="\n" if args.json else "")
     return 0

@@ -1,8 +1,10 @@
 """Scoring on Ray: one task per trajectory (one CPU, one kernel that replays it once and branches its predictions),
 records sent back to the driver, which writes and aggregates them exactly as a local run does.
 
-Each worker passes the opt-in gate itself (HF_ALLOW_CODE_EVAL travels with the task) and rebuilds the release's
-workspace on its own node, once per worker process. A trajectory whose worker died on both tries, or whose task
+Each worker passes the opt-in gate itself (HF_ALLOW_CODE_EVAL travels with the task), opens the release from the
+path and content hash its handle travels as (`themisto.release.folder.reopened_release`: the release folder must lie on
+storage the nodes share, at the same path) and rebuilds the release's workspace on its own node, once per worker
+process. A trajectory whose worker died on both tries, or whose task
 raised, gets its examples `refused` with the reason; the other trajectories are not affected.
 """
 
@@ -44,14 +46,14 @@ def score_one(release, kernel_id: str, group: list, records: dict, workspace: st
                                      _workspace(release, workspace), settings)
 
 
-def refused_trajectory(release, kernel_id: str, group: list, records: Mapping[str, list], reason: str):
+def refused_trajectory(release, task: str, kernel_id: str, group: list, records: Mapping[str, list], reason: str):
     """The TrajectoryScore of a trajectory that could not be scored: every example refused with `reason`."""
     from themisto.scoring.judging import refused
     from themisto.scoring.records import ExampleRecord, TrajectoryScore
 
     why = f"scoring {kernel_id} on Ray failed: {reason}"
     examples = [refused(ExampleRecord(id=e.id, predictions=len(e.predictions), kernel_id=kernel_id,
-                                      step=int(release.task_rows[e.id]["step"])), why) for e in group]
+                                      step=int(release.task_rows(task)[e.id]["step"])), why) for e in group]
     return TrajectoryScore(kernel_id=kernel_id, examples=examples,
                            predictions=[refused(r, why) for e in group for r in records[e.id]], replay_s=0.0)
 
@@ -77,12 +79,12 @@ def scoring_runner(target: RayTarget):
                                                                       settings)
 
             # longest replay first (to its last scored step), so that no long trajectory starts last
-            ordered = sorted(pending, key=lambda item: max(int(release.task_rows[e.id]["step"]) for e in item[2]),
-                             reverse=True)
+            rows = release.task_rows(settings.task)
+            ordered = sorted(pending, key=lambda item: max(int(rows[e.id]["step"]) for e in item[2]), reverse=True)
             with closing(run_tasks(ray, submit, ordered, tries=1 + target.max_retries)) as results:
                 for item, result in results:
                     if isinstance(result, TaskFailed):
-                        result = refused_trajectory(release, item[1], item[2], by_id, result.reason)
+                        result = refused_trajectory(release, settings.task, item[1], item[2], by_id, result.reason)
                     yield item, result
 
     return run

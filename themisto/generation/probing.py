@@ -1,7 +1,7 @@
 """The `probe` context mode: each example's conversation, its probes run in branches of its exact pre-cell state.
 
-The states are served by one replay per trajectory (`themisto.replay.states.walk_states`), in trajectory order, in a
-kernel that sees none of the host's files but its own (`Limits(view="minimal")`: no release, run folder or log to
+The states are served by one kernel per trajectory (`themisto.release.states.pre_step_states`), replayed to in
+trajectory order, never restored from stored values (below), in a kernel that sees none of the host's files but its own (`Limits(view="minimal")`: no release, run folder or log to
 read the answer from). At each step with examples their conversations run to the end: the model replies; a reply
 that asks for a probe (a fenced `probe` block, or a native `run_probe` call) gets the probe run in a fresh branch of
 the live state (`StateProbes`, through `themisto.runtime.branch.ProbeBranches`: the branch forked ahead of the probe,
@@ -26,7 +26,7 @@ from themisto.generation.probe_protocol import (CUT, DIED, KERNEL_LOST, MAX_PROB
                                                 Transcript, find_probe, tool_call_code)
 from themisto.generation.prompts import Prompt, approx_tokens, messages_text
 from themisto.generation.run_folder import Generation
-from themisto.release.folder import ReleaseInfo
+from themisto.release.folder import ReleaseError, ReleaseInfo
 
 # The branch's own output cap, in bytes, per character a probe may show: the model sees `output_chars` characters,
 # the rest only needs counting (a flood is cut in the branch, not carried to the host).
@@ -243,22 +243,25 @@ def transcript(conversation: Conversation, settings: ProbeSettings) -> Transcrip
 def probe_limits(info: ReleaseInfo):
     """The kernel limits of a probe replay: the release replay's, with the minimal view of the host's files, and
     limits in wall seconds (a probe is model-written code: a limit in CPU seconds would let it wait longer)."""
+    from themisto.release.states import recorded_replay_settings
     from themisto.replay.replay import kernel_limits
-    from themisto.replay.states import recorded_replay_settings
 
     return replace(kernel_limits(recorded_replay_settings(info.replay)), view="minimal", cell_clock="wall")
 
 
 @dataclass(frozen=True)
 class ServedStep:
-    """The examples (task rows) of one step and what their probes need: a function that runs one probe there, and
-    one that fills in the state checks of the probes run (`StateProbes.settle`: before their records are written)."""
+    """The examples (task rows) of one step and what their probes need: a function that runs one probe in a fresh
+    branch of the step's live state, and one that fills in the state checks of the probes run (`StateProbes.settle`:
+    before their records are written). A step whose state could not be served has no `run_probe`, and `failure`
+    says why."""
 
     kernel_id: str
     step: int
     rows: list[dict]
-    run_probe: Callable[[str, str], ProbeRun]
+    run_probe: Callable[[str, str], ProbeRun] | None = None
     settle: Callable[[], None] = lambda: None
+    failure: str | None = None
 
 
 def probe_workspace(info: ReleaseInfo, workspace: str | Path | None, tmp: Path) -> Path:
@@ -270,50 +273,68 @@ def probe_workspace(info: ReleaseInfo, workspace: str | Path | None, tmp: Path) 
     return workspace_from_recipe(info.workspace, workspace, tmp / "ws", what=f"the release {info.path}")
 
 
+class ServedProbes:
+    """One served step's probe door: each probe through `StateProbes.unsafe_probe`; after a probe that took the
+    kernel down, the state rebuilt, and once it cannot be (StateLost), every later probe refused unrun."""
+
+    def __init__(self, permit: ExecutionPermit, state, settings: ProbeSettings):
+        self.state, self.lost = state, None
+        self.probes = StateProbes(permit, state.session, settings)
+        self.probes.ahead()
+
+    def run(self, code: str, raw: str) -> ProbeRun:
+        from themisto.runtime.rebuild import StateLost
+
+        if self.lost is not None:
+            return ProbeRun(code=code, status="kernel_died", raw=raw, output=KERNEL_LOST.format(error=self.lost))
+        probe, lost = self.probes.unsafe_probe(code, raw)
+        if lost or not self.state.session.alive:
+            try:
+                self.state.rebuild()
+            except StateLost as error:
+                self.lost = f"the state could not be rebuilt: {str(error)[:160]}"
+        return probe
+
+
 def serve_states(permit: ExecutionPermit, info: ReleaseInfo, rows: list[dict], settings: ProbeSettings,
-                 workspace: Path, on_step: Callable[[ServedStep], None]) -> Iterator[tuple[list[dict], str]]:
-    """Replay each trajectory of `rows` once, in order, over a copy of `workspace` (`probe_workspace`), and call
-    `on_step` at each step that has examples, with the live pre-step state behind its `run_probe`. Yields, per
-    trajectory whose replay failed, its examples `on_step` never saw and why (they get no probes)."""
-    from themisto.replay.states import recorded_replay_settings, walk_states
+                 workspace: Path) -> Iterator[ServedStep]:
+    """Each step of `rows` that has examples, in trajectory order, with its live pre-step state behind its
+    `run_probe`: one kernel per trajectory over a copy of `workspace` (`probe_workspace`), brought to each state by
+    the state server (`themisto.release.states.pre_step_states`) by replay alone. A trajectory whose state could not be served yields its examples not yet served in one
+    ServedStep with the `failure` (they get no probes), and so does one whose state was lost for good after a
+    probe (the step where it was lost keeps its conversations, their later probes refused)."""
+    from themisto.release.states import pre_step_states
+    from themisto.runtime.branch import BranchError
     from themisto.runtime.rebuild import StateLost
     from themisto.runtime.sandbox import KernelStartError
     from themisto.runtime.snapshot import AgentError
-    from themisto.runtime.branch import BranchError
 
     permit.check()
     by_kernel: dict[str, dict[int, list[dict]]] = {}
     for row in rows:
         by_kernel.setdefault(row["kernel_id"], {}).setdefault(int(row["step"]), []).append(row)
-    trajectories = info.trajectories_by_kernel()
-    replay_settings = recorded_replay_settings(info.replay)
     limits = probe_limits(info)
     for kernel_id, steps in sorted(by_kernel.items()):
         seen: set[int] = set()
-
-        def at_step(state, kernel_id=kernel_id, steps=steps, seen=seen) -> None:
-            probes = StateProbes(permit, state.session, settings)
-            probes.ahead()
-
-            def run(code: str, raw: str) -> ProbeRun:
-                probe, lost = probes.unsafe_probe(code, raw)
-                if lost or not state.session.alive:
-                    state.rebuild()  # StateLost ends the trajectory's walk: the rest are not served
-                return probe
-
-            try:
-                on_step(ServedStep(kernel_id, state.step, steps[state.step], run, probes.settle))
-            finally:
-                probes.settle()  # nothing of a probe's branch outlives the step's state
-            seen.add(state.step)  # only once every example of the step got its line
-
         failure = None
         try:
-            if kernel_id not in trajectories:
-                raise KeyError(f"the release has no trajectories rows for {kernel_id}")
-            walk_states(trajectories[kernel_id], steps, workspace, replay_settings, at_step, limits=limits)
-        except (KernelStartError, AgentError, BranchError, StateLost, OSError, KeyError) as error:
+            # No restore: what a probe reads is just what a restore cannot give back (the files the skipped cells
+            # wrote, random generators, module settings), and whether a gap is restored depends on how long the last
+            # restore took here, so the same run on another host would show its model other outputs.
+            with pre_step_states(info, kernel_id, steps, workspace, limits=limits) as walk:
+                for state in walk:
+                    door = ServedProbes(permit, state, settings)
+                    try:
+                        yield ServedStep(kernel_id, state.step, steps[state.step], door.run, door.probes.settle)
+                    finally:
+                        door.probes.settle()  # nothing of a probe's branch outlives the step's state
+                    seen.add(state.step)  # only once every example of the step got its line
+                    if door.lost is not None:
+                        failure = f"the state could not be served: {door.lost}"
+                        break
+        except (KernelStartError, AgentError, BranchError, StateLost, OSError, ReleaseError) as error:
             failure = f"the state could not be served: {type(error).__name__}: {str(error)[:300]}"
         unseen = [row for step, step_rows in sorted(steps.items()) if step not in seen for row in step_rows]
         if unseen:
-            yield unseen, failure or f"the replay of {kernel_id} never reached the example's step"
+            yield ServedStep(kernel_id, -1, unseen,
+                             failure=failure or f"the replay of {kernel_id} never reached the example's step")

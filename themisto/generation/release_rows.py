@@ -7,16 +7,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from themisto.modes import ContextModeSpec, context_modes
-from themisto.release.folder import TRAJECTORIES, ReleaseError, ReleaseInfo, open_release
+from themisto.release.folder import TRAJECTORIES, ReleaseError, ReleaseInfo
 from themisto.vocabulary import ALL_SPLITS, BASELINE_CONTEXT, BENCHMARK_SPLIT, SPLITS
 
 
-def release_info(release: str | Path, task: str, split: str = BENCHMARK_SPLIT) -> ReleaseInfo:
-    """The release (`themisto.release.folder.open_release`), which must have the task's split (test unless told;
-    for `all`, test)."""
-    info = open_release(release)
+def require_task(info: ReleaseInfo, task: str, split: str = BENCHMARK_SPLIT) -> None:
+    """A ReleaseError unless the release has the task's split (test unless told; for `all`, test)."""
     info.require(task, BENCHMARK_SPLIT if split == ALL_SPLITS else split)
-    return info
 
 
 def splits_of(info: ReleaseInfo, task: str, split: str) -> list[str]:

@@ -296,8 +296,9 @@ def read_run(folder: str | Path) -> RunFolder:
     return RunFolder(folder, meta, found.records, found.ids())
 
 
-def find_release(run: RunFolder, release: str | Path | None = None):
-    """The release (given, or the one run.json names) as a `ReleaseInfo`, whose content hash must be the run's."""
+def find_release(run: RunFolder, release=None):
+    """The release of a run: `release` (an opened `ReleaseInfo`), or else the folder run.json names, opened here
+    (the run folder is where that path comes from); either way its content hash must be the run's."""
     from themisto.release.folder import open_release
 
     recorded = run.meta["release"]
@@ -305,16 +306,14 @@ def find_release(run: RunFolder, release: str | Path | None = None):
         named = recorded.get("path")
         if not isinstance(named, str) or not named:
             raise RunFolderError(f"{run.folder / RUN_FILE}: release.path missing; pass the release folder explicitly")
-        release = Path(named)
-        if not release.is_absolute() and (run.folder / release).is_dir():
-            release = run.folder / release  # a run folder moved together with its release
-    release = Path(release)
-    if not release.is_dir():
-        raise RunFolderError(f"{release}: no such release folder (the run was made against "
-                             f"{recorded.get('path')!r})")
-    info = open_release(release)
-    if info.content_hash != recorded["content_hash"]:
-        raise RunFolderError(f"{release}: content hash {info.content_hash[:12]}… differs from the run's "
+        path = Path(named)
+        if not path.is_absolute() and (run.folder / path).is_dir():
+            path = run.folder / path  # a run folder moved together with its release
+        if not path.is_dir():
+            raise RunFolderError(f"{path}: no such release folder (the run was made against {named!r})")
+        release = open_release(path)
+    if release.content_hash != recorded["content_hash"]:
+        raise RunFolderError(f"{release.path}: content hash {release.content_hash[:12]}… differs from the run's "
                              f"{recorded['content_hash'][:12]}… ({run.folder / RUN_FILE}): the run was generated "
                              "against another release; refusing to mix")
-    return info
+    return release

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import time
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +29,7 @@ from themisto.generation.prompts import (
     render_prompt,
     template_sha256,
 )
-from themisto.generation.release_rows import load_task_rows, release_info
+from themisto.generation.release_rows import load_task_rows, require_task
 from themisto.generation.run_folder import (
     RUN_FILE,
     Generation,
@@ -221,11 +222,12 @@ def backend_options(settings: RunSettings) -> dict:
     return options
 
 
-def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *, backend=None,
+def generate_run(release: ReleaseInfo, out: str | Path, settings: RunSettings, *, backend=None,
                  progress: bool = True, execute_probes: bool = False,
                  workspace: str | Path | None = None) -> RunReport:
     """Generate every missing (example, context, sample) of `settings` into the run folder `out`, held as its one
-    writer (`themisto.resume.hold_folder`: another process writing it is refused with its pid).
+    writer (`themisto.resume.hold_folder`: another process writing it is refused with its pid), from `release` (the
+    caller opened it: `themisto.release.folder.open_release`).
 
     The `probe` mode runs the model's probes in branches of each example's pre-cell state: it needs the execution
     opt-in (`execute_probes=True` and HF_ALLOW_CODE_EVAL=1, `themisto.gate`) and the release's workspace (`workspace`,
@@ -237,9 +239,9 @@ def generate_run(release: str | Path, out: str | Path, settings: RunSettings, *,
         return _generate(release, out, settings, backend, progress, permit, workspace, Path(tmp), started)
 
 
-def _generate(release: str | Path, out: Path, settings: RunSettings, backend, progress: bool, permit,
+def _generate(info: ReleaseInfo, out: Path, settings: RunSettings, backend, progress: bool, permit,
               workspace: str | Path | None, tmp: Path, started: float) -> RunReport:
-    info = release_info(release, settings.task, settings.split)
+    require_task(info, settings.task, settings.split)
     rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit, split=settings.split)
     _check_folder(out, run_header(settings, info, {}))  # refuse a mismatched folder before loading a model
     if settings.probing:
@@ -307,33 +309,34 @@ def _probe_rows(permit, info: ReleaseInfo, rows: list[dict], settings: RunSettin
             writer.write(_record(prompt, task, sample, generation, raw_is_answer, probes))
             written.add(key)
 
-    def on_step(served) -> None:
-        conversations = []
-        for row in served.rows:
-            first = render_prompt(row, task, PROBE_CONTEXT, count_tokens=count if budget else None,
-                                  max_prompt_tokens=budget - reserve if budget else None, probe=probe)
-            if first.skipped_reason is not None:
-                for sample, generation in enumerate(_samples(first, None, n)):
-                    write(first, sample, generation, None)
+    with closing(serve_states(permit, info, rows, probe, workspace)) as states:  # an error ends the kernels too
+        for served in states:
+            if served.failure is not None:
+                for row in served.rows:
+                    prompt = Prompt([], "", id=row["id"], context=PROBE_CONTEXT, task=task, row=row)
+                    for sample in range(n):
+                        write(prompt, sample, Generation("", "failed", served.failure),
+                              Transcript(protocol=probe.protocol, allowed=probe.max_probes, used=0,
+                                         stop="state_unavailable", turns=0))
+                bar.update(len(served.rows))
                 continue
-            conversations += [Conversation(first, s, list(first.messages)) for s in range(n)
-                              if (first.id, PROBE_CONTEXT, s) not in done]
-        converse(conversations, backend, settings.sampling, probe, budget, count, served.run_probe)
-        served.settle()  # the probes' state checks, for the records
-        for conversation in conversations:
-            final = conversation.final or Generation("", "failed", "the conversation never got a final reply")
-            final = replace(final, tokens_in=conversation.tokens_in, tokens_out=conversation.tokens_out)
-            write(conversation.first, conversation.sample, final, transcript(conversation, probe))
-        bar.update(len(served.rows))
-
-    for unseen, reason in serve_states(permit, info, rows, probe, workspace, on_step):
-        for row in unseen:
-            prompt = Prompt([], "", id=row["id"], context=PROBE_CONTEXT, task=task, row=row)
-            for sample in range(n):
-                write(prompt, sample, Generation("", "failed", reason),
-                      Transcript(protocol=probe.protocol, allowed=probe.max_probes, used=0, stop="state_unavailable",
-                                 turns=0))
-        bar.update(len(unseen))
+            conversations = []
+            for row in served.rows:
+                first = render_prompt(row, task, PROBE_CONTEXT, count_tokens=count if budget else None,
+                                      max_prompt_tokens=budget - reserve if budget else None, probe=probe)
+                if first.skipped_reason is not None:
+                    for sample, generation in enumerate(_samples(first, None, n)):
+                        write(first, sample, generation, None)
+                    continue
+                conversations += [Conversation(first, s, list(first.messages)) for s in range(n)
+                                  if (first.id, PROBE_CONTEXT, s) not in done]
+            converse(conversations, backend, settings.sampling, probe, budget, count, served.run_probe)
+            served.settle()  # the probes' state checks, for the records
+            for conversation in conversations:
+                final = conversation.final or Generation("", "failed", "the conversation never got a final reply")
+                final = replace(final, tokens_in=conversation.tokens_in, tokens_out=conversation.tokens_out)
+                write(conversation.first, conversation.sample, final, transcript(conversation, probe))
+            bar.update(len(served.rows))
     return len(written)
 
 

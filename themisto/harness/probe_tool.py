@@ -1,20 +1,19 @@
 """The probe mode as an Inspect tool: `run_probe(code)` runs in a fresh branch of the sample's exact pre-cell state,
 behind the branch walls, with the probe budget, cut and time limit of `--probes/--probe-chars/--probe-timeout`.
 
-Each sample's state is served by a kernel of its own (`ServedState`): a worker thread walks the sample's trajectory to
-its step (`themisto.replay.states.walk_states`, restoring the state from the release's stored values where they
-restore it, else replaying the prefix) in a kernel that sees none of the host's files, and runs each probe there
-through generation's own door (`themisto.generation.probing.StateProbes.unsafe_probe`). The conversation
-(`probe_solver`) lets the model call the tool up to the budget, then asks it for its answer without tools; Inspect
-records every call and answer in the sample's transcript, and the Themisto transcript (the probes, their state
-checks) goes to the sample's store, which `themisto score LOG.eval` puts on the generation line.
+Each sample's state is served by a kernel of its own (`ServedState`), brought to the sample's step by the state
+server (`themisto.release.states.pre_step_states`: restored from the release's stored values where they restore it,
+else replayed to; a kernel per sample would otherwise replay every sample's prefix) in a kernel that sees none of the
+host's files, and each probe runs there through generation's own door (`themisto.generation.probing.ServedProbes`).
+The conversation (`probe_solver`) lets the model call the tool up to the budget, then asks it for its answer without
+tools; Inspect records every call and answer in the sample's transcript, and the Themisto transcript (the probes,
+their state checks) goes to the sample's store, which `themisto score LOG.eval` puts on the generation line.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-from concurrent.futures import Future
+from contextlib import ExitStack
 from pathlib import Path
 
 from themisto.generation.probe_protocol import (NO_PROBES_LEFT, TOOL_NAME, TOOL_SCHEMA, ProbeRun, ProbeSettings,
@@ -24,99 +23,53 @@ STORE_KEY = "themisto_probes"  # where the sample's Themisto transcript lies in 
 
 
 class ServedState:
-    """One sample's pre-cell state, live in a worker thread for as long as its conversation lasts: `start` walks to
-    it, `probe` runs one probe in a fresh branch of it, `close` ends the kernel (the probes' state checks settled)."""
+    """One sample's pre-cell state, live in a kernel of its own for as long as its conversation lasts: `start` brings
+    the kernel to it, `probe` runs one probe in a fresh branch of it, `close` settles the probes' state checks and
+    ends the kernel. Each call blocks (the solver makes them from worker threads, one at a time: the kernel session
+    takes calls from any thread)."""
 
     def __init__(self, permit, info, kernel_id: str, step: int, settings: ProbeSettings, workspace: Path):
         self.permit, self.info, self.kernel_id, self.step = permit, info, kernel_id, step
         self.settings, self.workspace = settings, workspace
-        self.requests: queue.Queue = queue.Queue()
-        self.ready = threading.Event()
         self.failure: str | None = None
         self.runs: list[ProbeRun] = []
-        self._thread: threading.Thread | None = None
+        self._kernel = ExitStack()
+        self._door = None
 
     def start(self) -> None:
-        """Walk to the state (blocking until it is reached or could not be)."""
-        self._thread = threading.Thread(target=self._serve, name=f"themisto-probe-{self.kernel_id}", daemon=True)
-        self._thread.start()
-        self.ready.wait()
-
-    def _restore(self, session, step: int) -> int:
-        from themisto.replay.restore import RestoreError, restore_before
-        from themisto.replay.states import recorded_replay_settings
-        from themisto.scoring.execution import release_values
-        from themisto.scoring.release_state import Release
-
-        rows = self.info.trajectories_by_kernel()[self.kernel_id]
-        release = Release(name=str(self.info.path), task_rows={}, trajectories={}, workspace=self.info.workspace,
-                          replay=self.info.replay)
-        try:
-            done = restore_before(session, rows, step, release_values(release),
-                                  cell_timeout_s=recorded_replay_settings(self.info.replay).cell_timeout_s)
-        except RestoreError:
-            return 0
-        return done.step or 0
-
-    def _serve(self) -> None:
-        from themisto.generation.probing import probe_limits
-        from themisto.replay.states import recorded_replay_settings, walk_states
+        """Bring a fresh kernel to the state; when it cannot be, `failure` says why (the conversation goes on
+        without probes)."""
+        from themisto.generation.probing import ServedProbes, probe_limits
+        from themisto.release.states import pre_step_states
 
         try:
-            rows = self.info.trajectories_by_kernel().get(self.kernel_id)
-            if rows is None:
-                raise KeyError(f"the release has no trajectories rows for {self.kernel_id}")
-            restore = self._restore if self.info.has("values", "test") or self.info.has("values", "train") else None
-            walk_states(rows, [self.step], self.workspace, recorded_replay_settings(self.info.replay), self._at_step,
-                        limits=probe_limits(self.info), restore=restore)
-            if not self.ready.is_set():
+            walk = self._kernel.enter_context(pre_step_states(self.info, self.kernel_id, [self.step], self.workspace,
+                                                              limits=probe_limits(self.info), restore=True))
+            state = next(iter(walk), None)
+            if state is None:
                 self.failure = f"the replay of {self.kernel_id} never reached step {self.step}"
-        except Exception as error:  # the state could not be served: the conversation goes on without probes
+            else:
+                self._door = ServedProbes(self.permit, state, self.settings)
+        except Exception as error:  # noqa: BLE001 - whatever stopped the state, the conversation goes on without it
             self.failure = f"the state could not be served: {type(error).__name__}: {str(error)[:300]}"
-        finally:
-            self.ready.set()
-            while not self.requests.empty():  # a probe asked after the kernel ended
-                item = self.requests.get_nowait()
-                if item is not None:
-                    item[1].set_result(None)
+        if self._door is None:
+            self._kernel.close()
 
-    def _at_step(self, state) -> None:
-        from themisto.generation.probing import StateProbes
-
-        probes = StateProbes(self.permit, state.session, self.settings)
-        probes.ahead()
-        self.ready.set()
-        try:
-            while (item := self.requests.get()) is not None:
-                code, future = item
-                try:
-                    run, lost = probes.unsafe_probe(code)
-                    if lost or not state.session.alive:
-                        state.rebuild()
-                    future.set_result(run)
-                except BaseException as error:
-                    future.set_exception(error)
-                    raise
-        finally:
-            probes.settle()  # the probes' state checks, filled into their records
-
-    async def probe(self, code: str) -> ProbeRun | None:
-        """Run one probe (None when the state is gone)."""
-        import anyio
-
-        if self.failure is not None or self._thread is None or not self._thread.is_alive():
+    def probe(self, code: str) -> ProbeRun | None:
+        """Run one probe (None when the state is not served)."""
+        if self._door is None:
             return None
-        future: Future = Future()
-        self.requests.put((code, future))
-        run = await anyio.to_thread.run_sync(future.result)
-        if run is not None:
-            self.runs.append(run)
+        run = self._door.run(code, "")
+        self.runs.append(run)
         return run
 
     def close(self) -> None:
-        if self._thread is not None:
-            self.requests.put(None)
-            self._thread.join()
+        try:
+            if self._door is not None:
+                self._door.probes.settle()  # the probes' state checks, filled into their records
+        finally:
+            self._door = None
+            self._kernel.close()
 
 
 def _probe_tool(served: ServedState, settings: ProbeSettings):
@@ -126,7 +79,9 @@ def _probe_tool(served: ServedState, settings: ProbeSettings):
     async def run_probe(code: str) -> str:
         if len(served.runs) >= settings.max_probes:
             return NO_PROBES_LEFT
-        run = await served.probe(code)
+        import anyio
+
+        run = await anyio.to_thread.run_sync(served.probe, code)
         if run is None:
             return f"(not run: {served.failure or 'the state is no longer served'})"
         return run.reply(len(served.runs), settings.max_probes - len(served.runs))

@@ -107,9 +107,12 @@ def sample_of(row: dict, prompt: Prompt, settings: HarnessSettings):
 
 
 def task_samples(settings: HarnessSettings):
-    """The release (ReleaseInfo) and the task's samples, in the order `themisto generate` takes its rows."""
-    from themisto.generation.release_rows import load_task_rows, release_info
+    """The release (opened here, once for the task: a `ReleaseInfo`) and the task's samples, in the order `themisto
+    generate` takes its rows."""
+    from themisto.generation.release_rows import load_task_rows, require_task
+    from themisto.release.folder import open_release
 
-    info = release_info(resolve_release(settings.release), settings.task, settings.split)
+    info = open_release(resolve_release(settings.release))
+    require_task(info, settings.task, settings.split)
     rows = load_task_rows(info, settings.task, (settings.context,), limit=settings.limit, split=settings.split)
     return info, [sample_of(row, _prompt(row, settings), settings) for row in rows]

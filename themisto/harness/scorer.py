@@ -68,15 +68,14 @@ def themisto_metrics(task: str, execute: bool) -> dict:
 
 
 class ScorerDoor:
-    """The scorer's door for one task: the release loaded once, its workspace made once (under a lock), and at most
-    one execution per core at a time (each in a kernel of its own)."""
+    """The scorer's door for one task: the task's release (its handle, opened once by the task), its workspace made
+    once (under a lock), and at most one execution per core at a time (each in a kernel of its own)."""
 
-    def __init__(self, release: Path, task: str, workspace: str | None, execute: bool) -> None:
-        from themisto.scoring.release_state import load_release
+    def __init__(self, release, task: str, workspace: str | None, execute: bool) -> None:
         from themisto.settings import usable_cores
 
         self.task, self.execute, self.given = task, execute, workspace
-        self.release = load_release(release, task)
+        self.release = release
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(usable_cores())
         self.workspace: Path | None = None
@@ -119,8 +118,9 @@ def score_value(example, record, task: str, execute: bool) -> dict:
     return value
 
 
-def themisto_scorer(release: Path, task: str, context: str, execute: bool, workspace: str | None = None):
-    """The Inspect scorer of one task (its metrics set by the task: `themisto_metrics`)."""
+def themisto_scorer(release, task: str, context: str, execute: bool, workspace: str | None = None):
+    """The Inspect scorer of one task over its release (the task's `ReleaseInfo`; its metrics set by the task:
+    `themisto_metrics`)."""
     from inspect_ai.scorer import Score, scorer
 
     door = ScorerDoor(release, task, workspace, execute)

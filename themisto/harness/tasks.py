@@ -98,7 +98,7 @@ def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Ta
         solver = _plain_solver()
     dataset = MemoryDataset(samples, name=f"{Path(info.path).name}/{settings.task}/{settings.split}")
     return Task(dataset=dataset, solver=solver,
-                scorer=themisto_scorer(info.path, settings.task, settings.context, settings.execute, workspace),
+                scorer=themisto_scorer(info, settings.task, settings.context, settings.execute, workspace),
                 metrics=themisto_metrics(settings.task, settings.execute),
                 metadata={THEMISTO_METADATA: run_record(settings, info)})
 

@@ -95,7 +95,7 @@ def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = Fal
     with tempfile.TemporaryDirectory(prefix="themisto-rescore-") as tmp:
         # Only the validated files are scored: nothing else from the submission folder is read.
         run_dir = write_submission(submission, Path(tmp) / "run")
-        results = score_run(run_dir, release=release.path, execute=execute, out=run_dir / "results.json",
+        results = score_run(run_dir, release=release, execute=execute, out=run_dir / "results.json",
                             progress=progress, runner=runner)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,12 @@ A release folder is what `themisto build` writes (`themisto.release.parquet`) an
     <config>/<split>-00000-of-00001.parquet
 
 `open_release` checks the build report against the Parquet files (each one's sha256, no file the build did not
-write) and gives one `ReleaseInfo`; every read of rows checks that file's sha256 again, on the bytes it parses. A
-release may come from the Hub, so its JSON and YAML are read within `RELEASE_BOUNDS` (themisto.bounded).
+write) and gives one `ReleaseInfo`, the one handle every stage reads a release through: opened once at the edge (the
+command line, the metric module, the Inspect task, the study) and passed down, it keeps the views that are read more
+than once (a task's rows by id, the trajectories by kernel, the stored values). Every read of rows checks that file's
+sha256 again, on the bytes it parses; a handle pickles (for Ray, a process of the study) as its path and content
+hash, and opens there again without hashing every file (`reopened_release`). A release may come from the Hub, so its
+JSON and YAML are read within `RELEASE_BOUNDS` (themisto.bounded).
 """
 
 from __future__ import annotations
@@ -187,13 +191,20 @@ def read_parquet(path: Path, sha256: str | None, columns: list[str] | None = Non
 
 @dataclass
 class ReleaseInfo:
-    """A release folder whose build report matches its Parquet files; rows are read through it, hashes checked."""
+    """A release folder whose build report matches its Parquet files; rows are read through it, hashes checked. The
+    views it caches (`task_rows`, `trajectories_by_kernel`, `values`, `ids`) are shared: read them, do not change
+    them."""
 
     path: Path
     build: BuildReport
     files: dict[str, str]  # the Parquet files present (all that the build wrote, unless one was removed): sha256
     built: str  # the build's date (UTC), from its build report's modification time
-    _ids: dict = field(default_factory=dict, repr=False, compare=False)
+    _views: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __reduce__(self):
+        # A handle crosses a process as where it lies and what it holds; the other side reads the build report again
+        # and refuses a folder whose files say another content hash (`reopened_release`), without rehashing them.
+        return reopened_release, (str(self.path), self.content_hash)
 
     @property
     def content_hash(self) -> str:
@@ -216,27 +227,54 @@ class ReleaseInfo:
                                f"(it has: {', '.join(have) or 'none'})")
 
     def rows(self, config: str, split: str = BENCHMARK_SPLIT, columns: list[str] | None = None) -> list[dict]:
-        """All rows of one config's split (or the given columns), from the file the build wrote."""
+        """All rows of one config's split (or the given columns), from the file the build wrote: a fresh list each
+        call, the caller's to change."""
         self.require(config, split)
         rel = parquet_name(config, split)
         return read_parquet(self.path / rel, self.files[rel], columns)
 
+    def _view(self, key: tuple, make):
+        if key not in self._views:
+            self._views[key] = make()
+        return self._views[key]
+
+    def task_rows(self, task: str) -> dict[str, dict]:
+        """A task's rows of every split by id (read once)."""
+        return self._view(("task_rows", task), lambda: {
+            row["id"]: row for split in self.splits(task) for row in self.rows(task, split)})
+
     def trajectories_by_kernel(self) -> dict[str, list[dict]]:
-        """The `trajectories` rows of every split by kernel, each kernel's in step order."""
-        by_kernel: dict[str, list[dict]] = {}
-        for split in self.splits(TRAJECTORIES):
-            for row in self.rows(TRAJECTORIES, split):
-                by_kernel.setdefault(row["kernel_id"], []).append(row)
-        for rows in by_kernel.values():
-            rows.sort(key=lambda r: r["step"])
-        return by_kernel
+        """The `trajectories` rows of every split by kernel, each kernel's in step order (read once)."""
+        def read() -> dict[str, list[dict]]:
+            by_kernel: dict[str, list[dict]] = {}
+            for split in self.splits(TRAJECTORIES):
+                for row in self.rows(TRAJECTORIES, split):
+                    by_kernel.setdefault(row["kernel_id"], []).append(row)
+            for rows in by_kernel.values():
+                rows.sort(key=lambda r: r["step"])
+            return by_kernel
+
+        return self._view(("trajectories",), read)
+
+    def trajectory(self, kernel_id: str) -> list[dict]:
+        """One kernel's `trajectories` rows in step order; a ReleaseError when the release has none."""
+        rows = self.trajectories_by_kernel().get(kernel_id)
+        if rows is None:
+            raise ReleaseError(f"{self.path}: the release has no trajectories rows for {kernel_id}")
+        return rows
+
+    def values(self):
+        """The `values` rows of every split, as a restore's source (`themisto.release.values.ReleaseValues`; empty
+        when the release stores none), read once."""
+        from themisto.release.values import VALUES, ReleaseValues
+
+        return self._view(("values",), lambda: ReleaseValues(
+            {digest: row for split in self.splits(VALUES) for digest, row in ReleaseValues.of(self, split).rows.items()}))
 
     def ids(self, task: str, split: str = BENCHMARK_SPLIT) -> tuple[str, ...]:
         """The example ids of a task's split, in file order (read once)."""
-        key = (task, split)
-        if key not in self._ids:
-            self._ids[key] = tuple(row["id"] for row in self.rows(task, split, columns=["id"]))
-        return self._ids[key]
+        return self._view(("ids", task, split), lambda: tuple(
+            row["id"] for row in self.rows(task, split, columns=["id"])))
 
     @property
     def workspace(self) -> dict:
@@ -268,6 +306,25 @@ def open_release(folder: str | Path) -> ReleaseInfo:
             raise ReleaseError(f"{path}: a Parquet file the build did not write ({BUILD_FILE} does not list it)")
         if sha256_file(path) != build.files[rel]:
             raise ReleaseError(f"{path}: changed since the release was built (its sha256 differs from {BUILD_FILE})")
+    return _handle(folder, build)
+
+
+def _handle(folder: Path, build: BuildReport) -> ReleaseInfo:
     present = {rel: digest for rel, digest in build.files.items() if (folder / rel).is_file()}
     stamp = (folder / BUILD_FILE).stat().st_mtime
     return ReleaseInfo(folder, build, present, datetime.fromtimestamp(stamp, tz=timezone.utc).date().isoformat())
+
+
+def reopened_release(folder: str | Path, expected_hash: str) -> ReleaseInfo:
+    """A handle opened elsewhere (`open_release`), opened again from its path and content hash: the build report read
+    again, its files' hashes not recomputed (every read of rows still checks its file's); a ReleaseError when the
+    folder now holds another content."""
+    folder = Path(folder)
+    try:
+        info = _handle(folder, read_build(folder))
+    except BoundError as exc:
+        raise ReleaseError(str(exc)) from None
+    if info.content_hash != expected_hash:
+        raise ReleaseError(f"{folder}: the release changed since it was opened (content hash {info.content_hash[:12]}… "
+                           f"now, {expected_hash[:12]}… then)")
+    return info

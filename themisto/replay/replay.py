@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Iterator, Literal, Sequence
 
 from themisto.ingest.cleaning import clean_for_replay
 from themisto.replay.missing_packages import hidden_modules, hide
@@ -22,8 +22,6 @@ from themisto.jsonrecords import from_dict
 if TYPE_CHECKING:
     from themisto.replay.values import ValueFolder
 
-# Called before step `i` runs, with the trajectory, `i` and the live session (the exact pre-step state).
-BeforeStep = Callable[[Trajectory, int, "KernelSession"], None]  # noqa: F821 (imported lazily)
 
 
 
@@ -201,12 +199,15 @@ class _Held:
 
 
 def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySettings(), *,
-           before_step: BeforeStep | None = None, values: ValueFolder | None = None, start: int = 0,
+           values: ValueFolder | None = None, start: int = 0, stop_before: int | None = None,
            limits: Sequence[float] | None = None) -> Iterator[Step]:
     """Replay `trajectory` in a started `KernelSession`, yielding one Step per execution as it completes; with
     `values` (and snapshots on), each snapshot's values are stored there. From `start` on, when the session holds
-    the state before it already (restored from stored values: themisto.replay.restore). `limits`: each execution's
-    seconds, where the caller knows better than `cell_limits` (a release's trajectory: `states.release_limits`)."""
+    the state before it already (restored from stored values: themisto.replay.restore; or left there by a replay
+    that stopped before it); until `stop_before`, when given: the replay ends before that step runs, the kernel
+    holding the state the step started from (after the log's restart there, with the modules hidden that the log
+    shows missing). `limits`: each execution's seconds, where the caller knows better than `cell_limits` (a
+    release's trajectory: `themisto.release.states.release_limits`)."""
     from themisto.runtime.line_budget import request_metadata
     from themisto.runtime.outputs import output_text, output_types, rich_outputs
     from themisto.runtime.rebuild import rebuild_state
@@ -227,14 +228,14 @@ def replay(trajectory: Trajectory, session, settings: ReplaySettings = ReplaySet
         if i < start:
             continue
         restarted = i in restarts and i > 0
-        if restarted:
+        if restarted and i > start:  # at `start` the session holds the state after the restart already
             session.restart()
             session_start = i
         if hidden[i] != hidden_in[1] or (hidden[i] and session.kernel_starts != hidden_in[0]):
             hide(session, hidden[i])
             hidden_in = (session.kernel_starts, hidden[i])
-        if before_step is not None:
-            before_step(trajectory, i, session)
+        if i == stop_before:
+            return
         cleaned = clean_for_replay(execution.code)
         # The snapshot rides on the cell's own request (no second round trip), after a failed cell too
         # (themisto.runtime.launcher); a cell that lost the state is read with a separate silent request below.
@@ -337,13 +338,11 @@ def kernel_session(trajectory: Trajectory, workspace: str | Path | None, setting
 
 def replay_trajectory(trajectory: Trajectory, workspace: str | Path | None,
                       settings: ReplaySettings = ReplaySettings(), *,
-                      before_step: BeforeStep | None = None,
                       values: ValueFolder | None = None) -> Iterator[Step]:
     """Replay `trajectory` in its own fresh sandboxed kernel over a copy of `workspace` (values stored in
     `values` when given and the settings ask for them)."""
     with kernel_session(trajectory, workspace, settings) as session:
-        yield from replay(trajectory, session, settings, before_step=before_step,
-                          values=values if settings.values else None)
+        yield from replay(trajectory, session, settings, values=values if settings.values else None)
 
 
 def replay_in_turn(trajectories: list[Trajectory], workspace: str | Path | None,

@@ -8,7 +8,7 @@ kernel life that binds each name, else the last that changed it), then load the 
 may have changed them. Either way the namespace's state hash is compared with the replay's; a restore that does not
 match says which names differ, and the caller replays the prefix instead. A restore works in a fresh kernel or in
 one that holds another step's state (the scorer's kernel restores the state before each scored step it does not
-replay to: themisto.replay.states.walk_states); there only the modules the kernel has not imported yet cost an
+replay to: themisto.release.states.pre_step_states); there only the modules the kernel has not imported yet cost an
 import.
 
 What a restore cannot give back: files the prefix wrote into the working folder, the state of random generators,

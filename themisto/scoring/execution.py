@@ -7,7 +7,7 @@ from __future__ import annotations
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -25,8 +25,8 @@ from themisto.scoring.records import (
     ScoreSettings,
     TrajectoryScore,
 )
-from themisto.replay.states import PreStepState, recorded_replay_settings, walk_states
-from themisto.scoring.release_state import Release, prepare_workspace
+from themisto.release.folder import ReleaseError, ReleaseInfo
+from themisto.scoring.release_state import prepare_workspace
 from themisto.settings import usable_cores
 from themisto.vocabulary import EXAMPLE_STATUSES
 
@@ -171,14 +171,17 @@ def _example_verdict(example: ExampleRecord, records: list[PredictionRecord], pr
     return example, records
 
 
-def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_id: str, examples: Sequence[Example],
-                              records: Mapping[str, list[PredictionRecord]], workspace: Path,
-                              settings: ScoreSettings) -> TrajectoryScore:
-    """Replay one trajectory once and run every example's predictions in branches of its pre-step states.
+def unsafe_execute_trajectory(permit: ExecutionPermit, release: ReleaseInfo, kernel_id: str,
+                              examples: Sequence[Example], records: Mapping[str, list[PredictionRecord]],
+                              workspace: Path, settings: ScoreSettings) -> TrajectoryScore:
+    """Bring one kernel to each scored step's state in turn (`themisto.release.states.pre_step_states`: replayed,
+    or restored from the release's values with `settings.restore`) and run every example's predictions in branches
+    of it.
 
     The only function that runs model-written code; it needs a permit from `themisto.gate.permit`. An example
     whose state cannot be rebuilt ends `refused` with the reason; nothing here raises for one prediction's sake.
     """
+    from themisto.release.states import pre_step_states
     from themisto.runtime.branch import BranchError
     from themisto.runtime.rebuild import StateLost
     from themisto.runtime.sandbox import KernelStartError
@@ -186,92 +189,59 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: Release, kernel_
 
     permit.check()
     began = time.perf_counter()
-    rows = release.trajectories[kernel_id]
-    by_step = _by_step(release, kernel_id, examples, records)
+    rows = release.trajectory(kernel_id)
+    by_step = _by_step(release, settings.task, kernel_id, examples, records)
     done: dict[str, Scored] = {}  # by example id
-
-    def at_step(state: PreStepState) -> None:
-        def rebuild() -> None:
-            try:
-                state.rebuild()
-            except StateLost as error:
-                raise BranchError(f"rebuilding the state before step {state.step}: {error}") from error
-
-        step = state.step
-        try:
-            if not state.session.alive:
-                raise BranchError("the replay kernel is not running")
-            done.update(_by_id(_branch_step(state.session, step, rows, by_step[step], state.prefix, settings,
-                                            rebuild)))
-        except (BranchError, AgentError) as error:
-            done.update(_by_id(_refused(by_step[step], f"the state before step {step} could not be branched: "
-                                                       f"{error}")))
-            rebuild()  # later steps need this step's state; a failure here ends the trajectory (refused)
-
-    failure = None
-    restored: dict = {}
+    failure, walk, step = None, None, None
     try:
-        replay_settings = recorded_replay_settings(release.replay)
-
-        def restore(session, step: int) -> int:
-            done = _restore_before(session, release, rows, step, replay_settings)
-            if done.get("restored_step") is None:
-                restored["restore_note"] = done["restore_note"]
-                return 0
-            restored.setdefault("restored_step", done["restored_step"])
-            restored.setdefault("restore_note", "")
-            restored["restores"] = restored.get("restores", 0) + 1
-            restored["restore_s"] = round(restored.get("restore_s", 0.0) + done["restore_s"], 6)
-            return done["restored_step"]
-
-        walk_states(rows, by_step, workspace, replay_settings, at_step, restore=restore if settings.restore else None)
-    except (KernelStartError, AgentError, BranchError, OSError) as error:
+        with pre_step_states(release, kernel_id, by_step, workspace, restore=settings.restore) as walk:
+            for state in walk:
+                step = state.step
+                scored, branched = _score_step(state, rows, by_step[step], settings)
+                done.update(_by_id(scored))
+                if not branched:
+                    state.rebuild()  # later steps need this step's state; StateLost here ends the trajectory
+    except StateLost as error:
+        failure = f"replaying {kernel_id} failed: rebuilding the state before step {step}: {error}"
+    except (KernelStartError, AgentError, BranchError, OSError, ReleaseError) as error:
         failure = f"replaying {kernel_id} failed: {type(error).__name__}: {error}"
     pending = [(e, own) for step_examples in by_step.values() for e, own in step_examples if e.id not in done]
     done.update(_by_id(_refused(pending, failure or f"replay of {kernel_id} never reached the example's step")))
     return TrajectoryScore(kernel_id=kernel_id, examples=[done[e.id][0] for e in examples],
                            predictions=[r for e in examples for r in done[e.id][1]],
-                           replay_s=round(time.perf_counter() - began, 6), **restored)
+                           replay_s=round(time.perf_counter() - began, 6),
+                           **(asdict(walk.restored) if walk is not None else {}))
 
 
-def _restore_before(session, release: Release, rows: Sequence[dict], step: int, replay_settings) -> dict:
-    """The state before `step` restored from the release's values where that holds (themisto.replay.restore); the
-    TrajectoryScore fields that say what happened."""
-    from themisto.replay.restore import RestoreError, restore_before
+def _score_step(state, rows: Sequence[dict], examples: list[Scored],
+                settings: ScoreSettings) -> tuple[list[Scored], bool]:
+    """One served step's examples, branched and judged, and whether its state could be branched (if not, each is
+    refused with the reason, and the caller rebuilds the state for the steps after it)."""
+    from themisto.runtime.branch import BranchError
+    from themisto.runtime.rebuild import StateLost
+    from themisto.runtime.snapshot import AgentError
+
+    def rebuild() -> None:
+        try:
+            state.rebuild()
+        except StateLost as error:
+            raise BranchError(f"rebuilding the state before step {state.step}: {error}") from error
 
     try:
-        done = restore_before(session, rows, step, release_values(release),
-                              cell_timeout_s=replay_settings.cell_timeout_s)
-    except RestoreError as error:
-        return {"restore_note": f"no restore: {clip(str(error))}"}
-    return {"restored_step": done.step, "restore_s": done.seconds, "restore_note": done.note}
+        if not state.session.alive:
+            raise BranchError("the replay kernel is not running")
+        return _branch_step(state.session, state.step, rows, examples, state.prefix, settings, rebuild), True
+    except (BranchError, AgentError) as error:
+        return _refused(examples, f"the state before step {state.step} could not be branched: {error}"), False
 
 
-def release_values(release: Release):
-    """The release's `values` rows of both splits (themisto.release.values.ReleaseValues), read once per process."""
-    from themisto.release.values import ReleaseValues
-
-    found = _VALUES.get(release.name)
-    if found is None:
-        from themisto.release.folder import open_release
-
-        info = open_release(release.name)
-        found = ReleaseValues({digest: row for split in info.splits("values")
-                               for digest, row in ReleaseValues.of(info, split).rows.items()})
-        _VALUES.clear()
-        _VALUES[release.name] = found
-    return found
-
-
-_VALUES: dict = {}
-
-
-def _by_step(release: Release, kernel_id: str, examples: Sequence[Example],
+def _by_step(release: ReleaseInfo, task: str, kernel_id: str, examples: Sequence[Example],
              records: Mapping[str, list[PredictionRecord]]) -> dict[int, list[Scored]]:
     """Each scored step's examples, as yet unexecuted (their text records)."""
     by_step: dict[int, list[Scored]] = {}
+    task_rows = release.task_rows(task)
     for example in examples:
-        step = int(release.task_rows[example.id]["step"])
+        step = int(task_rows[example.id]["step"])
         blank = ExampleRecord(id=example.id, predictions=len(example.predictions), kernel_id=kernel_id, step=step)
         by_step.setdefault(step, []).append((blank, list(records[example.id])))
     return by_step
@@ -313,7 +283,7 @@ TrajectoryRunner = Callable[..., Iterator[tuple[Pending, TrajectoryScore]]]
 def threads_runner(workers: int | None = None) -> TrajectoryRunner:
     """Score `workers` trajectories at once in this process (default: one per core), each in its own kernel."""
 
-    def run(permit: ExecutionPermit, release: Release, pending: list[Pending],
+    def run(permit: ExecutionPermit, release: ReleaseInfo, pending: list[Pending],
             by_id: Mapping[str, list[PredictionRecord]], settings: ScoreSettings,
             workspace: str | Path | None) -> Iterator[tuple[Pending, TrajectoryScore]]:
         with tempfile.TemporaryDirectory(prefix="themisto-score-") as tmp:
@@ -329,7 +299,7 @@ def threads_runner(workers: int | None = None) -> TrajectoryRunner:
     return run
 
 
-def execute_examples(permit: ExecutionPermit, release: Release, examples: list[Example],
+def execute_examples(permit: ExecutionPermit, release: ReleaseInfo, examples: list[Example],
                      by_id: Mapping[str, list[PredictionRecord]], settings: ScoreSettings,
                      workspace: str | Path | None, done: Mapping[str, TrajectoryScore],
                      on_trajectory: Callable[[TrajectoryScore], None] | None, progress: Callable[[str], None],
@@ -338,8 +308,9 @@ def execute_examples(permit: ExecutionPermit, release: Release, examples: list[E
     core; or as `runner` says, e.g. on Ray) from their text records `by_id`; each example's executed record and its
     predictions', by example id: the same records whatever the number of workers."""
     groups: dict[str, list[Example]] = {}
+    task_rows = release.task_rows(settings.task)
     for example in examples:
-        groups.setdefault(release.task_rows[example.id]["kernel_id"], []).append(example)
+        groups.setdefault(task_rows[example.id]["kernel_id"], []).append(example)
     ordered = sorted(groups.items())
     results: dict[str, TrajectoryScore] = {}
     pending = []

@@ -47,7 +47,7 @@ class ScoreSettings:
     continuation_cells: int = CONTINUATION_CELLS  # k for continuation_match; 0 turns it off (no extra cells)
     # Start a trajectory's branches from the state its release's values restore (themisto.replay.restore), checked
     # against the state hash, instead of replaying the prefix before its first example, and restore again in the same
-    # kernel before each later example whose gap costs more to replay (themisto.replay.states.walk_states); off: the
+    # kernel before each later example whose gap costs more to replay (themisto.release.states.pre_step_states); off: the
     # prefix is replayed.
     restore: bool = False
 
@@ -141,7 +141,7 @@ class TrajectoryScore:
     predictions: list[PredictionRecord]
     replay_s: float = 0.0  # wall time of the whole trajectory: replay, state checks and branches
     # With ScoreSettings.restore: the first step whose state was restored instead of replayed (None: the prefix was
-    # replayed), how many steps were restored (themisto.replay.states.walk_states restores again where the gap to
+    # replayed), how many steps were restored (themisto.release.states.pre_step_states restores again where the gap to
     # the next step costs more to replay), how long the restores took together, and why none was used ("" when one
     # was)
     restored_step: int | None = None

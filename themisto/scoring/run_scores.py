@@ -148,11 +148,12 @@ def _entry(interval, **keys) -> dict:
     return {**keys, "mean": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n}
 
 
-def clusters_of(rows: list[dict], loaded, unit: str) -> list[str]:
-    """Each row's bootstrap cluster: its trajectory, or (unit `participant`) its participant; a trajectory whose
-    participant is unknown is its own cluster."""
+def clusters_of(rows: list[dict], release, unit: str) -> list[str]:
+    """Each row's bootstrap cluster: its trajectory, or (unit `participant`) its participant (the release's
+    `trajectories` rows say it); a trajectory whose participant is unknown is its own cluster."""
     if unit == "participant":
-        return [loaded.trajectories[r["kernel_id"]][0].get("participant") or r["kernel_id"] for r in rows]
+        trajectories = release.trajectories_by_kernel()
+        return [trajectories[r["kernel_id"]][0].get("participant") or r["kernel_id"] for r in rows]
     return [r["kernel_id"] for r in rows]
 
 
@@ -274,12 +275,13 @@ def prompt_kept(run: RunFolder) -> list[dict]:
     return out
 
 
-def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute: bool = False,
+def score_run(run_dir: str | Path, *, release=None, execute: bool = False,
               out: str | Path | None = None, settings: IntervalSettings = IntervalSettings(),
               progress: Callable[[str], None] | None = None, runner=None,
               workspace: str | Path | None = None, restore: bool = False, resume: bool = True) -> dict:
     """Score every context of a run folder and the baselines, and write results.json and results.md (to `out`'s
-    folder, by default the run folder); returns the results. Execution needs the gate's opt-in (next_cell only);
+    folder, by default the run folder); returns the results. `release`: the opened release (`ReleaseInfo`), by
+    default the one run.json names, opened once here. Execution needs the gate's opt-in (next_cell only);
     `runner` runs its trajectories elsewhere (themisto.distributed.ray_scoring: on Ray); `workspace` is the folder
     the release was replayed over, where its build names a given one; `restore`: ScoreSettings.restore."""
     from themisto.gate import permit
@@ -294,23 +296,23 @@ def score_run(run_dir: str | Path, *, release: str | Path | None = None, execute
         return _score_held(run_dir, release, execute, out, settings, progress, runner, workspace, restore, resume)
 
 
-def _score_held(run_dir: str | Path, release: str | Path | None, execute: bool, out: str | Path | None,
+def _score_held(run_dir: str | Path, release, execute: bool, out: str | Path | None,
                 settings: IntervalSettings, progress: Callable[[str], None] | None, runner,
                 workspace: str | Path | None, restore: bool, resume: bool) -> dict:
     from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.scoring.results_table import render_markdown
-    from themisto.scoring.release_state import load_release
+    from themisto.scoring.release_state import task_rows
 
     started = time.perf_counter()
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     run = read_run(run_dir)
     info = find_release(run, release)
-    loaded = load_release(info, run.task)
-    unknown = [i for i in run.ids if i not in loaded.task_rows]
+    by_id = task_rows(info, run.task)
+    unknown = [i for i in run.ids if i not in by_id]
     if unknown:
         raise RunFolderError(f"{run.folder}: example {unknown[0]} is not in the release {info.path}"
                        + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
-    rows = [loaded.task_rows[i] for i in run.ids]
+    rows = [by_id[i] for i in run.ids]
     names = baselines_for(run.task)
     baselines = {name: [baseline_prediction(name, row, run.task) for row in rows] for name in names}
     executed = execute and run.task == "next_cell"
@@ -325,8 +327,8 @@ def _score_held(run_dir: str | Path, release: str | Path | None, execute: bool, 
     solved = {name: [_solved(run.task, records[i][t], examples[i]) for i, t in zip(run.ids, baselines[name])]
               for name in names}
     hard = [not any(solved[name][k] for name in names) for k in range(len(run.ids))]
-    lengths = {k: max(r["step"] for r in steps) + 1 for k, steps in loaded.trajectories.items()}
-    clusters = clusters_of(rows, loaded, settings.cluster)
+    lengths = {k: max(r["step"] for r in steps) + 1 for k, steps in info.trajectories_by_kernel().items()}
+    clusters = clusters_of(rows, info, settings.cluster)
     split_of = {i: s for s in info.splits(run.task) for i in info.ids(run.task, s)}
     meta = run.meta
     results = {

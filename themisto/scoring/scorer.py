@@ -29,7 +29,7 @@ from statistics import fmean
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from themisto.bounded import Bounds, iter_json_lines
-from themisto.release.folder import ReleaseInfo, open_release
+from themisto.release.folder import ReleaseInfo
 from themisto.resume import (LineWriter, ResumeError, folder_fingerprint, hold_file, read_lines,
                              settings_difference, write_text_atomic)
 from themisto.scoring.execution import TrajectoryRunner, execute_examples
@@ -45,7 +45,7 @@ from themisto.scoring.records import (
     make_examples,
     text_records,
 )
-from themisto.scoring.release_state import Release, check_against_release, load_release
+from themisto.scoring.release_state import check_against_release, task_rows
 from themisto.vocabulary import OUTCOMES
 
 # A predictions file someone gave: one line per example, each holding its predictions (several samples each).
@@ -112,7 +112,7 @@ def aggregate(examples: Sequence[ExampleRecord], predictions: Sequence[Predictio
 
 
 def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | None = None,
-          settings: ScoreSettings | None = None, execute: bool = False, release: str | Path | Release | None = None,
+          settings: ScoreSettings | None = None, execute: bool = False, release: ReleaseInfo | None = None,
           workspace: str | Path | None = None, done: Mapping[str, TrajectoryScore] | None = None,
           on_trajectory: Callable[[TrajectoryScore], None] | None = None,
           progress: Callable[[str], None] | None = None, workers: int | None = None,
@@ -120,7 +120,7 @@ def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | N
     """Score predictions (a string, or a list of strings, per example) against references.
 
     With `execute=True` (and HF_ALLOW_CODE_EVAL=1) next_cell predictions also run in the exact pre-cell state
-    rebuilt from `release`; `done` holds trajectories scored by an earlier run (resume), `on_trajectory` receives
+    rebuilt from `release` (opened by the caller: `themisto.release.folder.open_release`); `done` holds trajectories scored by an earlier run (resume), `on_trajectory` receives
     each trajectory as it finishes; `workers` trajectories run at once (default: one per core), or `runner` runs
     them (themisto.distributed.ray_scoring: on Ray).
     """
@@ -139,9 +139,8 @@ def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | N
         by_id.setdefault(record.id, []).append(record)
     scored = {e.id: (ExampleRecord(id=e.id, predictions=len(e.predictions)), by_id[e.id]) for e in examples}
     if permit is not None:
-        loaded = release if isinstance(release, Release) else load_release(release, settings.task)
-        check_against_release(examples, loaded)
-        scored.update(execute_examples(permit, loaded, examples, by_id, settings, workspace, done or {}, on_trajectory,
+        check_against_release(examples, release, settings.task)
+        scored.update(execute_examples(permit, release, examples, by_id, settings, workspace, done or {}, on_trajectory,
                                        progress or (lambda msg: print(msg, file=sys.stderr, flush=True)), workers,
                                        runner))
     ordered_examples = [scored[e.id][0] for e in examples]
@@ -224,7 +223,7 @@ def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> di
     return done
 
 
-def resume_header(release: str | Path | ReleaseInfo, ids: list[str], texts: list, settings: ScoreSettings,
+def resume_header(release: ReleaseInfo, ids: list[str], texts: list, settings: ScoreSettings,
                   workspace: str | Path | None, out: Path) -> dict:
     """Everything that changes an execution run's records: settings, predictions, the release's content, the
     workspace the states are rebuilt over and the kernel's environment (interpreter, hash seed, package versions)."""
@@ -232,14 +231,13 @@ def resume_header(release: str | Path | ReleaseInfo, ids: list[str], texts: list
 
     from themisto.runtime.sandbox import kernel_environment
 
-    info = release if isinstance(release, ReleaseInfo) else open_release(release)
     digest = hashlib.sha256(json.dumps([ids, texts], ensure_ascii=False).encode("utf-8")).hexdigest()
     return {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
-            "release": str(info.path), "release_content_sha256": info.content_hash,
+            "release": str(release.path), "release_content_sha256": release.content_hash,
             "workspace": folder_fingerprint(workspace, output=out), "kernel": kernel_environment()}
 
 
-def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
+def score_to_file(release: ReleaseInfo, predictions: str | Path, out: str | Path,
                   settings: ScoreSettings = ScoreSettings(), *, execute: bool = False,
                   workspace: str | Path | None = None, resume: bool = True,
                   progress: Callable[[str], None] | None = None, workers: int | None = None,
@@ -254,7 +252,7 @@ def score_to_file(release: str | Path, predictions: str | Path, out: str | Path,
                                source=str(predictions))
 
 
-def score_texts_to_file(release: str | Path | ReleaseInfo, ids: list[str], texts: list, out: str | Path,
+def score_texts_to_file(release: ReleaseInfo, ids: list[str], texts: list, out: str | Path,
                         settings: ScoreSettings = ScoreSettings(), *, execute: bool = False,
                         workspace: str | Path | None = None, resume: bool = True,
                         progress: Callable[[str], None] | None = None, workers: int | None = None,
@@ -275,23 +273,22 @@ def score_texts_to_file(release: str | Path | ReleaseInfo, ids: list[str], texts
                            source)
 
 
-def _score_held(release: str | Path | ReleaseInfo, ids: list[str], texts: list, out: Path, settings: ScoreSettings,
+def _score_held(release: ReleaseInfo, ids: list[str], texts: list, out: Path, settings: ScoreSettings,
                 execute: bool, workspace: str | Path | None, resume: bool, progress: Callable[[str], None] | None,
                 workers: int | None, runner: TrajectoryRunner | None, source: str) -> ScoreRun:
     started = time.perf_counter()
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    info = release if isinstance(release, ReleaseInfo) else open_release(release)
-    loaded = load_release(info, settings.task)
-    unknown = [i for i in ids if i not in loaded.task_rows]
+    rows = task_rows(release, settings.task)
+    unknown = [i for i in ids if i not in rows]
     if unknown:
-        raise ScoreError(f"{source}: example {unknown[0]}: no such id in {info.path}"
+        raise ScoreError(f"{source}: example {unknown[0]}: no such id in {release.path}"
                          + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
-    references = [loaded.task_rows[i]["target"] for i in ids]
+    references = [rows[i]["target"] for i in ids]
     partial = _partial_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer, done = None, {}
     if execute:
-        header = resume_header(info, ids, texts, settings, workspace, out)
+        header = resume_header(release, ids, texts, settings, workspace, out)
         # An interrupted run's partial file, else a finished run's verdicts (a missing file reads as empty).
         done = _load_partial(partial if partial.exists() else _verdicts_path(out), header, say) if resume else {}
         kept = [json.dumps(header, sort_keys=True)] + [json.dumps(t.to_dict(), ensure_ascii=False)
@@ -299,7 +296,7 @@ def _score_held(release: str | Path | ReleaseInfo, ids: list[str], texts: list, 
         write_text_atomic(partial, "\n".join(kept) + "\n")
         writer = LineWriter(partial)
     try:
-        result = score(texts, references, ids=ids, settings=settings, execute=execute, release=loaded,
+        result = score(texts, references, ids=ids, settings=settings, execute=execute, release=release,
                        workspace=workspace, done=done,
                        on_trajectory=(lambda item: writer.write(item.to_dict())) if writer else None, progress=say,
                        workers=workers, runner=runner)

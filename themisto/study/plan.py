@@ -256,6 +256,13 @@ def render_plan(plan: StudyPlan, settings: StudySettings, budget_s: float | None
     return "\n".join(lines) + "\n"
 
 
+def require_splits(info, settings: StudySettings) -> None:
+    """A ReleaseError unless every task of the study has its train and test splits in the release."""
+    for task in settings.tasks:
+        info.require(task, "train")
+        info.require(task, "test")
+
+
 def plan_for(settings: StudySettings, rows, info, out: Path | None, given: dict[str, float] | None = None) -> StudyPlan:
     """The plan of `settings` on this machine's device: figures measured in `out` where it has finished units on
     that device, else the stated ones; `given` figures on top."""
@@ -296,24 +303,20 @@ def _parameters(model: str) -> int:
     return model_parameters(config)
 
 
-def plan_study(settings: StudySettings, out: Path | None, given: dict[str, float] | None = None) -> StudyPlan:
-    """The plan of a study before it runs (nothing is written): the train rows as `out`/rows.json holds them, or
-    chosen now as the study would choose them."""
+def plan_study(settings: StudySettings, info, out: Path | None, given: dict[str, float] | None = None) -> StudyPlan:
+    """The plan of a study of the release `info` (its handle) before it runs (nothing is written): the train rows
+    as `out`/rows.json holds them, or chosen now as the study would choose them."""
     import json
 
     from themisto.generation.backends.hf import prompt_token_counter
-    from themisto.release.folder import open_release
     from themisto.study.rows import CommonRows, common_rows, load_tokenizer
     from themisto.study.units import ROWS_FILE
 
-    info = open_release(settings.release)
-    for task in settings.tasks:
-        info.require(task, "train")
-        info.require(task, "test")
+    require_splits(info, settings)
     path = out / ROWS_FILE if out is not None else None
     if path is not None and path.is_file():
         rows = CommonRows.from_dict(json.loads(path.read_text(encoding="utf-8")))
     else:
         tokenizer = load_tokenizer(settings.model)
-        rows = common_rows(settings, tokenizer, prompt_token_counter(tokenizer))
+        rows = common_rows(info, settings, tokenizer, prompt_token_counter(tokenizer))
     return plan_for(settings, rows, info, out, given)

@@ -58,15 +58,15 @@ def _export_settings(settings: StudySettings, contexts: tuple[str, ...]):
                           max_prompt_tokens=settings.max_prompt_tokens)
 
 
-def common_rows(settings: StudySettings, tokenizer, counter: Callable[[str], int]) -> CommonRows:
-    """Render every train row in every mode and keep those every mode exports and fits within `max_length`."""
+def common_rows(release, settings: StudySettings, tokenizer, counter: Callable[[str], int]) -> CommonRows:
+    """Render every train row of `release` (its handle) in every mode and keep those every mode exports and fits
+    within `max_length`."""
     from themisto.generation.release_rows import spread
     from themisto.generation.prompts import messages_text
-    from themisto.training.export import collect_examples, read_release
+    from themisto.training.export import collect_examples
     from themisto.training.finetune import example_tokens
 
     export = _export_settings(settings, settings.contexts)
-    release = read_release(Path(settings.release), export)
     collected = collect_examples(release, export, count_tokens=counter)
     order: dict[tuple[str, str], int] = {}
     per_key: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
@@ -97,11 +97,12 @@ def common_rows(settings: StudySettings, tokenizer, counter: Callable[[str], int
     return CommonRows(keys, tokens, census, lengths)
 
 
-def export_mode(settings: StudySettings, mode: str, rows: CommonRows, out: Path, counter: Callable[[str], int]):
-    """Write `mode`'s sft-export of exactly `rows` into `out`; an export that lost a row is an error."""
+def export_mode(release, settings: StudySettings, mode: str, rows: CommonRows, out: Path,
+                counter: Callable[[str], int]):
+    """Write `mode`'s sft-export of exactly `rows` of `release` into `out`; an export that lost a row is an error."""
     from themisto.training.export import export_sft
 
-    report = export_sft(settings.release, out, _export_settings(settings, (mode,)), overwrite=True,
+    report = export_sft(release, out, _export_settings(settings, (mode,)), overwrite=True,
                         count_tokens=counter, counted_with=f"tokenizer of {settings.model}", only=rows.keys)
     if report.examples != len(rows.keys):
         raise StudyError(f"{out}: the {mode} export holds {report.examples} rows, expected the {len(rows.keys)} "

@@ -88,7 +88,7 @@ def open_study(out: Path, settings: StudySettings, release_hash: str) -> dict:
     return header
 
 
-def _rows(out: Path, settings: StudySettings, tokenizer, counter, say):
+def _rows(out: Path, settings: StudySettings, info, tokenizer, counter, say):
     """The common rows, chosen once (rows.json)."""
     from themisto.study.rows import CommonRows, common_rows
 
@@ -96,12 +96,12 @@ def _rows(out: Path, settings: StudySettings, tokenizer, counter, say):
     if path.exists():
         return CommonRows.from_dict(json.loads(path.read_text(encoding="utf-8")))
     say("choosing the train rows every mode can verify and fit")
-    rows = common_rows(settings, tokenizer, counter)
+    rows = common_rows(info, settings, tokenizer, counter)
     write_json_atomic(path, rows.to_dict())
     return rows
 
 
-def export_for(out: Path, settings: StudySettings, rows, counter, say) -> Callable[[str], None]:
+def export_for(out: Path, settings: StudySettings, info, rows, counter, say) -> Callable[[str], None]:
     """A function that writes a mode's export of the common rows unless it is there (before its first unit)."""
     from themisto.study.rows import export_mode
 
@@ -109,12 +109,12 @@ def export_for(out: Path, settings: StudySettings, rows, counter, say) -> Callab
         folder = out / "exports" / mode
         if not (folder / "manifest.json").is_file():
             say(f"exporting {len(rows.keys)} rows in mode {mode}")
-            export_mode(settings, mode, rows, folder, counter)
+            export_mode(info, settings, mode, rows, folder, counter)
 
     return export
 
 
-def export_job(settings_dict: dict, out: str, mode: str) -> str:
+def export_job(settings_dict: dict, info, out: str, mode: str) -> str:
     """Write `mode`'s export in a process of its own (side by side, the modes' exports are written at once)."""
     from themisto.generation.backends.hf import prompt_token_counter
     from themisto.study.rows import CommonRows, load_tokenizer
@@ -122,7 +122,7 @@ def export_job(settings_dict: dict, out: str, mode: str) -> str:
     settings, folder = _settings_of(settings_dict), Path(out)
     rows = CommonRows.from_dict(json.loads((folder / ROWS_FILE).read_text(encoding="utf-8")))
     counter = prompt_token_counter(load_tokenizer(settings.model))
-    export_for(folder, settings, rows, counter, lambda msg: None)(mode)
+    export_for(folder, settings, info, rows, counter, lambda msg: None)(mode)
     return mode
 
 
@@ -130,7 +130,8 @@ def export_job(settings_dict: dict, out: str, mode: str) -> str:
 # Units: fine-tune, then generate
 
 
-def _generate(settings: StudySettings, model: str, contexts: tuple[str, ...], out: Path, progress: bool) -> dict:
+def _generate(settings: StudySettings, info, model: str, contexts: tuple[str, ...], out: Path,
+              progress: bool) -> dict:
     """Each task's run folder for `model` in `contexts` (resumed where it stopped); one model load for all tasks.
     Returns the prompts generated now, the seconds generation took (loading aside) and the device."""
     from themisto.generation.backends import Sampling, make_backend
@@ -148,7 +149,7 @@ def _generate(settings: StudySettings, model: str, contexts: tuple[str, ...], ou
             # side by side share the device's memory.
             backend = make_backend(run.backend, run.model, **backend_options(run), batching=settings.batching,
                                    memory_fraction=DEFAULT_MEMORY_FRACTION / settings.parallel)
-        report = generate_run(settings.release, out / task, run, backend=backend, progress=progress)
+        report = generate_run(info, out / task, run, backend=backend, progress=progress)
         prompts, seconds = prompts + report.written, seconds + report.seconds
     return {"prompts": prompts, "generate_seconds": round(seconds, 1), "device": backend.device}
 
@@ -184,14 +185,14 @@ def _train(settings: StudySettings, folder: Path, unit: Unit) -> tuple[dict, int
     return trained, tokens
 
 
-def run_unit(settings_dict: dict, out: str, mode: str, seed: int) -> dict:
+def run_unit(settings_dict: dict, info, out: str, mode: str, seed: int) -> dict:
     """Train and generate one unit (a process of its own when units run side by side); returns its record, written
     to units/<unit>.json once the unit is whole."""
     settings = _settings_of(settings_dict)
     folder, unit = Path(out), Unit(mode, seed)
     started = time.perf_counter()
     trained, tokens = _train(settings, folder, unit)
-    generated = _generate(settings, str(folder / "models" / unit.name), eval_contexts(mode),
+    generated = _generate(settings, info, str(folder / "models" / unit.name), eval_contexts(mode),
                           folder / "runs" / unit.name, progress=settings.progress and settings.parallel == 1)
     record = {"unit": unit.name, "mode": mode, "seed": seed, "steps": trained["steps"],
               "trained_on": trained["examples"]["trained_on"], "first_loss": trained["first_loss"],
@@ -203,12 +204,12 @@ def run_unit(settings_dict: dict, out: str, mode: str, seed: int) -> dict:
     return record
 
 
-def run_base(settings_dict: dict, out: str) -> dict:
+def run_base(settings_dict: dict, info, out: str) -> dict:
     """The base model generating in every mode (the scores' examples and the untrained effects); its record."""
     settings = _settings_of(settings_dict)
     folder = Path(out)
     started = time.perf_counter()
-    generated = _generate(settings, settings.model, settings.contexts, folder / "runs" / BASE_SYSTEM,
+    generated = _generate(settings, info, settings.model, settings.contexts, folder / "runs" / BASE_SYSTEM,
                           progress=settings.progress and settings.parallel == 1)
     write_json_atomic(folder / "runs" / BASE_SYSTEM / "done.json", {"contexts": list(settings.contexts)})
     record = {"unit": BASE_SYSTEM, "mode": None, "seed": None, "unit_seconds": round(time.perf_counter() - started, 1),
@@ -222,23 +223,21 @@ def run_base(settings_dict: dict, out: str) -> dict:
 # The study
 
 
-def run_study(settings: StudySettings, out: str | Path, *, progress: Callable[[str], None] | None = None,
+def run_study(settings: StudySettings, info, out: str | Path, *, progress: Callable[[str], None] | None = None,
               prepare_only: bool = False) -> dict:
-    """Run (or resume) the study into `out` and write its results; returns results.json's content, or (with
+    """Run (or resume) the study of the release `info` (its handle, opened once for the whole study: every unit
+    and export takes it) into `out` and write its results; returns results.json's content, or (with
     --generate-only, or when the budget stopped it) what was generated and what is left. `prepare_only`: write
     study.json and rows.json and stop (what a GPU slot then need not spend time on)."""
     from themisto.gate import permit
-    from themisto.release.folder import open_release
+    from themisto.study.plan import require_splits
 
     started = time.perf_counter()
     say = progress or (lambda msg: print(f"study: {msg}", file=sys.stderr, flush=True))
     if settings.execute and not settings.generate_only and not prepare_only:
         permit(execute=True)  # refuse before anything is trained
     out = Path(out)
-    info = open_release(settings.release)
-    for task in settings.tasks:
-        info.require(task, "train")
-        info.require(task, "test")
+    require_splits(info, settings)
     with hold_folder(out, "study folder"):  # one writer: a second study into the folder is refused at once
         return _run(settings, out, info, say, started, prepare_only)
 
@@ -255,7 +254,7 @@ def _run(settings: StudySettings, out: Path, info, say: Callable[[str], None], s
         return _score(out, settings, info, say, started)
     tokenizer = load_tokenizer(settings.model)
     counter = prompt_token_counter(tokenizer)
-    rows = _rows(out, settings, tokenizer, counter, say)
+    rows = _rows(out, settings, info, tokenizer, counter, say)
     if prepare_only:
         say(f"prepared {out}: {STUDY_FILE} and {ROWS_FILE} ({len(rows.keys)} rows); nothing trained")
         return {"generated": [], "left": [u.name if u else BASE_SYSTEM for u in work_order(settings)],
@@ -263,7 +262,7 @@ def _run(settings: StudySettings, out: Path, info, say: Callable[[str], None], s
     todo = [job for job in work_order(settings) if unit_record(out, job) is None]
     say(f"{len(units)} models ({len(settings.contexts)} modes x {settings.seeds} seeds) on {len(rows.keys)} rows "
         f"each and the base model; {len(work_order(settings)) - len(todo)} units done before")
-    left = run_work(out, settings, info, rows, todo, say, started, export_for(out, settings, rows, counter, say),
+    left = run_work(out, settings, info, rows, todo, say, started, export_for(out, settings, info, rows, counter, say),
                     UnitJobs(run_base, run_unit, export_job))
     if settings.generate_only or left:
         done = [u.name if u else BASE_SYSTEM for u in work_order(settings) if unit_record(out, u) is not None]

@@ -47,7 +47,9 @@ class Clock:
 @dataclass(frozen=True)
 class UnitJobs:
     """What runs a unit, the base model and a mode's export: module-level functions of `themisto.study.run` (a
-    process of its own pickles them by name), handed down so that this module need not import the one that calls it."""
+    process of its own pickles them by name), handed down so that this module need not import the one that calls it.
+    Each is called with the settings as a dict, the release's handle (it pickles as its path and content hash), the
+    study folder, and the job's own arguments."""
 
     run_base: Callable
     run_unit: Callable
@@ -81,8 +83,8 @@ def run_work(out: Path, settings: StudySettings, info, rows, todo: list, say: Ca
     bar = tqdm(total=len(todo), desc="study units (fine-tune + generate)", unit="unit", disable=not settings.progress)
     with bar:
         if parallel == 1:
-            return _in_turn(out, settings, todo, planned, clock, say, bar, export, jobs)
-        return _side_by_side(out, settings, todo, planned, clock, say, bar, parallel, jobs)
+            return _in_turn(out, settings, info, todo, planned, clock, say, bar, export, jobs)
+        return _side_by_side(out, settings, info, todo, planned, clock, say, bar, parallel, jobs)
 
 
 def _report(record: dict, say: Callable[[str], None]) -> None:
@@ -93,7 +95,7 @@ def _report(record: dict, say: Callable[[str], None]) -> None:
         say(f"{record['unit']}: {record['prompts']} prompts, {record['unit_seconds']} s")
 
 
-def _in_turn(out: Path, settings: StudySettings, todo: list, planned: dict, clock: Clock, say, bar,
+def _in_turn(out: Path, settings: StudySettings, info, todo: list, planned: dict, clock: Clock, say, bar,
              export, jobs: UnitJobs) -> list[str]:
     data = settings.to_dict()
     for k, job in enumerate(todo):
@@ -103,14 +105,14 @@ def _in_turn(out: Path, settings: StudySettings, todo: list, planned: dict, cloc
         if job is not None:
             export(job.mode)
         function, args = _call(job, jobs)
-        record = function(data, str(out), *args)
+        record = function(data, info, str(out), *args)
         clock.finished(planned[_name(job)], record["unit_seconds"])
         _report(record, say)
         bar.update(1)
     return []
 
 
-def _side_by_side(out: Path, settings: StudySettings, todo: list, planned: dict, clock: Clock, say, bar,
+def _side_by_side(out: Path, settings: StudySettings, info, todo: list, planned: dict, clock: Clock, say, bar,
                   parallel: int, jobs: UnitJobs) -> list[str]:
     import multiprocessing
     import os
@@ -132,14 +134,14 @@ def _side_by_side(out: Path, settings: StudySettings, todo: list, planned: dict,
     # Every mode's export is written at once, beside the units (a mode's first unit waits for its own only).
     with ProcessPoolExecutor(max_workers=max(1, min(len(modes), (os.cpu_count() or 2) // 2)), mp_context=spawn) as \
             exporting, ProcessPoolExecutor(max_workers=parallel, mp_context=spawn) as pool:
-        exports = {mode: exporting.submit(jobs.export, data, str(out), mode) for mode in modes}
+        exports = {mode: exporting.submit(jobs.export, data, info, str(out), mode) for mode in modes}
         while pending or running:
             while pending and len(running) < parallel and clock.fits(planned[_name(pending[0])]):
                 job = pending.pop(0)
                 if job is not None:
                     say(f"{job.name}: its export ({exports[job.mode].result()})")
                 function, args = _call(job, jobs)
-                running[pool.submit(function, data, str(out), *args)] = job
+                running[pool.submit(function, data, info, str(out), *args)] = job
             if not running:
                 break  # the budget admits no more
             finished, _ = wait(running, return_when=FIRST_COMPLETED)

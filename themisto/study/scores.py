@@ -89,13 +89,13 @@ def _score(info, task: str, ids: list[str], systems: dict, baselines: dict, exec
 def score_task(out: Path, settings: StudySettings, info, units, task: str, say: Callable[[str], None]) -> TaskScores:
     from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.generation.release_rows import spread
-    from themisto.scoring.release_state import load_release
+    from themisto.scoring.release_state import task_rows
     from themisto.scoring.run_scores import (EXECUTION_METRICS, clusters_of, generation_value, metric_value,
                                              metrics_for)
 
-    loaded = load_release(info, task)
     ids, systems = _read_runs(out, settings, units, task)
-    rows = [loaded.task_rows[i] for i in ids]
+    by_id = task_rows(info, task)
+    rows = [by_id[i] for i in ids]
     baselines = {name: {r["id"]: baseline_prediction(name, r, task) for r in rows} for name in baselines_for(task)}
     folder = out / "scored"
     say(f"{task}: scoring {len(ids)} examples x {len(systems)} systems and {len(baselines)} baselines by text")
@@ -124,8 +124,8 @@ def score_task(out: Path, settings: StudySettings, info, units, task: str, say: 
             return exec_value(g, metric) if g is not None else None
         return text_value(g, metric) if g is not None else 0.0
 
-    scores = TaskScores(task, ids, clusters_of(rows, loaded, settings.cluster), [(r["kernel_id"], r["step"]) for r in rows], metrics,
-                        [i in set(executed_ids) for i in ids], notes=list(dict.fromkeys(notes)))
+    scores = TaskScores(task, ids, clusters_of(rows, info, settings.cluster), [(r["kernel_id"], r["step"]) for r in rows],
+                        metrics, [i in set(executed_ids) for i in ids], notes=list(dict.fromkeys(notes)))
     for system, seeds in systems.items():
         scores.values[system] = {m: [[value(run.get(i), i, m) for i in ids] for run in seeds] for m in metrics}
     for name, predictions in baselines.items():

@@ -23,6 +23,7 @@ from themisto.errors import InputError
 from themisto.generation.prompts import render_prompt, template_sha256
 from themisto.modes import context_mode
 from themisto.resume import folder_written_whole
+from themisto.release.folder import ReleaseInfo
 from themisto.training.verify import DROP_REASONS, Verifier, has_snapshot
 from themisto.vocabulary import DEFAULT_CONTEXT_MODES, STATIC_CONTEXT_MODES, TASKS
 
@@ -84,37 +85,29 @@ class ExportReport:
 # The release
 
 
-@dataclass
-class _Release:
-    """The rows an export reads, exactly as a run reads its test rows (same loader, same history fields)."""
-
-    path: Path
-    content_hash: str
-    rows: dict[str, list[dict]]  # task -> rows of the split
-    trajectories: list[dict] | None  # the split's trajectories rows, when targets are verified
-
-
-def read_release(release: Path, settings: ExportSettings) -> _Release:
-    """Each task's rows of `settings.split` through generation's loader; a missing split or snapshot is an error."""
+def _task_rows(release: ReleaseInfo, settings: ExportSettings) -> dict[str, list[dict]]:
+    """Each task's rows of `settings.split`, exactly as a run reads its test rows (generation's loader, the same
+    history fields); a missing split is an ExportError."""
     from themisto.generation.release_rows import load_task_rows
-    from themisto.release.folder import TRAJECTORIES, open_release
 
-    if not release.is_dir():
-        raise ExportError(f"{release}: no such release folder")
-    info = open_release(release)
     for task in settings.tasks:
-        have = info.splits(task)
+        have = release.splits(task)
         if have and settings.split not in have:
-            raise ExportError(f"{release}: {task} has no `{settings.split}` split (it has: {', '.join(have)})")
-        info.require(task, settings.split)
-    rows = {task: load_task_rows(info, task, settings.contexts, split=settings.split) for task in settings.tasks}
-    trajectories = None
-    if settings.verify:
-        if not info.has(TRAJECTORIES, settings.split):
-            raise ExportError(f"{release}: the trajectories config has no `{settings.split}` split, which "
-                              "verification reads (--no-verify exports without it)")
-        trajectories = info.rows(TRAJECTORIES, settings.split)
-    return _Release(release, info.content_hash, rows, trajectories)
+            raise ExportError(f"{release.path}: {task} has no `{settings.split}` split (it has: {', '.join(have)})")
+        release.require(task, settings.split)
+    return {task: load_task_rows(release, task, settings.contexts, split=settings.split) for task in settings.tasks}
+
+
+def _verifier(release: ReleaseInfo, settings: ExportSettings) -> Verifier | None:
+    """What checks each row's target against the split's replay (None: targets kept unverified)."""
+    from themisto.release.folder import TRAJECTORIES
+
+    if not settings.verify:
+        return None
+    if not release.has(TRAJECTORIES, settings.split):
+        raise ExportError(f"{release.path}: the trajectories config has no `{settings.split}` split, which "
+                          "verification reads (--no-verify exports without it)")
+    return Verifier(release.rows(TRAJECTORIES, settings.split))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -167,16 +160,18 @@ def _add(collected: _Collected, row: dict, task: str, context: str, settings: Ex
                                "completion": completion})
 
 
-def collect_examples(release: _Release, settings: ExportSettings,
+def collect_examples(release: ReleaseInfo, settings: ExportSettings,
                      progress: Callable[[str], None] | None = None, *,
                      count_tokens: Callable[[str], int] | None = None,
                      only: Collection[tuple[str, str]] | None = None) -> _Collected:
-    """Verify, render and de-duplicate the examples of every task and context mode asked for; `only`: the (task,
-    id) pairs to consider (others are not read), `count_tokens`: the prompt budget's counter."""
-    verifier = Verifier(release.trajectories) if release.trajectories is not None else None
+    """Verify, render and de-duplicate the examples of every task and context mode asked for, from the rows of
+    `settings.split`; `only`: the (task, id) pairs to consider (others are not read), `count_tokens`: the prompt
+    budget's counter."""
+    rows_by_task = _task_rows(release, settings)
+    verifier = _verifier(release, settings)
     collected = _Collected()
     wanted = set(only) if only is not None else None
-    for task, rows in release.rows.items():
+    for task, rows in rows_by_task.items():
         for row in rows:
             if wanted is not None and (task, row["id"]) not in wanted:
                 continue
@@ -228,7 +223,7 @@ def _counts(collected: _Collected, settings: ExportSettings) -> tuple[dict, dict
     return by_task_context, dropped
 
 
-def build_manifest(release: _Release, settings: ExportSettings, collected: _Collected,
+def build_manifest(release: ReleaseInfo, settings: ExportSettings, collected: _Collected,
                    counted_with: str = "estimate") -> dict:
     """The manifest: release and its hash, templates, settings, counts, dropped rows with reasons, augmentation."""
     import datasets
@@ -280,18 +275,17 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise ExportError(f"{out}: exists and is not an empty folder (pass --overwrite to replace it)")
 
 
-def export_sft(release: str | Path, out: str | Path, settings: ExportSettings = ExportSettings(), *,
+def export_sft(release: ReleaseInfo, out: str | Path, settings: ExportSettings = ExportSettings(), *,
                overwrite: bool = False, progress: Callable[[str], None] | None = None,
                count_tokens: Callable[[str], int] | None = None, counted_with: str = "estimate",
                only: Collection[tuple[str, str]] | None = None) -> ExportReport:
     """Export `settings.split` of `release` into `out` (examples.jsonl, dataset/, manifest.json), whole or nothing.
     `count_tokens` counts the prompt budget (named `counted_with` in the manifest; default: generation's estimate);
     `only` keeps just these (task, id) rows (the fine-tuning study's rows common to every mode)."""
-    release, out = Path(release), Path(out)
+    out = Path(out)
     _check_out(out, overwrite)
-    read = read_release(release, settings)
-    collected = collect_examples(read, settings, progress, count_tokens=count_tokens, only=only)
-    manifest = build_manifest(read, settings, collected, counted_with)
+    collected = collect_examples(release, settings, progress, count_tokens=count_tokens, only=only)
+    manifest = build_manifest(release, settings, collected, counted_with)
     if out.exists() and not out.is_dir():
         out.unlink()  # _check_out allowed replacing it
     with folder_written_whole(out) as tmp:
