@@ -110,6 +110,49 @@ def test_without_the_explicit_option_nothing_runs(probe_release, tmp_path, allow
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# one server of pre-step states
+
+
+@pytest.mark.slow
+def test_scoring_probing_and_the_inspect_probe_tool_take_their_states_from_the_one_server(probe_release, tmp_path,
+                                                                                          allow_execution,
+                                                                                          monkeypatch):
+    from themisto.gate import permit
+    from themisto.harness.probe_tool import ServedState
+    from themisto.release import states
+    from themisto.scoring import scorer as sc
+
+    release, workspace = probe_release
+    info = open_release(release)
+    served, real = [], states.pre_step_states
+
+    def spy(release, kernel_id, steps, workspace, **options):
+        served.append((kernel_id, sorted(set(steps)), options.get("restore", False)))
+        return real(release, kernel_id, steps, workspace, **options)
+
+    monkeypatch.setattr(states, "pre_step_states", spy)
+    rows, ids = info.task_rows("next_cell"), [f"{KERNEL}/5", f"{KERNEL}/9"]
+    scored = sc.score([rows[i]["target"] for i in ids], [rows[i]["target"] for i in ids], ids=ids,
+                      settings=sc.ScoreSettings(continuation_cells=0), execute=True, release=info,
+                      workspace=workspace, workers=1)
+    assert [(e.status, r.outcome) for e, r in zip(scored.examples, scored.predictions)] == [("scored", "ok")] * 2
+    settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="baseline",
+                           model="probe-previous-cell", limit=1, probe=ProbeSettings(max_probes=1))
+    generate_run(info, tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
+    assert _lines(tmp_path / "run")[0]["probes"]["used"] == 1
+    tool = ServedState(permit(execute=True), info, KERNEL, 6, ProbeSettings(protocol="native"), workspace)
+    tool.start()
+    try:
+        assert tool.failure is None and tool.probe("print(words)").output.strip() == "['a', 'b', 'c']"
+    finally:
+        tool.close()
+    # Scoring and the probe mode replay (restoring is the scorer's option, never the probe mode's); the tool, a kernel
+    # per sample, restores where the release's values allow.
+    assert [(kernel, restore) for kernel, _, restore in served] == [(KERNEL, False), (KERNEL, False), (KERNEL, True)]
+    assert served[0][1] == [5, 9] and len(served[1][1]) == 1 and served[2][1] == [6]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the probing baselines, end to end
 
 
