@@ -50,10 +50,11 @@ def write_run(folder: Path, release: Path, *, task: str = "next_cell", model: st
 
 def baseline_run(folder: Path, release: Path, task: str, baseline: str) -> Path:
     """A real run folder: `themisto generate`'s own code with the model-free baseline backend."""
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.generation.runs import RunSettings, generate_run
 
-    generate_run(release, folder, RunSettings(task=task, contexts=("none", "variables"), backend="baseline",
-                                              model=baseline), progress=False)
+    generate_run(release, folder, RunSettings(ExampleSpec(tasks=(task,), contexts=("none", "variables")),
+                                              backend="baseline", model=baseline), progress=False)
     return folder
 
 

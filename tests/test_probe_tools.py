@@ -16,6 +16,7 @@ from _tiny_model import build_scripted_model
 
 from themisto.generation.backends import Sampling, make_backend
 from themisto.generation.backends.base import BackendError
+from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.probe_protocol import TOOL_NAME, TOOL_SCHEMA, ProbeSettings
 from themisto.generation.probing import reserve_tokens
 from themisto.generation.prompts import approx_tokens, render_prompt
@@ -55,9 +56,9 @@ def tool_model(probe_release, tmp_path_factory) -> Path:
 
 
 def _run(release, workspace, out, backend: str, model: str, **options) -> list[dict]:
-    settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend=backend, model=model,
-                           sampling=SAMPLING, max_prompt_tokens=BUDGET, probe=SETTINGS, backend_options=options,
-                           limit=LIMIT)
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,), limit=LIMIT,
+                                       max_prompt_tokens=BUDGET, probe=SETTINGS),
+                           backend=backend, model=model, sampling=SAMPLING, backend_options=options)
     generate_run(release, out, settings, progress=False, execute_probes=True, workspace=workspace)
     return [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
 
@@ -115,9 +116,9 @@ def test_a_model_whose_template_has_no_tools_is_refused_the_native_protocol(prob
 def test_the_text_protocol_with_a_model_that_writes_no_probe(probe_release, tiny_model_dir, tmp_path,
                                                              allow_execution):
     release, workspace = probe_release
-    settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="transformers",
-                           model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=8), max_prompt_tokens=2000,
-                           probe=ProbeSettings(max_probes=2))
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,), max_prompt_tokens=2000,
+                                       probe=ProbeSettings(max_probes=2)),
+                           backend="transformers", model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=8))
     generate_run(release, tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
     lines = [json.loads(line) for line in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
     assert lines and all(r["status"] == "ok" and r["probes"]["stop"] == "answered" and r["probes"]["turns"] == 1

@@ -17,6 +17,7 @@ from test_tasks import make_steps, rows_of
 from themisto.cli import main
 from themisto.generation.backends.hf import TransformersBackend
 from themisto.generation.prompts import extract_answer, messages_text
+from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.generation.backends import Sampling
 from themisto.release.folder import BUILD_FILE
@@ -190,8 +191,8 @@ def test_export_prompts_are_byte_identical_to_what_generate_sends(release, tiny_
     backend = RecordingBackend(str(tiny_model_dir), device="cpu")
     for task in ("next_cell", "output_prediction"):
         sent: list = []
-        settings = RunSettings(task=task, contexts=STATIC_CONTEXT_MODES, backend="transformers",
-                               model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=2), limit=3)
+        settings = RunSettings(ExampleSpec(tasks=(task,), contexts=STATIC_CONTEXT_MODES, limit=3),
+                               backend="transformers", model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=2))
         generate_run(release, tmp_path / f"run-{task}", settings, backend=backend, progress=False)
         assert len(sent) == 3 * len(STATIC_CONTEXT_MODES) and "trace" in STATIC_CONTEXT_MODES
         assert all("State after it: {" in p.messages[1]["content"] for p in sent if p.context == "trace")
