@@ -156,7 +156,7 @@ def test_mix_one_renders_each_verified_row_once_in_a_seeded_context(release, tmp
 def test_export_refuses_bad_input_in_one_line_and_writes_nothing(release, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["sft-export", "--release", str(release), "--split", "validation", "-o", str(out)]) == 2
-    assert "no `validation` split (it has: test, train)" in capsys.readouterr().err
+    assert "--split validation: expected one of test, train, all" in capsys.readouterr().err  # no split of any
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     assert main(["sft-export", "--release", str(release), "-o", str(out)]) == 2

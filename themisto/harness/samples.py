@@ -40,8 +40,8 @@ INSPECT_OPTIONS = Spelling("-T {name}={value}", {field: name for name, field in 
 @dataclass(frozen=True)
 class HarnessSettings:
     """One Inspect task's parameters (`-T key=value`), checked: its examples (`spec`: one task in one context mode,
-    with `INSPECT_OPTIONS`' spelling; the probe mode speaks native tool calls), and what the harness alone has:
-    which release, whether predictions are executed, and whether probes are."""
+    refused in `INSPECT_OPTIONS`' spelling; the probe mode speaks native tool calls), and what the harness alone
+    has: which release, whether predictions are executed, and whether probes are."""
 
     spec: ExampleSpec
     release: str
@@ -51,7 +51,7 @@ class HarnessSettings:
     def __post_init__(self) -> None:
         if self.execute and self.spec.task != "next_cell":
             raise HarnessError(f"-T execute=true: execution scores exist for next_cell only, not {self.spec.task}")
-        if self.spec.probe.protocol != "native":
+        if self.probing and self.spec.probe.protocol != "native":
             raise HarnessError("the probe mode speaks to Inspect models through tool calls (protocol native)")
 
     @property
