@@ -5,6 +5,7 @@ room in a probe conversation's first prompt. Nothing here starts a kernel or loa
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import subprocess
@@ -95,8 +96,7 @@ def test_every_inspect_task_takes_its_defaults_from_the_spec_and_each_t_name_set
     from themisto.harness import tasks
     from themisto.harness.samples import SPEC_PARAMETERS
 
-    fields = {f for f in ExampleSpec.__dataclass_fields__}
-    assert {path.split(".")[0] for path in SPEC_PARAMETERS.values()} <= fields
+    assert {path.split(".")[0] for path in SPEC_PARAMETERS.values()} <= {f.name for f in dataclasses.fields(ExampleSpec)}
     for made in _inspect_tasks():
         parameters = inspect.signature(made).parameters
         own = set(SPEC_PARAMETERS) - ({"context"} if "context" not in parameters else set())
@@ -165,27 +165,29 @@ def _generated_first_prompts(release, out, monkeypatch) -> dict[str, dict]:
 
 def test_generate_and_the_inspect_task_leave_the_probes_the_same_room(small_release, tmp_path, monkeypatch,
                                                                      allow_execution):
+    from themisto.generation.backends import Sampling
     from themisto.generation.prompts import approx_tokens, render_prompt
+    from themisto.generation.release_rows import load_task_rows, release_info
+    from themisto.harness.samples import task_samples
     from themisto.harness.tasks import next_cell
 
+    # The Inspect task's own path from its -T parameters to its samples, short of the Task (no model is asked).
     monkeypatch.setattr("themisto.harness.tasks.themisto_task", lambda settings, workspace=None: settings)
     settings = next_cell.__wrapped__(release=str(small_release), context=PROBE_CONTEXT, limit=LIMIT,
                                      max_prompt_tokens=BUDGET, probes=PROBE.max_probes,
                                      probe_chars=PROBE.output_chars)
     assert settings.spec.probe == PROBE
-    from themisto.harness.samples import task_samples
-
     _, samples = task_samples(settings)
     generated = _generated_first_prompts(small_release, tmp_path / "run", monkeypatch)
     assert [s.id for s in samples] == list(generated)
     for sample in samples:
         line = generated[sample.id]
-        assert (line["kept"], line["status"] == "skipped") == (sample.metadata["kept"], bool(sample.metadata["skipped"]))
-    # Not vacuous: without the reserve some of these prompts would have kept more.
-    from themisto.generation.release_rows import load_task_rows, release_info
-
+        skipped = line["status"] == "skipped"
+        assert (line["kept"], skipped) == (sample.metadata["kept"], bool(sample.metadata["skipped"]))
+    # Not vacuous: without the reserve some of these prompts would have kept more, and the reserve is the rule's own
+    # arithmetic here, not its cap of half the budget.
     rows = load_task_rows(release_info(small_release, "next_cell"), "next_cell", (PROBE_CONTEXT,), limit=LIMIT)
     whole = {row["id"]: render_prompt(row, "next_cell", PROBE_CONTEXT, count_tokens=approx_tokens,
                                       max_prompt_tokens=BUDGET, probe=settings.spec.probe) for row in rows}
     assert any(p.kept.to_dict() != generated[i]["kept"] for i, p in whole.items())
-    assert settings.spec.first_probe_budget(256, approx_tokens) > BUDGET // 2
+    assert settings.spec.first_probe_budget(Sampling().max_new_tokens, approx_tokens) > BUDGET // 2

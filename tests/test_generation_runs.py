@@ -158,8 +158,8 @@ def test_prompts_over_budget_are_recorded_as_skipped(small_release, tmp_path):
 
 
 def test_a_transformers_run_extracts_answers_and_records_the_model(small_release, tiny_model_dir, tmp_path):
-    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=("none", "full"), limit=2), backend="transformers",
-                           model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=6),
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=("none", "full"), limit=2),
+                           backend="transformers", model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=6),
                            backend_options={"device": "cpu", "dtype": "bfloat16"})
     report = generate_run(small_release, tmp_path / "run", settings, progress=False)
     lines = _lines(tmp_path / "run")

@@ -176,7 +176,8 @@ def test_each_probe_sees_its_own_step_s_state(baseline_run):
 def test_run_json_records_the_probe_settings_tool_and_rule(baseline_run):
     _, _, run, settings, _ = baseline_run
     meta = read_run_json(run)
-    assert meta["probe"] == {**settings.spec.probe.to_dict(), "tool": TOOL_SCHEMA, "rule": probe_rule(settings.spec.probe)}
+    probe = settings.spec.probe
+    assert meta["probe"] == {**probe.to_dict(), "tool": TOOL_SCHEMA, "rule": probe_rule(probe)}
     assert meta["templates"][PROBE_CONTEXT]["sha256"] == template_sha256("next_cell", PROBE_CONTEXT)
 
 
