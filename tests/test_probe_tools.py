@@ -18,7 +18,6 @@ from themisto.generation.backends import Sampling, make_backend
 from themisto.generation.backends.base import BackendError
 from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.probe_protocol import TOOL_NAME, TOOL_SCHEMA, ProbeSettings
-from themisto.generation.probing import reserve_tokens
 from themisto.generation.prompts import approx_tokens, render_prompt
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.release.folder import open_release
@@ -32,6 +31,8 @@ SETTINGS = ProbeSettings(max_probes=1, output_chars=100, protocol="native")
 SAMPLING = Sampling(max_new_tokens=60)
 BUDGET = 800  # the first prompt gets BUDGET less the probe's room, as the model was trained on
 LIMIT = 3
+SPEC = ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,), limit=LIMIT, max_prompt_tokens=BUDGET,
+                   probe=SETTINGS)
 CALL = '<tool_call>\n{"name": "run_probe", "arguments": {"code": "len(words)"}}\n</tool_call>'
 
 
@@ -41,9 +42,8 @@ def _first_prompts(release: Path, model: Path) -> list[list[dict]]:
     counters = [approx_tokens, make_backend("transformers", str(model), device="cpu").count_tokens]
     prompts = []
     for count in counters:
-        first_budget = BUDGET - min(BUDGET // 2, reserve_tokens(SETTINGS, SAMPLING.max_new_tokens, count))
         prompts += [render_prompt(r, "next_cell", PROBE_CONTEXT, probe=SETTINGS, count_tokens=count,
-                                  max_prompt_tokens=first_budget).messages
+                                  max_prompt_tokens=SPEC.first_probe_budget(SAMPLING.max_new_tokens, count)).messages
                     for r in open_release(release).rows("next_cell", "test")]
     return prompts
 
@@ -56,9 +56,7 @@ def tool_model(probe_release, tmp_path_factory) -> Path:
 
 
 def _run(release, workspace, out, backend: str, model: str, **options) -> list[dict]:
-    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,), limit=LIMIT,
-                                       max_prompt_tokens=BUDGET, probe=SETTINGS),
-                           backend=backend, model=model, sampling=SAMPLING, backend_options=options)
+    settings = RunSettings(SPEC, backend=backend, model=model, sampling=SAMPLING, backend_options=options)
     generate_run(release, out, settings, progress=False, execute_probes=True, workspace=workspace)
     return [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
 
