@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from themisto.errors import InputError
     from themisto.generation.backends import Sampling, make_backend
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.generation.runs import RunSettings, generate_run
     from themisto.release.folder import open_release
 
@@ -52,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         # One engine for both tasks: loading the model is most of a small run's time.
         backend = make_backend("vllm", args.model, batch_size=args.batch_size, **options)
         for task in args.task:
-            settings = RunSettings(task=task, contexts=tuple(args.context), backend="vllm", model=args.model,
-                                   sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
+            spec = ExampleSpec(tasks=(task,), contexts=tuple(args.context), limit=args.limit,
+                               max_prompt_tokens=args.max_prompt_tokens)
+            settings = RunSettings(spec=spec, backend="vllm", model=args.model, sampling=sampling,
                                    batch_size=args.batch_size, backend_options=options)
             report = generate_run(release, args.output / task, settings, backend=backend)
             print(f"{task}: {report.written} generations written ({report.resumed} from before) in "

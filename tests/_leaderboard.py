@@ -50,11 +50,12 @@ def write_run(folder: Path, release: Path, *, task: str = "next_cell", model: st
 
 def baseline_run(folder: Path, release: Path, task: str, baseline: str) -> Path:
     """A real run folder: `themisto generate`'s own code with the model-free baseline backend."""
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.generation.runs import RunSettings, generate_run
     from themisto.release.folder import open_release
 
-    generate_run(open_release(release), folder, RunSettings(task=task, contexts=("none", "variables"),
-                                                            backend="baseline", model=baseline), progress=False)
+    generate_run(open_release(release), folder, RunSettings(ExampleSpec(tasks=(task,), contexts=("none", "variables")),
+                                              backend="baseline", model=baseline), progress=False)
     return folder
 
 

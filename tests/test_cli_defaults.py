@@ -15,6 +15,7 @@ from themisto.generation.backends import BACKENDS, Sampling
 from themisto.generation.backends.hf import TransformersBackend
 from themisto.generation.backends.openai_api import OpenAIBackend
 from themisto.generation.backends.vllm_offline import VLLMBackend
+from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.probe_protocol import ProbeSettings
 from themisto.generation.runs import RunSettings
 from themisto.ingest.ipython_corpus import CorpusSettings
@@ -55,9 +56,10 @@ SETTINGS = {
     ("generate", "top_p"): (Sampling, "top_p", None),
     ("generate", "seed"): (Sampling, "seed", None),
     ("generate", "max_new_tokens"): (Sampling, "max_new_tokens", None),
-    ("generate", "limit"): (RunSettings, "limit", None),
-    ("generate", "max_prompt_tokens"): (RunSettings, "max_prompt_tokens", None),
-    ("generate", "split"): (RunSettings, "split", None),
+    ("generate", "limit"): (ExampleSpec, "limit", None),
+    ("generate", "max_prompt_tokens"): (ExampleSpec, "max_prompt_tokens", None),
+    ("generate", "split"): (ExampleSpec, "split", None),
+    ("generate", "context"): (ExampleSpec, "contexts", tuple),
     ("generate", "batch_size"): (RunSettings, "batch_size", None),
     ("generate", "probes"): (ProbeSettings, "max_probes", None),
     ("generate", "probe_chars"): (ProbeSettings, "output_chars", None),
@@ -101,7 +103,6 @@ NEGATED = {
 }
 # Defaults that are no settings field, each with why.
 NOT_SETTINGS = {
-    ("generate", "context"): "RunSettings.contexts has no default: the vocabulary's DEFAULT_CONTEXT_MODES",
     ("study", "plan"): "what the command does (print the plan), not a setting of the study",
     ("study", "prepare_only"): "what the command does (write study.json and rows.json), not a setting of the study",
 }

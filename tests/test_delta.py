@@ -193,11 +193,13 @@ def test_generate_score_and_summary_show_three_modes_and_both_effects(sample_ste
 
 
 def test_the_inspect_samples_and_the_sft_export_render_the_mode(sample_steps_release, tmp_path):
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.harness.samples import HarnessSettings, task_samples
     from themisto.training.export import ExportSettings, export_sft
 
-    _, samples = task_samples(HarnessSettings(task="next_cell", release=str(sample_steps_release), context="delta",
-                                              limit=3, delta=DeltaSettings(cells=2)))
+    _, samples = task_samples(HarnessSettings(
+        ExampleSpec(tasks=("next_cell",), contexts=("delta",), limit=3, delta=DeltaSettings(cells=2)),
+        release=str(sample_steps_release)))
     texts = [sample.input[1].content for sample in samples]
     assert len(texts) == 3 and all(text.count("\n# Cell ") == 2 and "Changed" in text for text in texts)
     export_sft(open_release(sample_steps_release), tmp_path / "sft", ExportSettings(split="test", contexts=("delta",), verify=False))

@@ -15,6 +15,7 @@ from test_generation_prompts import rows  # noqa: F401  (the release rows fixtur
 
 from themisto.generation.backends import Sampling, make_backend
 from themisto.generation.prompts import render_prompt
+from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.release.folder import open_release
 
@@ -132,8 +133,8 @@ def test_concurrency_is_bounded(rows):  # noqa: F811
 
 
 def test_a_run_against_a_failing_endpoint_records_every_failure(small_release, tmp_path):
-    settings = RunSettings(task="output_prediction", contexts=("none", "variables"), backend="openai",
-                           model="stand-in-model", limit=3, sampling=Sampling(n=2))
+    settings = RunSettings(ExampleSpec(tasks=("output_prediction",), contexts=("none", "variables"), limit=3),
+                           backend="openai", model="stand-in-model", sampling=Sampling(n=2))
     with FlakyEndpointStandIn([500]) as endpoint:
         report = generate_run(open_release(small_release), tmp_path / "run", settings,
                               backend=_backend(endpoint.url, max_retries=1), progress=False)

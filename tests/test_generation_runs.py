@@ -22,7 +22,8 @@ from themisto.errors import InputError
 from themisto.generation.backends import Sampling
 from themisto.generation.prompts import extract_answer, template_sha256
 from themisto.generation.run_folder import RunFolderError
-from themisto.generation.runs import RunSettings, RunSettingsError, generate_run
+from themisto.generation.example_spec import ExampleSpec, ExampleSpecError
+from themisto.generation.runs import RunSettings, generate_run
 from themisto.release.folder import ReleaseError
 from themisto.release.parquet import build_release
 from themisto.release.tasks import TaskSettings
@@ -43,8 +44,9 @@ def _lines(run: Path) -> list[dict]:
 
 
 def _baseline(task="output_prediction", model="previous-output", **kw) -> RunSettings:
-    return RunSettings(task=task, contexts=kw.pop("contexts", ("none", "variables", "full")), backend="baseline",
-                       model=model, **kw)
+    spec = ExampleSpec(tasks=(task,), contexts=kw.pop("contexts", ("none", "variables", "full")),
+                       **{k: kw.pop(k) for k in ("limit", "max_prompt_tokens", "split", "delta") if k in kw})
+    return RunSettings(spec, backend="baseline", model=model, **kw)
 
 
 def test_a_baseline_run_writes_one_record_per_example_context_and_sample(small_release, tmp_path):
@@ -118,8 +120,8 @@ def test_bad_input_is_named(small_release, tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:  # argparse's own refusal of a name outside --context's choices
         main(base + ["--backend", "baseline", "--model", "previous-cell", "--context", "vars"])
     assert exited.value.code == 2 and "invalid choice: 'vars'" in capsys.readouterr().err
-    with pytest.raises(RunSettingsError, match="context modes must be distinct names from none, variables, full"):
-        RunSettings(task="next_cell", contexts=("none", "none"), backend="baseline", model="previous-cell")
+    with pytest.raises(ExampleSpecError, match="context modes must be distinct names from none, variables, full"):
+        ExampleSpec(tasks=("next_cell",), contexts=("none", "none"))
     assert main(base + ["--backend", "transformers", "--model", str(tmp_path / "no-such-model")]) == 2
     assert "cannot load model" in capsys.readouterr().err
     lacking = tmp_path / "lacking"
@@ -157,8 +159,8 @@ def test_prompts_over_budget_are_recorded_as_skipped(small_release, tmp_path):
 
 
 def test_a_transformers_run_extracts_answers_and_records_the_model(small_release, tiny_model_dir, tmp_path):
-    settings = RunSettings(task="next_cell", contexts=("none", "full"), backend="transformers",
-                           model=str(tiny_model_dir), limit=2, sampling=Sampling(max_new_tokens=6),
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=("none", "full"), limit=2),
+                           backend="transformers", model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=6),
                            backend_options={"device": "cpu", "dtype": "bfloat16"})
     report = generate_run(open_release(small_release), tmp_path / "run", settings, progress=False)
     lines = _lines(tmp_path / "run")

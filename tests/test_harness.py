@@ -79,6 +79,7 @@ def test_inspect_eval_scores_with_themisto_metrics_and_renders_the_runs_prompts(
 def test_the_log_scores_as_a_run_folder_with_the_same_predictions(text_log, probe_release, tmp_path, capsys):
     from themisto.cli import main
     from themisto.generation.run_folder import Generation
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.generation.runs import RunSettings, generate_run
     from themisto.release.folder import open_release
     from themisto.scoring.run_scores import score_run
@@ -95,7 +96,8 @@ def test_the_log_scores_as_a_run_folder_with_the_same_predictions(text_log, prob
             return {"name": "same"}
 
     ids = [s.id for s in text_log.samples]
-    settings = RunSettings(task="next_cell", contexts=("variables",), backend="openai", model="same")
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=("variables",)), backend="openai",
+                           model="same")
     handle = open_release(release)
     generate_run(handle, tmp_path / "run", settings, backend=Same(), progress=False)
     folder = score_run(tmp_path / "run", release=handle)

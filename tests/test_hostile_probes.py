@@ -14,6 +14,7 @@ from _probe_release import KERNEL, NOTES
 
 from themisto.gate import permit
 from themisto.generation.backends.base import Sampling
+from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.probe_protocol import STOPPED, ProbeSettings
 from themisto.generation.probing import StateProbes, probe_limits
 from themisto.generation.run_folder import Generation
@@ -163,8 +164,8 @@ def test_a_run_whose_model_writes_hostile_probes_finishes_every_example(probe_re
     hostile = ["words.append('z')\ndel total", "while True:\n    pass", "print('x' * 50_000_000)",
                "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "import os\nos._exit(3)",
                _files_not_its_own(release, tmp_path / "nothing")]
-    settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="baseline", model="previous-cell",
-                           probe=SETTINGS)
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,), probe=SETTINGS),
+                           backend="baseline", model="previous-cell")
     generate_run(open_release(release), tmp_path / "run", settings, backend=HostileModelStandIn(hostile), progress=False,
                  execute_probes=True, workspace=workspace)
     lines = [json.loads(line) for line in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]

@@ -218,12 +218,13 @@ def test_two_replays_into_one_steps_file(tmp_path, capsys):
 @pytest.mark.slow
 def test_two_executing_scorers_into_one_run_folder(probe_release, tmp_path, capsys, allow_execution):
     # As for replay, one process of its own: refused while it writes, then killed mid-write; the rerun resumes.
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.generation.runs import RunSettings, generate_run
 
     release, workspace = probe_release
     run = tmp_path / "run"
-    generate_run(open_release(release), run, RunSettings(task="next_cell", contexts=("none",), backend="baseline",
-                                           model="previous-cell", limit=2), progress=False)
+    generate_run(open_release(release), run, RunSettings(ExampleSpec(tasks=("next_cell",), contexts=("none",), limit=2),
+                                           backend="baseline", model="previous-cell"), progress=False)
     args = ["score", run, "--execute", "--workspace", workspace]
     first = Paused(tmp_path, *args, HF_ALLOW_CODE_EVAL="1")  # paused after its trajectory's verdicts line
     partial = run / "scorer_records.json.partial.jsonl"
@@ -308,10 +309,12 @@ def test_a_backend_answering_a_lone_surrogate_fails_that_generation_only(small_r
 
     from themisto.generation.backends import make_backend
     from themisto.generation.run_folder import read_run
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.generation.runs import RunSettings, generate_run
     from themisto.scoring.run_scores import score_run
 
-    settings = RunSettings(task="next_cell", contexts=("none",), backend="openai", model="stand-in-model", limit=2)
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=("none",), limit=2), backend="openai",
+                           model="stand-in-model")
     with FlakyEndpointStandIn([200], content="```python\n" + SURROGATE + "\n```") as endpoint:
         report = generate_run(open_release(small_release), tmp_path / "run", settings, progress=False,
                               backend=make_backend("openai", "stand-in-model", base_url=endpoint.url))

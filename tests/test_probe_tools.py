@@ -16,8 +16,8 @@ from _tiny_model import build_scripted_model
 
 from themisto.generation.backends import Sampling, make_backend
 from themisto.generation.backends.base import BackendError
+from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.probe_protocol import TOOL_NAME, TOOL_SCHEMA, ProbeSettings
-from themisto.generation.probing import reserve_tokens
 from themisto.generation.prompts import approx_tokens, render_prompt
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.release.folder import open_release
@@ -31,6 +31,8 @@ SETTINGS = ProbeSettings(max_probes=1, output_chars=100, protocol="native")
 SAMPLING = Sampling(max_new_tokens=60)
 BUDGET = 800  # the first prompt gets BUDGET less the probe's room, as the model was trained on
 LIMIT = 3
+SPEC = ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,), limit=LIMIT, max_prompt_tokens=BUDGET,
+                   probe=SETTINGS)
 CALL = '<tool_call>\n{"name": "run_probe", "arguments": {"code": "len(words)"}}\n</tool_call>'
 
 
@@ -40,9 +42,8 @@ def _first_prompts(release: Path, model: Path) -> list[list[dict]]:
     counters = [approx_tokens, make_backend("transformers", str(model), device="cpu").count_tokens]
     prompts = []
     for count in counters:
-        first_budget = BUDGET - min(BUDGET // 2, reserve_tokens(SETTINGS, SAMPLING.max_new_tokens, count))
         prompts += [render_prompt(r, "next_cell", PROBE_CONTEXT, probe=SETTINGS, count_tokens=count,
-                                  max_prompt_tokens=first_budget).messages
+                                  max_prompt_tokens=SPEC.first_probe_budget(SAMPLING.max_new_tokens, count)).messages
                     for r in open_release(release).rows("next_cell", "test")]
     return prompts
 
@@ -55,9 +56,7 @@ def tool_model(probe_release, tmp_path_factory) -> Path:
 
 
 def _run(release, workspace, out, backend: str, model: str, **options) -> list[dict]:
-    settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend=backend, model=model,
-                           sampling=SAMPLING, max_prompt_tokens=BUDGET, probe=SETTINGS, backend_options=options,
-                           limit=LIMIT)
+    settings = RunSettings(SPEC, backend=backend, model=model, sampling=SAMPLING, backend_options=options)
     generate_run(open_release(release), out, settings, progress=False, execute_probes=True, workspace=workspace)
     return [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
 
@@ -115,9 +114,9 @@ def test_a_model_whose_template_has_no_tools_is_refused_the_native_protocol(prob
 def test_the_text_protocol_with_a_model_that_writes_no_probe(probe_release, tiny_model_dir, tmp_path,
                                                              allow_execution):
     release, workspace = probe_release
-    settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="transformers",
-                           model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=8), max_prompt_tokens=2000,
-                           probe=ProbeSettings(max_probes=2))
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,), max_prompt_tokens=2000,
+                                       probe=ProbeSettings(max_probes=2)),
+                           backend="transformers", model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=8))
     generate_run(open_release(release), tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
     lines = [json.loads(line) for line in (tmp_path / "run" / "generations.jsonl").read_text().splitlines()]
     assert lines and all(r["status"] == "ok" and r["probes"]["stop"] == "answered" and r["probes"]["turns"] == 1

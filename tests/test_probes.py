@@ -5,6 +5,7 @@ pre-cell state, the transcript on the generation line, resume, re-scoring withou
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from _probe_release import KERNEL
 
 from themisto.cli import main
 from themisto.gate import ExecutionRefused
+from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.probe_protocol import (TOOL_SCHEMA, ProbeSettings, ProbeSettingsError, Transcript, find_probe,
                                                 probe_rule, tool_call_code, without_probes)
 from themisto.generation.prompts import PROMPT_TEMPLATES, render_prompt, template_sha256
@@ -89,7 +91,7 @@ def test_probe_is_no_default_mode_and_no_export_mode():
 
 def test_the_probe_mode_needs_both_switches(probe_release, tmp_path, monkeypatch, capsys):
     release, workspace = probe_release
-    settings = RunSettings(task="next_cell", contexts=("none", PROBE_CONTEXT), backend="baseline",
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=("none", PROBE_CONTEXT)), backend="baseline",
                            model="probe-previous-cell")
     monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
     with pytest.raises(ExecutionRefused, match="HF_ALLOW_CODE_EVAL"):
@@ -102,7 +104,7 @@ def test_the_probe_mode_needs_both_switches(probe_release, tmp_path, monkeypatch
 
 def test_without_the_explicit_option_nothing_runs(probe_release, tmp_path, allow_execution):
     release, workspace = probe_release
-    settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="baseline",
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,)), backend="baseline",
                            model="probe-previous-cell")
     with pytest.raises(ExecutionRefused, match="explicit option"):
         generate_run(open_release(release), tmp_path / "run", settings, progress=False, workspace=workspace)
@@ -136,8 +138,8 @@ def test_scoring_probing_and_the_inspect_probe_tool_take_their_states_from_the_o
                       settings=sc.ScoreSettings(continuation_cells=0), execute=True, release=info,
                       workspace=workspace, workers=1)
     assert [(e.status, r.outcome) for e, r in zip(scored.examples, scored.predictions)] == [("scored", "ok")] * 2
-    settings = RunSettings(task="next_cell", contexts=(PROBE_CONTEXT,), backend="baseline",
-                           model="probe-previous-cell", limit=1, probe=ProbeSettings(max_probes=1))
+    settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=(PROBE_CONTEXT,), limit=1,
+                                       probe=ProbeSettings(max_probes=1)), backend="baseline", model="probe-previous-cell")
     generate_run(info, tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
     assert _lines(tmp_path / "run")[0]["probes"]["used"] == 1
     tool = ServedState(permit(execute=True), info, KERNEL, 6, ProbeSettings(protocol="native"), workspace)
@@ -167,8 +169,9 @@ def baseline_run(probe_release, tmp_path_factory):
     env_settings.cache_clear()
     try:
         run = tmp_path_factory.mktemp("probe-runs") / "baseline"
-        settings = RunSettings(task="next_cell", contexts=("none", "variables", PROBE_CONTEXT), backend="baseline",
-                               model="probe-previous-cell", probe=ProbeSettings(max_probes=2))
+        settings = RunSettings(ExampleSpec(tasks=("next_cell",), contexts=("none", "variables", PROBE_CONTEXT),
+                                           probe=ProbeSettings(max_probes=2)),
+                               backend="baseline", model="probe-previous-cell")
         report = generate_run(open_release(release), run, settings, progress=False, execute_probes=True, workspace=workspace)
         yield release, workspace, run, settings, report
     finally:
@@ -216,7 +219,8 @@ def test_each_probe_sees_its_own_step_s_state(baseline_run):
 def test_run_json_records_the_probe_settings_tool_and_rule(baseline_run):
     _, _, run, settings, _ = baseline_run
     meta = read_run_json(run)
-    assert meta["probe"] == {**settings.probe.to_dict(), "tool": TOOL_SCHEMA, "rule": probe_rule(settings.probe)}
+    probe = settings.spec.probe
+    assert meta["probe"] == {**probe.to_dict(), "tool": TOOL_SCHEMA, "rule": probe_rule(probe)}
     assert meta["templates"][PROBE_CONTEXT]["sha256"] == template_sha256("next_cell", PROBE_CONTEXT)
 
 
@@ -235,7 +239,7 @@ def test_a_probe_run_resumes_per_example_and_refuses_other_probe_settings(baseli
     assert report.written == 2
     assert sorted(map(_timeless, _lines(copy)), key=lambda r: (r["id"], r["context"])) == sorted(
         map(_timeless, _lines(run)), key=lambda r: (r["id"], r["context"]))
-    other = RunSettings(**{**settings.__dict__, "probe": ProbeSettings(max_probes=3)})
+    other = replace(settings, spec=replace(settings.spec, probe=ProbeSettings(max_probes=3)))
     with pytest.raises(RunFolderError, match="probe"):
         generate_run(open_release(release), copy, other, progress=False, execute_probes=True, workspace=workspace)
 
@@ -258,8 +262,8 @@ def test_a_transcript_that_lies_is_refused_with_its_line(baseline_run, tmp_path)
 
 def test_probe_last_repr_answers_with_what_the_live_kernel_showed(probe_release, tmp_path, allow_execution):
     release, workspace = probe_release
-    settings = RunSettings(task="output_prediction", contexts=("none", PROBE_CONTEXT), backend="baseline",
-                           model="probe-last-repr")
+    settings = RunSettings(ExampleSpec(tasks=("output_prediction",), contexts=("none", PROBE_CONTEXT)),
+                           backend="baseline", model="probe-last-repr")
     generate_run(open_release(release), tmp_path / "run", settings, progress=False, execute_probes=True, workspace=workspace)
     rows = _rows(release, "output_prediction")
     probed = [r for r in _lines(tmp_path / "run") if r["context"] == PROBE_CONTEXT]

@@ -17,6 +17,7 @@ from test_tasks import make_steps, rows_of
 from themisto.cli import main
 from themisto.generation.backends.hf import TransformersBackend
 from themisto.generation.prompts import extract_answer, messages_text
+from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.runs import RunSettings, generate_run
 from themisto.generation.backends import Sampling
 from themisto.release.folder import BUILD_FILE
@@ -156,7 +157,7 @@ def test_mix_one_renders_each_verified_row_once_in_a_seeded_context(release, tmp
 def test_export_refuses_bad_input_in_one_line_and_writes_nothing(release, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["sft-export", "--release", str(release), "--split", "validation", "-o", str(out)]) == 2
-    assert "no `validation` split (it has: test, train)" in capsys.readouterr().err
+    assert "--split validation: expected one of test, train, all" in capsys.readouterr().err  # no split of any
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     assert main(["sft-export", "--release", str(release), "-o", str(out)]) == 2
@@ -191,8 +192,8 @@ def test_export_prompts_are_byte_identical_to_what_generate_sends(release, tiny_
     backend = RecordingBackend(str(tiny_model_dir), device="cpu")
     for task in ("next_cell", "output_prediction"):
         sent: list = []
-        settings = RunSettings(task=task, contexts=STATIC_CONTEXT_MODES, backend="transformers",
-                               model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=2), limit=3)
+        settings = RunSettings(ExampleSpec(tasks=(task,), contexts=STATIC_CONTEXT_MODES, limit=3),
+                               backend="transformers", model=str(tiny_model_dir), sampling=Sampling(max_new_tokens=2))
         generate_run(open_release(release), tmp_path / f"run-{task}", settings, backend=backend, progress=False)
         assert len(sent) == 3 * len(STATIC_CONTEXT_MODES) and "trace" in STATIC_CONTEXT_MODES
         assert all("State after it: {" in p.messages[1]["content"] for p in sent if p.context == "trace")

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 from themisto.cli.common import add_ray_option, default_of, format_counts, ray_target
-from themisto.vocabulary import (CONTEXT_MODES, DEFAULT_CONTEXT_MODES, PROBE_CONTEXT, PROBE_PROTOCOLS, RUN_SPLITS,
-                                 STATIC_CONTEXT_MODES, TASKS)
+from themisto.vocabulary import CONTEXT_MODES, PROBE_CONTEXT, PROBE_PROTOCOLS, RUN_SPLITS, STATIC_CONTEXT_MODES, TASKS
 
 
 def sft_export_command(args: argparse.Namespace) -> int:
@@ -107,6 +106,7 @@ def generate_command(args: argparse.Namespace) -> int:
     resumable run folder."""
     from themisto.generation.backends import Sampling
     from themisto.generation.delta import DeltaSettings
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.generation.probe_protocol import ProbeSettings
     from themisto.generation.runs import RunSettings, generate_run
     from themisto.release.folder import open_release
@@ -115,10 +115,11 @@ def generate_command(args: argparse.Namespace) -> int:
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
     probe = ProbeSettings(max_probes=args.probes, output_chars=args.probe_chars, timeout_s=args.probe_timeout,
                           protocol=args.probe_protocol)
-    settings = RunSettings(task=args.task, contexts=tuple(args.context), backend=args.backend, model=args.model,
-                           sampling=sampling, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
-                           batch_size=args.batch_size, backend_options=_backend_options(args), split=args.split,
-                           probe=probe, delta=DeltaSettings(cells=args.delta_cells))
+    spec = ExampleSpec(tasks=(args.task,), contexts=tuple(args.context), split=args.split, limit=args.limit,
+                       max_prompt_tokens=args.max_prompt_tokens, probe=probe,
+                       delta=DeltaSettings(cells=args.delta_cells))
+    settings = RunSettings(spec=spec, backend=args.backend, model=args.model, sampling=sampling,
+                           batch_size=args.batch_size, backend_options=_backend_options(args))
     try:
         release = open_release(args.release)
         with _generation_backend(args, settings) as backend:
@@ -167,14 +168,15 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     from themisto.generation.backends.hf import BATCHINGS, DTYPES, TransformersBackend
     from themisto.generation.backends.openai_api import OpenAIBackend
     from themisto.generation.backends.vllm_offline import VLLMBackend
+    from themisto.generation.example_spec import ExampleSpec
     from themisto.generation.runs import RunSettings
 
     parser = subparsers.add_parser("generate", help="run a model (or a baseline) on a release's task, resumable")
     parser.add_argument("--release", required=True, type=Path, metavar="DIR", help="release folder (themisto build)")
     parser.add_argument("--task", required=True, choices=TASKS)
-    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=list(DEFAULT_CONTEXT_MODES),
-                        metavar="MODE", help=f"runtime-context modes: {', '.join(CONTEXT_MODES)} "
-                                             f"(default: {' '.join(DEFAULT_CONTEXT_MODES)})")
+    contexts = list(default_of(ExampleSpec, "contexts"))
+    parser.add_argument("--context", nargs="+", choices=CONTEXT_MODES, default=contexts, metavar="MODE",
+                        help=f"runtime-context modes: {', '.join(CONTEXT_MODES)} (default: {' '.join(contexts)})")
     parser.add_argument("--backend", required=True, choices=BACKENDS)
     parser.add_argument("--model", required=True, help="model folder, Hub id or .gguf file; endpoint model name; "
                         "or a baseline: previous-cell, common-cell, previous-output, last-repr (or, probing, "
@@ -190,7 +192,7 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-prompt-tokens", type=int,
                         help="prompt budget (default: the model's context length less --max-new-tokens)")
     parser.add_argument("--limit", type=int, help="only K examples, evenly spread over the split")
-    parser.add_argument("--split", choices=RUN_SPLITS, default=default_of(RunSettings, "split"),
+    parser.add_argument("--split", choices=RUN_SPLITS, default=default_of(ExampleSpec, "split"),
                         help="the examples: test (the default: a submission), train, or all (test, then train); a "
                              "model not trained on train may be scored on it")
     parser.add_argument("--batch-size", type=int, default=default_of(RunSettings, "batch_size"),

@@ -15,12 +15,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from themisto.bounded import escaped_surrogates, not_unicode
-from themisto.errors import InputError
 from themisto.gate import permit as gate_permit
 from themisto.generation.backends import BACKENDS, BackendError, Sampling, make_backend
 from themisto.generation.baselines import baselines_for, probing_baselines_for
-from themisto.generation.delta import DeltaSettings
-from themisto.generation.probe_protocol import ProbeSettings, Transcript, without_probes
+from themisto.generation.example_spec import ExampleSpec
+from themisto.generation.probe_protocol import Transcript, without_probes
 from themisto.generation.prompts import (
     PROMPT_TEMPLATES,
     Prompt,
@@ -42,57 +41,40 @@ from themisto.generation.run_folder import (
 from themisto.modes import ContextModeSpec, context_mode, context_modes
 from themisto.release.folder import ReleaseInfo
 from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
-from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, PROBE_CONTEXT, RUN_SPLITS, TASKS
+from themisto.vocabulary import PROBE_CONTEXT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES: tuple[str, ...] = ("themisto", "transformers", "torch", "tokenizers", "accelerate", "gguf", "openai",
                              "vllm", "datasets", "pyarrow")
 
 
-class RunSettingsError(InputError):
-    """A task, context mode or example limit that a run cannot take."""
-
-
 @dataclass(frozen=True)
 class RunSettings:
-    """What one run folder is: task, context modes, backend and model, sampling, which examples, the budget."""
+    """What one run folder is: its examples (`spec`: one task, its context modes, split, limit, prompt budget, the
+    probe and delta modes' settings), and what a run alone has: backend and model, sampling, batch size, backend
+    options."""
 
-    task: str
-    contexts: tuple[str, ...]
+    spec: ExampleSpec
     backend: str
     model: str
     sampling: Sampling = field(default_factory=Sampling)
-    limit: int | None = None
-    max_prompt_tokens: int | None = None
     batch_size: int = 8
     backend_options: dict = field(default_factory=dict)
-    split: str = BENCHMARK_SPLIT  # `themisto.vocabulary.RUN_SPLITS`; only a `test` run is a submission
-    probe: ProbeSettings = field(default_factory=ProbeSettings)  # the `probe` mode's settings (recorded with it)
-    delta: DeltaSettings = field(default_factory=DeltaSettings)  # the `delta` mode's settings (recorded with it)
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise RunSettingsError(f"unknown task {self.task!r} (expected one of {', '.join(TASKS)})")
-        bad = [c for c in self.contexts if c not in CONTEXT_MODES]
-        if bad or not self.contexts or len(set(self.contexts)) != len(self.contexts):
-            raise RunSettingsError(f"context modes must be distinct names from {', '.join(CONTEXT_MODES)}, "
-                             f"got {', '.join(self.contexts) or 'none'}")
+        task = self.spec.task  # a run folder is of one task
         if self.backend not in BACKENDS:
             raise BackendError(f"unknown backend {self.backend!r} (expected one of {', '.join(BACKENDS)})")
-        known = (*baselines_for(self.task), *probing_baselines_for(self.task))
+        known = (*baselines_for(task), *probing_baselines_for(task))
         if self.backend == "baseline" and self.model not in known:
-            raise BackendError(f"baseline {self.model!r} does not apply to {self.task} (use one of {', '.join(known)})")
-        if self.backend == "baseline" and self.probing and self.probe.protocol != "text":
+            raise BackendError(f"baseline {self.model!r} does not apply to {task} (use one of {', '.join(known)})")
+        if self.backend == "baseline" and self.probing and self.spec.probe.protocol != "text":
             raise BackendError("the baseline backend speaks only the text probe protocol (--probe-protocol text)")
-        if self.limit is not None and self.limit < 1:
-            raise RunSettingsError(f"--limit must be at least 1, got {self.limit}")
-        if self.split not in RUN_SPLITS:
-            raise RunSettingsError(f"unknown split {self.split!r} (expected one of {', '.join(RUN_SPLITS)})")
 
     @property
     def modes(self) -> tuple[ContextModeSpec, ...]:
         """The run's context modes, in order."""
-        return context_modes(self.contexts)
+        return context_modes(self.spec.contexts)
 
     @property
     def probing(self) -> bool:
@@ -144,18 +126,19 @@ def git_commit() -> str | None:
 
 def run_header(settings: RunSettings, info: ReleaseInfo, described: dict) -> dict:
     """run.json as the contract lays it out, before any generation (finished and totals come at the end)."""
+    spec = settings.spec
     header = {
-        "format": 1, "task": settings.task, "contexts": list(settings.contexts), "backend": settings.backend,
+        "format": 1, "task": spec.task, "contexts": list(spec.contexts), "backend": settings.backend,
         "backend_version": described.get("version"), "model": settings.model,
         "sampling": settings.sampling.to_dict(),
-        "templates": {c: {"text": PROMPT_TEMPLATES[(settings.task, c)], "sha256": template_sha256(settings.task, c)}
-                      for c in settings.contexts},
-        "release": {"path": str(info.path), "content_hash": info.content_hash}, "split": settings.split,
-        "limit": settings.limit, "max_prompt_tokens": settings.max_prompt_tokens,
+        "templates": {c: {"text": PROMPT_TEMPLATES[(spec.task, c)], "sha256": template_sha256(spec.task, c)}
+                      for c in spec.contexts},
+        "release": {"path": str(info.path), "content_hash": info.content_hash}, "split": spec.split,
+        "limit": spec.limit, "max_prompt_tokens": spec.max_prompt_tokens,
         "backend_options": settings.backend_options, "packages": package_versions(), "git_commit": git_commit(),
         "started": _now(), "finished": None, "tokens_in": 0, "tokens_out": 0, "generations_per_s": None,
-        "backend_info": described, "probe": settings.probe.record() if settings.probing else None,
-        "delta": settings.delta.record() if any(mode.per_cell_delta for mode in settings.modes) else None,
+        "backend_info": described, "probe": spec.probe.record() if settings.probing else None,
+        "delta": spec.delta.record() if any(mode.per_cell_delta for mode in settings.modes) else None,
     }
     for key in ("weights_sha256", "model_revision"):
         if key in described:
@@ -188,7 +171,7 @@ def _record(prompt: Prompt, task: str, sample: int, generation: Generation, raw_
 def _budget(settings: RunSettings, backend) -> tuple[int | None, object]:
     """The prompt budget (given, else the model's context less the new tokens) and the token counter."""
     count = getattr(backend, "count_tokens", None)
-    budget = settings.max_prompt_tokens
+    budget = settings.spec.max_prompt_tokens
     if budget is None and getattr(backend, "context_length", None):
         budget = backend.context_length - settings.sampling.max_new_tokens
     return budget, count or approx_tokens
@@ -241,8 +224,9 @@ def generate_run(release: ReleaseInfo, out: str | Path, settings: RunSettings, *
 
 def _generate(info: ReleaseInfo, out: Path, settings: RunSettings, backend, progress: bool, permit,
               workspace: str | Path | None, tmp: Path, started: float) -> RunReport:
-    require_task(info, settings.task, settings.split)
-    rows = load_task_rows(info, settings.task, settings.contexts, limit=settings.limit, split=settings.split)
+    spec = settings.spec
+    require_task(info, spec.task, spec.split)
+    rows = load_task_rows(info, spec.task, spec.contexts, limit=spec.limit, split=spec.split)
     _check_folder(out, run_header(settings, info, {}))  # refuse a mismatched folder before loading a model
     if settings.probing:
         from themisto.generation.probing import probe_workspace
@@ -250,7 +234,7 @@ def _generate(info: ReleaseInfo, out: Path, settings: RunSettings, backend, prog
         workspace = probe_workspace(info, workspace, tmp)  # a given one that is not the build's: refused here
     if backend is None:
         backend = make_backend(settings.backend, settings.model, **backend_options(settings))
-    if settings.probing and settings.probe.protocol == "native":
+    if settings.probing and spec.probe.protocol == "native":
         problem = getattr(backend, "native_tools_problem", lambda: "it offers no tools")()
         if problem is not None:
             raise BackendError(f"--probe-protocol native: {settings.model} cannot take tool calls here ({problem}); "
@@ -259,28 +243,28 @@ def _generate(info: ReleaseInfo, out: Path, settings: RunSettings, backend, prog
     existing = read_generations(out, header, repair=True)
     done = existing.records
     n = settings.sampling.n
-    todo = [(row, context) for row in rows for context in settings.contexts
+    todo = [(row, context) for row in rows for context in spec.contexts
             if any((row["id"], context, s) not in done for s in range(n))]
     budget, count = _budget(settings, backend)
     raw_is_answer = getattr(backend, "raw_is_answer", False)
     written = 0
     from tqdm import tqdm
 
-    bar = tqdm(total=len(rows) * len(settings.contexts), initial=len(rows) * len(settings.contexts) - len(todo),
-               desc=f"generate {settings.task}", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(rows) * len(spec.contexts), initial=len(rows) * len(spec.contexts) - len(todo),
+               desc=f"generate {spec.task}", unit="prompt", disable=not progress)
     probing = [row for row, context in todo if context_mode(context).is_probe]
     todo = [(row, context) for row, context in todo if not context_mode(context).is_probe]
     with GenerationWriter(out) as writer, bar:
         for start in range(0, len(todo), settings.batch_size):
             chunk = todo[start:start + settings.batch_size]
-            prompts = [render_prompt(row, settings.task, context, count_tokens=count if budget else None,
-                                     max_prompt_tokens=budget, delta=settings.delta) for row, context in chunk]
+            prompts = [render_prompt(row, spec.task, context, count_tokens=count if budget else None,
+                                     max_prompt_tokens=budget, delta=spec.delta) for row, context in chunk]
             sent = [p for p in prompts if p.skipped_reason is None]
             results = dict(zip((id(p) for p in sent), backend.generate(sent, settings.sampling) if sent else []))
             for prompt in prompts:
                 for sample, generation in enumerate(_samples(prompt, results.get(id(prompt)), n)):
                     if (prompt.id, prompt.context, sample) not in done:
-                        writer.write(_record(prompt, settings.task, sample, generation, raw_is_answer))
+                        writer.write(_record(prompt, spec.task, sample, generation, raw_is_answer))
                         written += 1
             bar.update(len(chunk))
         if probing:
@@ -296,11 +280,10 @@ def _probe_rows(permit, info: ReleaseInfo, rows: list[dict], settings: RunSettin
                 count, done: dict, writer: GenerationWriter, raw_is_answer: bool, workspace, bar) -> int:
     """The `probe` mode's records: each trajectory replayed once, each step's conversations run with their probes
     in branches of its state (`themisto.generation.probing`); a record is written as its example ends."""
-    from themisto.generation.probing import Conversation, converse, reserve_tokens, serve_states, transcript
+    from themisto.generation.probing import Conversation, converse, serve_states, transcript
 
-    task, n, probe = settings.task, settings.sampling.n, settings.probe
-    # The first prompt leaves room for the probes' requests and replies (at most half the budget).
-    reserve = min(budget // 2, reserve_tokens(probe, settings.sampling.max_new_tokens, count)) if budget else 0
+    task, n, probe = settings.spec.task, settings.sampling.n, settings.spec.probe
+    first_budget = settings.spec.first_probe_budget(settings.sampling.max_new_tokens, count, budget)
     written: set[tuple[str, str, int]] = set()
 
     def write(prompt: Prompt, sample: int, generation: Generation, probes: Transcript | None) -> None:
@@ -323,7 +306,7 @@ def _probe_rows(permit, info: ReleaseInfo, rows: list[dict], settings: RunSettin
             conversations = []
             for row in served.rows:
                 first = render_prompt(row, task, PROBE_CONTEXT, count_tokens=count if budget else None,
-                                      max_prompt_tokens=budget - reserve if budget else None, probe=probe)
+                                      max_prompt_tokens=first_budget, probe=probe)
                 if first.skipped_reason is not None:
                     for sample, generation in enumerate(_samples(first, None, n)):
                         write(first, sample, generation, None)
@@ -362,5 +345,5 @@ def _finish(out: Path, header: dict, records: dict, written: int, seconds: float
     return header
 
 
-__all__ = ["RunFolderError", "RunReport", "RunSettings", "RunSettingsError", "backend_options", "generate_run",
+__all__ = ["RunFolderError", "RunReport", "RunSettings", "backend_options", "generate_run",
            "git_commit", "package_versions"]

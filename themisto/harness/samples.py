@@ -9,16 +9,14 @@ backends without a local tokenizer; the metadata says which counter was used.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from themisto.errors import InputError
 from themisto.generation.backends.base import Sampling
-from themisto.generation.delta import DeltaSettings
-from themisto.generation.probe_protocol import ProbeSettings
+from themisto.generation.example_spec import ExampleSpec, Spelling
 from themisto.generation.prompts import Prompt, approx_tokens, render_prompt
 from themisto.modes import context_mode
-from themisto.vocabulary import BENCHMARK_SPLIT, CONTEXT_MODES, RUN_SPLITS, TASKS
 
 TOKEN_COUNTER = "approx_tokens (UTF-8 bytes / 3)"
 
@@ -27,42 +25,38 @@ class HarnessError(InputError):
     """A task parameter the Inspect tasks cannot take; the message names the parameter."""
 
 
+# Each `-T` parameter of an Inspect task that sets a field of its example spec: the field (a probe or delta mode's
+# setting by its dotted path); the task functions' defaults are the spec's (tests/test_example_spec.py).
+SPEC_PARAMETERS: dict[str, str] = {
+    "context": "contexts", "split": "split", "limit": "limit", "max_prompt_tokens": "max_prompt_tokens",
+    "probes": "probe.max_probes", "probe_chars": "probe.output_chars", "probe_timeout": "probe.timeout_s",
+    "delta_cells": "delta.cells",
+}
+# The spec's refusals as Inspect's `-T` parameters name them (`-T limit=0`); the task is the task's own name.
+INSPECT_OPTIONS = Spelling("-T {name}={value}", {field: name for name, field in SPEC_PARAMETERS.items()
+                                               if "." not in field}, HarnessError)
+
+
 @dataclass(frozen=True)
 class HarnessSettings:
-    """One Inspect task's parameters (`-T key=value`), checked: which release, task, context mode, split and rows,
-    the prompt budget, whether predictions are executed, the probe mode's settings (native tool calls) and the delta
-    mode's."""
+    """One Inspect task's parameters (`-T key=value`), checked: its examples (`spec`: one task in one context mode,
+    refused in `INSPECT_OPTIONS`' spelling; the probe mode speaks native tool calls), and what the harness alone
+    has: which release, whether predictions are executed, and whether probes are."""
 
-    task: str
+    spec: ExampleSpec
     release: str
-    context: str = "none"
-    split: str = BENCHMARK_SPLIT
-    limit: int | None = None
-    max_prompt_tokens: int | None = None
     execute: bool = False
     execute_probes: bool = False
-    probe: ProbeSettings = field(default_factory=lambda: ProbeSettings(protocol="native"))
-    delta: DeltaSettings = field(default_factory=DeltaSettings)
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise HarnessError(f"task {self.task!r}: expected one of {', '.join(TASKS)}")
-        if self.context not in CONTEXT_MODES:
-            raise HarnessError(f"-T context={self.context}: expected one of {', '.join(CONTEXT_MODES)}")
-        if self.split not in RUN_SPLITS:
-            raise HarnessError(f"-T split={self.split}: expected one of {', '.join(RUN_SPLITS)}")
-        if self.limit is not None and self.limit < 1:
-            raise HarnessError(f"-T limit={self.limit}: must be at least 1")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise HarnessError(f"-T max_prompt_tokens={self.max_prompt_tokens}: must be at least 1")
-        if self.execute and self.task != "next_cell":
-            raise HarnessError(f"-T execute=true: execution scores exist for next_cell only, not {self.task}")
-        if self.probe.protocol != "native":
+        if self.execute and self.spec.task != "next_cell":
+            raise HarnessError(f"-T execute=true: execution scores exist for next_cell only, not {self.spec.task}")
+        if self.probing and self.spec.probe.protocol != "native":
             raise HarnessError("the probe mode speaks to Inspect models through tool calls (protocol native)")
 
     @property
     def probing(self) -> bool:
-        return context_mode(self.context).is_probe
+        return context_mode(self.spec.context).is_probe
 
 
 def resolve_release(release: str) -> Path:
@@ -79,17 +73,14 @@ def resolve_release(release: str) -> Path:
 
 
 def _prompt(row: dict, settings: HarnessSettings) -> Prompt:
-    budget = settings.max_prompt_tokens
+    spec = settings.spec
     if settings.probing:
-        from themisto.generation.probing import reserve_tokens
-
         # As `themisto generate` does: the first prompt leaves room for the probes' calls and replies.
-        reserve = min(budget // 2, reserve_tokens(settings.probe, Sampling().max_new_tokens, approx_tokens)) \
-            if budget else 0
-        return render_prompt(row, settings.task, settings.context, count_tokens=approx_tokens,
-                             max_prompt_tokens=budget - reserve if budget else None, probe=settings.probe)
-    return render_prompt(row, settings.task, settings.context, count_tokens=approx_tokens, max_prompt_tokens=budget,
-                         delta=settings.delta)
+        return render_prompt(row, spec.task, spec.context, count_tokens=approx_tokens,
+                             max_prompt_tokens=spec.first_probe_budget(Sampling().max_new_tokens, approx_tokens),
+                             probe=spec.probe)
+    return render_prompt(row, spec.task, spec.context, count_tokens=approx_tokens,
+                         max_prompt_tokens=spec.max_prompt_tokens, delta=spec.delta)
 
 
 def sample_of(row: dict, prompt: Prompt, settings: HarnessSettings):
@@ -99,7 +90,7 @@ def sample_of(row: dict, prompt: Prompt, settings: HarnessSettings):
 
     kinds = {"system": ChatMessageSystem, "user": ChatMessageUser}
     messages = [kinds[m["role"]](content=m["content"]) for m in prompt.messages]
-    metadata = {"task": settings.task, "context": settings.context, "kernel_id": row["kernel_id"],
+    metadata = {"task": settings.spec.task, "context": settings.spec.context, "kernel_id": row["kernel_id"],
                 "step": int(row["step"]), "kept": prompt.kept.to_dict() if prompt.kept else None,
                 "skipped": prompt.skipped_reason, "tokens_in": prompt.tokens, "token_counter": TOKEN_COUNTER}
     return Sample(input=messages or [ChatMessageUser(content="(skipped)")], target=row["target"], id=row["id"],
@@ -112,7 +103,8 @@ def task_samples(settings: HarnessSettings):
     from themisto.generation.release_rows import load_task_rows, require_task
     from themisto.release.folder import open_release
 
+    spec = settings.spec
     info = open_release(resolve_release(settings.release))
-    require_task(info, settings.task, settings.split)
-    rows = load_task_rows(info, settings.task, (settings.context,), limit=settings.limit, split=settings.split)
+    require_task(info, spec.task, spec.split)
+    rows = load_task_rows(info, spec.task, spec.contexts, limit=spec.limit, split=spec.split)
     return info, [sample_of(row, _prompt(row, settings), settings) for row in rows]

@@ -16,6 +16,7 @@ provider `themisto-standin` (`themisto.harness.standin`), for trying the tasks w
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 import threading
 import weakref
@@ -24,10 +25,13 @@ from pathlib import Path
 from inspect_ai import Task, task
 
 from themisto.harness import standin  # noqa: F401 - registers the stand-in model provider (`themisto-standin`)
-from themisto.harness.samples import HarnessSettings, task_samples
+from themisto.generation.delta import DeltaSettings
+from themisto.generation.example_spec import DEFAULT_SPEC, ExampleSpec
+from themisto.generation.probe_protocol import ProbeSettings
+from themisto.harness.samples import INSPECT_OPTIONS, HarnessSettings, task_samples
 from themisto.modes import context_mode
 from themisto.release.eval_yaml import task_id
-from themisto.vocabulary import CONTEXT_MODES, TASKS
+from themisto.vocabulary import BASELINE_CONTEXT, CONTEXT_MODES, TASKS
 
 THEMISTO_METADATA = "themisto"  # the task metadata key `themisto score LOG.eval` reads a run's settings from
 
@@ -65,13 +69,14 @@ def run_record(settings: HarnessSettings, info) -> dict:
     """What a run folder's run.json would say of this task's prompts: the release, templates, budget, probe rule."""
     from themisto.generation.prompts import PROMPT_TEMPLATES, template_sha256
 
-    return {"task": settings.task, "context": settings.context, "split": settings.split, "limit": settings.limit,
-            "max_prompt_tokens": settings.max_prompt_tokens, "execute": settings.execute,
+    spec = settings.spec
+    return {"task": spec.task, "context": spec.context, "split": spec.split, "limit": spec.limit,
+            "max_prompt_tokens": spec.max_prompt_tokens, "execute": settings.execute,
             "release": {"path": str(info.path), "content_hash": info.content_hash},
-            "templates": {settings.context: {"text": PROMPT_TEMPLATES[(settings.task, settings.context)],
-                                             "sha256": template_sha256(settings.task, settings.context)}},
-            "probe": settings.probe.record() if settings.probing else None,
-            "delta": settings.delta.record() if context_mode(settings.context).per_cell_delta else None}
+            "templates": {spec.context: {"text": PROMPT_TEMPLATES[(spec.task, spec.context)],
+                                         "sha256": template_sha256(spec.task, spec.context)}},
+            "probe": spec.probe.record() if settings.probing else None,
+            "delta": spec.delta.record() if context_mode(spec.context).per_cell_delta else None}
 
 
 def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Task:
@@ -92,65 +97,77 @@ def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Ta
 
         tmp = tempfile.TemporaryDirectory(prefix="themisto-inspect-probe-")
         folder = _once(lambda: probe_workspace(info, workspace, Path(tmp.name)))
-        solver = probe_solver(info, settings.probe, permit, folder, threading.BoundedSemaphore(usable_cores()))
+        solver = probe_solver(info, settings.spec.probe, permit, folder, threading.BoundedSemaphore(usable_cores()))
         weakref.finalize(solver, tmp.cleanup)
     else:
         solver = _plain_solver()
-    dataset = MemoryDataset(samples, name=f"{Path(info.path).name}/{settings.task}/{settings.split}")
+    spec = settings.spec
+    dataset = MemoryDataset(samples, name=f"{Path(info.path).name}/{spec.task}/{spec.split}")
     return Task(dataset=dataset, solver=solver,
-                scorer=themisto_scorer(info, settings.task, settings.context, settings.execute, workspace),
-                metrics=themisto_metrics(settings.task, settings.execute),
+                scorer=themisto_scorer(info, spec.task, spec.context, settings.execute, workspace),
+                metrics=themisto_metrics(spec.task, settings.execute),
                 metadata={THEMISTO_METADATA: run_record(settings, info)})
 
 
-def _make(config: str, release: str, context: str = "none", split: str = "test", limit: int | None = None,
-          max_prompt_tokens: int | None = None, execute: bool = False, workspace: str | None = None,
-          execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000, probe_timeout: float = 5.0,
-          delta_cells: int | None = None) -> Task:
-    from themisto.generation.delta import DeltaSettings
-    from themisto.generation.probe_protocol import ProbeSettings
-
-    settings = HarnessSettings(task=config, release=str(release), context=context, split=split,
-                               limit=None if limit is None else int(limit),
-                               max_prompt_tokens=None if max_prompt_tokens is None else int(max_prompt_tokens),
-                               execute=bool(execute), execute_probes=bool(execute_probes),
-                               probe=ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars),
-                                                   timeout_s=float(probe_timeout), protocol="native"),
-                               delta=DeltaSettings(cells=None if delta_cells is None else int(delta_cells)))
+def _make(config: str, release: str, context: str, split: str, limit: int | None, max_prompt_tokens: int | None,
+          execute: bool, workspace: str | None, execute_probes: bool, probes: int, probe_chars: int,
+          probe_timeout: float, delta_cells: int | None) -> Task:
+    """The task of `config` for its `-T` parameters (the task functions' own, with their defaults)."""
+    spec = ExampleSpec(tasks=(config,), contexts=(context,), split=split, limit=None if limit is None else int(limit),
+                       max_prompt_tokens=None if max_prompt_tokens is None else int(max_prompt_tokens),
+                       probe=ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars),
+                                           timeout_s=float(probe_timeout), protocol="native"),
+                       delta=DeltaSettings(cells=None if delta_cells is None else int(delta_cells)),
+                       spelling=INSPECT_OPTIONS)
+    settings = HarnessSettings(spec=spec, release=str(release), execute=bool(execute),
+                               execute_probes=bool(execute_probes))
     return themisto_task(settings, workspace)
 
 
+# The keyword defaults below are the example spec's (DEFAULT_SPEC), each `-T` name mapped to its field by
+# SPEC_PARAMETERS; the one mode an Inspect task runs in is the baseline's unless given.
 @task
-def next_cell(release: str, context: str = "none", split: str = "test", limit: int | None = None,
-              max_prompt_tokens: int | None = None, execute: bool = False, workspace: str | None = None,
-              execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000,
-              probe_timeout: float = 5.0, delta_cells: int | None = None) -> Task:
+def next_cell(release: str, context: str = BASELINE_CONTEXT, split: str = DEFAULT_SPEC.split,
+              limit: int | None = DEFAULT_SPEC.limit, max_prompt_tokens: int | None = DEFAULT_SPEC.max_prompt_tokens,
+              execute: bool = False, workspace: str | None = None, execute_probes: bool = False,
+              probes: int = DEFAULT_SPEC.probe.max_probes, probe_chars: int = DEFAULT_SPEC.probe.output_chars,
+              probe_timeout: float = DEFAULT_SPEC.probe.timeout_s,
+              delta_cells: int | None = DEFAULT_SPEC.delta.cells) -> Task:
     """Next-cell prediction: write the code of the cell the developer runs next."""
     return _make("next_cell", release, context, split, limit, max_prompt_tokens, execute, workspace, execute_probes,
                  probes, probe_chars, probe_timeout, delta_cells)
 
 
 @task
-def output_prediction(release: str, context: str = "none", split: str = "test", limit: int | None = None,
-                      max_prompt_tokens: int | None = None, workspace: str | None = None,
-                      execute_probes: bool = False, probes: int = 4, probe_chars: int = 2_000,
-                      probe_timeout: float = 5.0, delta_cells: int | None = None) -> Task:
+def output_prediction(release: str, context: str = BASELINE_CONTEXT, split: str = DEFAULT_SPEC.split,
+                      limit: int | None = DEFAULT_SPEC.limit,
+                      max_prompt_tokens: int | None = DEFAULT_SPEC.max_prompt_tokens, workspace: str | None = None,
+                      execute_probes: bool = False, probes: int = DEFAULT_SPEC.probe.max_probes,
+                      probe_chars: int = DEFAULT_SPEC.probe.output_chars,
+                      probe_timeout: float = DEFAULT_SPEC.probe.timeout_s,
+                      delta_cells: int | None = DEFAULT_SPEC.delta.cells) -> Task:
     """Cell-output prediction: predict what a given cell prints."""
     return _make("output_prediction", release, context, split, limit, max_prompt_tokens, False, workspace,
                  execute_probes, probes, probe_chars, probe_timeout, delta_cells)
 
 
 def _mode_task(config: str, context: str):
-    """The task of one (config, context mode), named as the release's eval.yaml declares it (`task_id`)."""
+    """The task of one (config, context mode), named as the release's eval.yaml declares it (`task_id`): the full
+    task's parameters and defaults but `context`."""
     name = task_id(config, context)
+    full = inspect.unwrap({"next_cell": next_cell, "output_prediction": output_prediction}[config])
+    signature = inspect.signature(full)
 
     def mode_task(release: str, **params) -> Task:
         if "context" in params:
             raise ValueError(f"{name} runs in context mode {context}; use themisto/{config} -T context=...")
-        return _make(config, release, context, **params)
+        return full(release, context=context, **params)
 
     mode_task.__name__ = mode_task.__qualname__ = name
     mode_task.__doc__ = f"{config} in context mode {context} (the full task of the text-track task {name})."
+    # Inspect reads a task's parameters from its signature (the log's task arguments, their defaults).
+    mode_task.__signature__ = signature.replace(parameters=[p for p in signature.parameters.values()
+                                                            if p.name != "context"])
     return task(name=name)(mode_task)
 
 

@@ -140,9 +140,9 @@ def _generate(settings: StudySettings, info, model: str, contexts: tuple[str, ..
 
     backend, prompts, seconds = None, 0, 0.0
     for task in settings.tasks:
-        run = RunSettings(task=task, contexts=contexts, backend="transformers", model=model,
-                          sampling=Sampling(max_new_tokens=settings.max_new_tokens), limit=settings.test_limit,
-                          max_prompt_tokens=settings.max_prompt_tokens, batch_size=settings.generation_batch,
+        run = RunSettings(spec=settings.test_spec((task,), contexts), backend="transformers", model=model,
+                          sampling=Sampling(max_new_tokens=settings.max_new_tokens),
+                          batch_size=settings.generation_batch,
                           backend_options={"device": settings.device, "dtype": settings.dtype})
         if backend is None:
             # How it batches is not a run setting (the same answers): a resumed run may batch otherwise. The models

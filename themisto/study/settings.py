@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from themisto.errors import InputError
+from themisto.generation.example_spec import ExampleSpec, Spelling
 from themisto.modes import context_modes
-from themisto.vocabulary import BASELINE_CONTEXT, CLUSTER_UNITS, STATIC_CONTEXT_MODES, TASKS
+from themisto.vocabulary import BASELINE_CONTEXT, BENCHMARK_SPLIT, CLUSTER_UNITS, STATIC_CONTEXT_MODES, TASKS
 
 # Every mode whose prompt is fixed before the model runs (a probe conversation exists only once a model had it).
 STUDY_CONTEXT_MODES: tuple[str, ...] = STATIC_CONTEXT_MODES
@@ -37,6 +38,11 @@ LOCATIONS: tuple[str, ...] = ("release", "model")
 
 class StudyError(InputError):
     """A study that cannot run as asked; the message names the setting, folder or file concerned."""
+
+
+# The study's options (`themisto study --tasks ... --test-limit K`) as its refusals name them.
+STUDY_OPTIONS = Spelling("--{name} {value}", {"limit": "test-limit", "max_prompt_tokens": "max-prompt-tokens"},
+                         StudyError)
 
 
 @dataclass(frozen=True)
@@ -82,18 +88,16 @@ class StudySettings:
     def __post_init__(self) -> None:
         contexts = tuple(dict.fromkeys((BASELINE_CONTEXT, *self.contexts)))
         object.__setattr__(self, "contexts", contexts)
+        self.test_spec(self.tasks, contexts)  # tasks, modes, the test limit and the budget, checked as a run's
         unknown = [c for c in contexts if c not in STATIC_CONTEXT_MODES]
         if unknown:
             raise StudyError(f"context mode {unknown[0]!r} cannot be trained on (expected some of "
                              f"{', '.join(STATIC_CONTEXT_MODES)})")
-        bad_tasks = [t for t in self.tasks if t not in TASKS]
-        if bad_tasks or not self.tasks:
-            raise StudyError(f"unknown or missing task {bad_tasks or self.tasks} (expected some of {', '.join(TASKS)})")
-        for name in ("seeds", "batch_size", "grad_accum", "max_length", "max_prompt_tokens", "max_new_tokens",
-                     "generation_batch", "parallel", "resamples"):
+        for name in ("seeds", "batch_size", "grad_accum", "max_length", "max_new_tokens", "generation_batch",
+                     "parallel", "resamples"):
             if getattr(self, name) < 1:
                 raise StudyError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("train_limit", "test_limit", "execute_limit"):
+        for name in ("train_limit", "execute_limit"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise StudyError(f"{name} must be at least 1 (or unset), got {getattr(self, name)}")
         if self.max_prompt_tokens >= self.max_length:
@@ -107,6 +111,12 @@ class StudySettings:
             raise StudyError(f"budget_s must be positive, got {self.budget_s}")
         if self.cluster not in CLUSTER_UNITS:
             raise StudyError(f"cluster must be one of {', '.join(CLUSTER_UNITS)}, got {self.cluster!r}")
+
+    def test_spec(self, tasks: tuple[str, ...], contexts: tuple[str, ...]) -> ExampleSpec:
+        """The test examples of `tasks` in `contexts` as the study's runs generate them (its test limit and prompt
+        budget), refused as the study's options spell them."""
+        return ExampleSpec(tasks=tasks, contexts=contexts, split=BENCHMARK_SPLIT, limit=self.test_limit,
+                           max_prompt_tokens=self.max_prompt_tokens, spelling=STUDY_OPTIONS)
 
     @property
     def runtime_modes(self) -> tuple[str, ...]:

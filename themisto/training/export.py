@@ -15,11 +15,12 @@ import json
 import random
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Collection
 
 from themisto.errors import InputError
+from themisto.generation.example_spec import COMMAND_LINE, ExampleSpec
 from themisto.generation.prompts import render_prompt, template_sha256
 from themisto.modes import context_mode
 from themisto.resume import folder_written_whole
@@ -44,6 +45,10 @@ class ExportError(InputError):
     """The export cannot run as asked; the message names the release, split, task, context or folder."""
 
 
+# `themisto sft-export`'s options as its refusals name them.
+EXPORT_OPTIONS = replace(COMMAND_LINE, error=ExportError)
+
+
 @dataclass(frozen=True)
 class ExportSettings:
     """What to export: which split, tasks and context modes, and how context modes are mixed over rows."""
@@ -61,11 +66,14 @@ class ExportSettings:
     max_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name, values, known in (("task", self.tasks, TASKS), ("context mode", self.contexts, STATIC_CONTEXT_MODES)):
-            unknown = [v for v in values if v not in known]
-            if unknown or not values:
-                raise ExportError(f"unknown or missing {name} {unknown or values} (expected some of "
-                                  f"{', '.join(known)})")
+        # What it shares with a run (tasks, modes, split, budget) is checked as a run's, refused as its options.
+        spec = ExampleSpec(tasks=self.tasks, contexts=self.contexts, split=self.split,
+                           max_prompt_tokens=self.max_prompt_tokens, spelling=EXPORT_OPTIONS)
+        dynamic = [c for c in self.contexts if c not in STATIC_CONTEXT_MODES]
+        if dynamic:
+            raise spec.refused("contexts", self.contexts, f"{', '.join(dynamic)} cannot be exported (a probe "
+                               f"conversation exists only once a model has had it; expected some of "
+                               f"{', '.join(STATIC_CONTEXT_MODES)})")
         if self.mix not in MIXES:
             raise ExportError(f"unknown context mix {self.mix!r} (expected one of {', '.join(MIXES)})")
 
