@@ -8,9 +8,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-import pytest
 from test_generation_prompts import rows  # noqa: F401  (the release rows fixture)
 
 from themisto.generation.backends import Sampling, make_backend

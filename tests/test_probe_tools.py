@@ -11,7 +11,6 @@ import types
 from pathlib import Path
 
 import pytest
-from _probe_release import KERNEL
 from _tiny_model import build_scripted_model
 
 from themisto.generation.backends import Sampling, make_backend

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from themisto.errors import InputError
-from themisto.scoring import execution, judging, records, release_state
+from themisto.scoring import execution, judging, records
 from themisto.scoring import scorer as sc
 from themisto.gate import ExecutionRefused
 from themisto.release.parquet import build_release

@@ -4,7 +4,6 @@ and joined with what the trajectories config knows (when each variable last chan
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from themisto.modes import ContextModeSpec, context_modes
 from themisto.release.folder import TRAJECTORIES, ReleaseError, ReleaseInfo

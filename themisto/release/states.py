@@ -18,7 +18,6 @@ handed out were not served.
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
