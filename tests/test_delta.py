@@ -150,7 +150,7 @@ def test_the_last_n_cells_setting(rows):
     prompt = render_prompt(row, "next_cell", "delta", delta=DeltaSettings(cells=3))
     assert [c["number"] for c in _cells(prompt)] == [8, 9, 10] and prompt.kept.history_shown == 3
     assert prompt.kept.history_total == len(row["history"]) == 10
-    with pytest.raises(DeltaError, match="--delta-cells must be a whole number of at least 1"):
+    with pytest.raises(DeltaError, match="--delta-cells 0: must be a whole number of at least 1"):
         DeltaSettings(cells=0)
 
 

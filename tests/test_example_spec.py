@@ -24,7 +24,12 @@ from themisto.vocabulary import BASELINE_CONTEXT, CONTEXT_MODES, PROBE_CONTEXT, 
 BAD = [("limit", 0, "--limit 0", "-T limit=0"),
        ("max_prompt_tokens", 0, "--max-prompt-tokens 0", "-T max_prompt_tokens=0"),
        ("split", "dev", "--split", "-T split=dev"),
-       ("context", "verbose", "--context", "-T context=verbose")]
+       ("context", "verbose", "--context", "-T context=verbose"),
+       # the probe and delta modes' settings, refused by their own classes, spelled by each front end too
+       ("probes", 99, "--probes 99: must be between 0 and 64", "-T probes=99"),
+       ("probe_chars", 10, "--probe-chars 10: a probe's output must be", "-T probe_chars=10"),
+       ("probe_timeout", 0.01, "--probe-timeout 0.01: a probe's time must be", "-T probe_timeout=0.01"),
+       ("delta_cells", 0, "--delta-cells 0: must be a whole number", "-T delta_cells=0")]
 HARNESS_OWN = {"release", "execute", "workspace", "execute_probes"}  # the Inspect tasks' parameters beside the spec's
 
 

@@ -45,7 +45,12 @@ _NOT_RECORDED = f"{CHANGED_LABEL} (not recorded: the release has no snapshot of 
 
 
 class DeltaError(InputError):
-    """A `delta` setting out of range."""
+    """A `delta` setting out of range: `field` (its dotted path in an example spec) given `value`, `why`; the message
+    names the option as `themisto generate` spells it."""
+
+    def __init__(self, field: str, value, why: str, option: str):
+        super().__init__(f"--{option} {value!r}: {why}")
+        self.field, self.value, self.why = field, value, why
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class DeltaSettings:
     def __post_init__(self) -> None:
         if self.cells is not None and (isinstance(self.cells, bool) or not isinstance(self.cells, int)
                                        or self.cells < 1):
-            raise DeltaError(f"--delta-cells must be a whole number of at least 1, got {self.cells!r}")
+            raise DeltaError("delta.cells", self.cells, "must be a whole number of at least 1", "delta-cells")
 
     def record(self) -> dict:
         """The settings as run.json records them."""

@@ -29,7 +29,13 @@ MAX_PROBE_CODE_CHARS = 4_000
 
 
 class ProbeSettingsError(InputError):
-    """Probe settings out of range, or a protocol the backend cannot speak."""
+    """Probe settings out of range, or a protocol the backend cannot speak: `field` (its dotted path in an example
+    spec, e.g. `probe.max_probes`) given `value` cannot be taken, `why`; the message names the option as `themisto
+    generate` spells it, and another front end may name it its own way."""
+
+    def __init__(self, field: str, value, why: str, option: str):
+        super().__init__(f"--{option} {value}: {why}")
+        self.field, self.value, self.why = field, value, why
 
 
 @dataclass(frozen=True)
@@ -45,13 +51,16 @@ class ProbeSettings:
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_probes <= 64:
-            raise ProbeSettingsError(f"--probes must be between 0 and 64, got {self.max_probes}")
-        if not 100 <= self.output_chars <= 100_000 or not 0.1 <= self.timeout_s <= 600:
-            raise ProbeSettingsError(f"a probe's output must be 100-100,000 characters and its time 0.1-600 s, got "
-                                     f"{self.output_chars} and {self.timeout_s}")
+            raise ProbeSettingsError("probe.max_probes", self.max_probes, "must be between 0 and 64", "probes")
+        if not 100 <= self.output_chars <= 100_000:
+            raise ProbeSettingsError("probe.output_chars", self.output_chars,
+                                     "a probe's output must be 100-100,000 characters", "probe-chars")
+        if not 0.1 <= self.timeout_s <= 600:
+            raise ProbeSettingsError("probe.timeout_s", self.timeout_s, "a probe's time must be 0.1-600 s",
+                                     "probe-timeout")
         if self.protocol not in PROBE_PROTOCOLS:
-            raise ProbeSettingsError(f"unknown probe protocol {self.protocol!r} (expected one of "
-                                     f"{', '.join(PROBE_PROTOCOLS)})")
+            raise ProbeSettingsError("probe.protocol", self.protocol,
+                                     f"expected one of {', '.join(PROBE_PROTOCOLS)}", "probe-protocol")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -33,8 +33,8 @@ SPEC_PARAMETERS: dict[str, str] = {
     "delta_cells": "delta.cells",
 }
 # The spec's refusals as Inspect's `-T` parameters name them (`-T limit=0`); the task is the task's own name.
-INSPECT_OPTIONS = Spelling("-T {name}={value}", {field: name for name, field in SPEC_PARAMETERS.items()
-                                               if "." not in field}, HarnessError)
+INSPECT_OPTIONS = Spelling("-T {name}={value}", {field: name for name, field in SPEC_PARAMETERS.items()},
+                           HarnessError)
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from pathlib import Path
 from inspect_ai import Task, task
 
 from themisto.harness import standin  # noqa: F401 - registers the stand-in model provider (`themisto-standin`)
-from themisto.generation.delta import DeltaSettings
+from themisto.generation.delta import DeltaError, DeltaSettings
 from themisto.generation.example_spec import DEFAULT_SPEC, ExampleSpec
-from themisto.generation.probe_protocol import ProbeSettings
+from themisto.generation.probe_protocol import ProbeSettings, ProbeSettingsError
 from themisto.harness.samples import INSPECT_OPTIONS, HarnessSettings, task_samples
 from themisto.modes import context_mode
 from themisto.release.eval_yaml import task_id
@@ -113,12 +113,15 @@ def _make(config: str, release: str, context: str, split: str, limit: int | None
           execute: bool, workspace: str | None, execute_probes: bool, probes: int, probe_chars: int,
           probe_timeout: float, delta_cells: int | None) -> Task:
     """The task of `config` for its `-T` parameters (the task functions' own, with their defaults)."""
+    try:
+        probe = ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars), timeout_s=float(probe_timeout),
+                              protocol="native")
+        delta = DeltaSettings(cells=None if delta_cells is None else int(delta_cells))
+    except (ProbeSettingsError, DeltaError) as refused:  # named as Inspect's -T parameters name them
+        raise INSPECT_OPTIONS.error(f"{INSPECT_OPTIONS.option(refused.field, refused.value)}: {refused.why}") from None
     spec = ExampleSpec(tasks=(config,), contexts=(context,), split=split, limit=None if limit is None else int(limit),
                        max_prompt_tokens=None if max_prompt_tokens is None else int(max_prompt_tokens),
-                       probe=ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars),
-                                           timeout_s=float(probe_timeout), protocol="native"),
-                       delta=DeltaSettings(cells=None if delta_cells is None else int(delta_cells)),
-                       spelling=INSPECT_OPTIONS)
+                       probe=probe, delta=delta, spelling=INSPECT_OPTIONS)
     settings = HarnessSettings(spec=spec, release=str(release), execute=bool(execute),
                                execute_probes=bool(execute_probes))
     return themisto_task(settings, workspace)
