@@ -157,6 +157,26 @@ def test_a_release_from_the_planted_corpus_holds_no_credential_person_or_owner(c
     assert counts["texts"] > 0 and counts["credentials"]
 
 
+def test_the_kernel_environments_folder_becomes_a_placeholder_in_every_text_a_release_keeps(sample_release):
+    import pyarrow.parquet as pq
+
+    from themisto.release.scrub import KERNEL_ENV, Scrubber, kernel_env_roots
+    from themisto.settings import KERNEL_VENV
+
+    roots = kernel_env_roots()
+    assert str(KERNEL_VENV) in roots  # the environment the suite's kernels run in (install.sh made it)
+    scrub = Scrubber()
+    where = f"{KERNEL_VENV}/lib/python3.11/site-packages/pandas/core/generic.py"
+    assert scrub(f"File {where}:6299, in NDFrame.__getattr__") == \
+        f"File {KERNEL_ENV}/lib/python3.11/site-packages/pandas/core/generic.py:6299, in NDFrame.__getattr__"
+    assert (scrub.host_paths, scrub.texts_changed) == (1, 0)  # a path, not personal data or a credential
+    assert scrub(f"{KERNEL_VENV}-wild/lib/x.py") == f"{KERNEL_ENV}/lib/x.py"  # the longer folder first
+    # Nothing a replay printed in the sample release says where this checkout lies.
+    texts = [repr(pq.read_table(path).to_pylist()) for path in sorted(sample_release.rglob("*.parquet"))]
+    assert texts and not any(root in text for root in roots for text in texts)
+    assert any(KERNEL_ENV in text for text in texts)  # its tracebacks through pandas show the placeholder instead
+
+
 def test_the_corpus_release_loads_passes_check_and_reports_per_source(corpus_release):
     import datasets
 

@@ -3,13 +3,30 @@ scanner, and a stored value holding either is left out of `values`.
 
 Readers mask what they read (`themisto.ingest.personal`, `themisto.ingest.secrets`), but a replay makes new text: a
 cell prints a file of its repository that holds a key, a variable's repr shows an address read from a table. So the
-build scrubs what replay made, the same way for every source, and counts what it replaced.
+build scrubs what replay made, the same way for every source, and counts what it replaced. A traceback through a
+library also shows where the host keeps the kernel's environment (`/home/<builder>/themisto/.venv-kernel/lib/...`):
+that folder becomes `<kernel-env>`, so that no builder's path is published and an output target is the same
+wherever the release was built.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+
+KERNEL_ENV = "<kernel-env>"  # what stands for a kernel environment's folder in a release's texts
+
+
+def kernel_env_roots() -> list[str]:
+    """The folders of the host's kernel environments (virtual environments: the configured interpreter's, and each
+    named one beside the package), as given and resolved, longest first."""
+    from themisto.settings import KERNEL_ENVIRONMENTS, KERNEL_VENV, settings
+
+    candidates = [Path(settings().kernel_python).parent.parent,
+                  *(KERNEL_VENV.parent / folder for folder in KERNEL_ENVIRONMENTS.values())]
+    roots = {str(path) for c in candidates if (c / "pyvenv.cfg").is_file() for path in (c.absolute(), c.resolve())}
+    return sorted(roots, key=len, reverse=True)
 
 _OWN_HASH = re.compile(r'"hash"\s*:\s*"[0-9a-f]{16,64}"')
 
@@ -20,6 +37,8 @@ class Scrubber:
 
     redactions: dict[str, int] = field(default_factory=dict)
     texts_changed: int = 0
+    host_paths: int = 0  # texts in which a kernel environment's folder became KERNEL_ENV
+    roots: list[str] = field(default_factory=kernel_env_roots)
 
     def __call__(self, text: str | None) -> str | None:
         from themisto.ingest.personal import mask_personal
@@ -27,10 +46,15 @@ class Scrubber:
 
         if not text:
             return text
-        clean, counts = redact_secrets(mask_personal(text))
+        local = text
+        for root in self.roots:
+            local = local.replace(root, KERNEL_ENV)
+        if local != text:
+            self.host_paths += 1
+        clean, counts = redact_secrets(mask_personal(local))
         for kind, n in counts.items():
             self.redactions[kind] = self.redactions.get(kind, 0) + n
-        if clean != text:
+        if clean != local:
             self.texts_changed += 1
         return clean
 

@@ -53,7 +53,8 @@ def apply_health(rows: list[dict]) -> tuple[list[dict], dict]:
     scrubber = Scrubber()
     rows = [scrubber.row(row) for row in apply(rows, health)]
     return rows, {**health.counts(), "scrubbed": {"texts": scrubber.texts_changed,
-                                                  "credentials": dict(sorted(scrubber.redactions.items()))}}
+                                                  "credentials": dict(sorted(scrubber.redactions.items())),
+                                                  "kernel_env_paths": scrubber.host_paths}}
 
 
 def sources_table(sources: Mapping[str, Any]) -> str:
