@@ -111,3 +111,53 @@ def plant_corpus(root: Path) -> Path:
     con.executescript("CREATE TABLE accounts (id integer, name text);")
     con.close()
     return root
+
+
+# Sessions for where a session stands and what it lacks (`themisto.ingest.start_folder`): owners made up, as above.
+START_OWNER = "plantedownerdelta"
+# Matched to notebooks/bills.ipynb, it reads a file kept at data/bills.csv: it must start in data/.
+BILLS = [
+    "import csv",
+    "rows = list(csv.reader(open('bills.csv')))",
+    "header, body = rows[0], rows[1:]",
+    "print(header)",
+    "amounts = [float(r[1]) for r in body]",
+    "total = sum(amounts)",
+    "print(round(total, 2))",
+    "monthly = {r[0]: float(r[1]) for r in body}",
+    "max(monthly, key=monthly.get)",
+    "len(body)",
+    "print(sorted(amounts)[-1])",
+]
+# Ten inputs that need nothing, then a read of a file its repository never held (it lay on its developer's machine).
+NEVER_HELD = [f"v{i} = {i} * 3\nprint(v{i})" for i in range(10)] + [
+    "notes = open('field_notes_2019.csv').read()", "print(len(notes))"]
+# Its first input reads a file whose name is computed (no check can see it): only the replay finds it absent.
+COMPUTED = ["text = open('field_' + 'notes.txt').read()"] + [f"print(len(text) + {i})" for i in range(9)]
+# Its second input reads a file its repository never held: the checks leave it out.
+EARLY = ["import csv", "rows = list(csv.reader(open('survey_2019.csv')))"] + [f"print(len(rows) + {i})"
+                                                                               for i in range(10)]
+SESSIONS = {"bills": BILLS, "never_held": NEVER_HELD, "computed": COMPUTED, "early": EARLY}
+
+
+def _notebook(path: Path, cells: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [], "source": code}
+        for i, code in enumerate(cells)]}))
+
+
+def plant_start_corpus(root: Path, names: tuple[str, ...]) -> Path:
+    """Write under `root` a corpus of one repository (of its own made-up owner) per name of `SESSIONS`, each with
+    that one session: "bills" is matched to `notebooks/bills.ipynb` and reads `bills.csv`, kept in `data/`; the others
+    keep no file."""
+    for number, name in enumerate(names):
+        tree = [["README.md", 20]] + ([["notebooks/bills.ipynb", 400], ["data/bills.csv", 60]] if name == "bills"
+                                     else [])
+        repo = _repo(root, f"{START_OWNER}{number}", name, tree, "LICENSE:MIT")
+        if name == "bills":
+            (repo / "files" / "data").mkdir(parents=True)
+            (repo / "files" / "data" / "bills.csv").write_text("month,amount\njan,41.5\nfeb,38.25\nmar,44.0\n")
+            _notebook(repo / "files" / "notebooks" / "bills.ipynb", BILLS[1:6])
+        _history(repo / "history" / "history.sqlite", {1: SESSIONS[name]})
+    return root

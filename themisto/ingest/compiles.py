@@ -38,6 +38,7 @@ def _manager():
     return TransformerManager()
 
 
+@lru_cache(maxsize=4096)  # the checks, the start folder and replay health each read a cell again
 def transformed(code: str) -> str:
     """`code` after IPython's input transforms (`%magic`, `!shell`, `x?` become Python); may raise SyntaxError."""
     return _manager().transform_cell(code)

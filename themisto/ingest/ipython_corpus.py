@@ -37,6 +37,7 @@ WORKSPACE_FOLDER = "ipython"  # where a composed workspace holds each repository
 _REPO_BOUNDS = Bounds(file_bytes=64 << 20, line_bytes=64 << 20, lines=1_000_000, depth=8, items=1_000_000)
 _FILES_WALKED = 20_000  # files under one repository's files/ looked at, at most
 _NOTEBOOK_BYTES = 2 << 20  # notebooks read for matching, at most this size each
+_TREE_LISTED = 5000  # repo.json's `tree` lists a repository's first 5,000 files; `tree_entries` counts them all
 
 
 class CorpusError(InputError):
@@ -73,6 +74,7 @@ class Repository:
     licence: str | None  # the licence file's family as the corpus detected it ("MIT", "GPL-3.0", ...); None: none
     listed: frozenset[str]  # every path the repository holds (its tree, what was kept and omitted)
     kept: frozenset[str]  # paths under files/
+    tree_complete: bool = True  # `listed` is the whole tree (the collector lists its first _TREE_LISTED files)
 
     @property
     def files(self) -> Path:
@@ -127,6 +129,8 @@ def read_repository(folder: Path) -> Repository:
     if not isinstance(meta, dict) or not isinstance(meta.get("repo"), str) or "/" not in meta["repo"]:
         raise CorpusError(f"{_masked(path)}: expected an object with repo: \"owner/name\"")
     listed = {str(entry[0]) for entry in meta.get("tree") or [] if isinstance(entry, list) and entry}
+    entries = meta.get("tree_entries")
+    complete = entries <= len(listed) if isinstance(entries, int) else len(listed) < _TREE_LISTED
     listed |= {str(e.get("path")) for key in ("kept", "omitted") for e in meta.get(key) or [] if isinstance(e, dict)}
     kept = set()
     files = folder / "files"
@@ -142,7 +146,7 @@ def read_repository(folder: Path) -> Repository:
                       developer=anonymize("repository-owner:" + owner.lower()),
                       commit=str(meta["commit"]) if meta.get("commit") else None,
                       licence=str(licence).split(":")[-1] if licence else None,
-                      listed=frozenset(listed | kept), kept=frozenset(kept))
+                      listed=frozenset(listed | kept), kept=frozenset(kept), tree_complete=complete)
 
 
 def _masked(path: Path) -> str:
@@ -203,8 +207,8 @@ def session_key(codes: list[str]) -> str:
 
 
 def trajectory_of(repo: Repository, kind: str, file: Path, session, codes: list[str], settings: CorpusSettings,
-                  match: tuple[str, int] | None, cut: dict | None) -> Trajectory:
-    """One session as a trajectory (`codes` already masked and cut)."""
+                  match: tuple[str, int] | None, cut: dict | None, start: str = "") -> Trajectory:
+    """One session as a trajectory (`codes` already masked and cut) that starts in the repository's folder `start`."""
     from themisto.ingest.personal import mask_personal
 
     rel = mask_personal(file.name.replace("__", "/"))
@@ -213,17 +217,14 @@ def trajectory_of(repo: Repository, kind: str, file: Path, session, codes: list[
     executions = [Execution(cell_id=f"{session.session}:{i.line}", code=code, started_at=time,
                             origin=f"{repo.id}/{rel}:{session.session}:{i.line}")
                   for i, code, time in zip(session.inputs, codes, times)]
-    notebook, start = "", None
-    if match is not None:
-        notebook = mask_personal(match[0])
-        start = str(Path(match[0]).parent.as_posix()) if "/" in match[0] else None
+    notebook = mask_personal(match[0]) if match is not None else ""
     provenance = {"kind": SOURCE_KINDS[kind], "repository": repo.id, "commit": repo.commit, "path": rel,
                   "session": int(session.session), "date": session.start, "licence": repo.licence,
                   "environment": settings.environment, "notebook_inputs_matched": match[1] if match else 0,
                   "inputs": len(session.inputs), "cut": cut}
     return Trajectory(id=f"ih-{ident}", notebook=notebook, source=SOURCE_KINDS[kind], executions=executions,
                       participant=repo.developer, sources=[SourceFile(file=f"{repo.id}/{rel}", sha256=_sha256(file))],
-                      workspace=f"{WORKSPACE_FOLDER}/{repo.id}", start_dir=start, provenance=provenance,
+                      workspace=f"{WORKSPACE_FOLDER}/{repo.id}", start_dir=start or None, provenance=provenance,
                       cell_timeout_s=settings.cell_timeout_s)
 
 
@@ -311,10 +312,12 @@ def _sessions(kind: str, file: Path, report: CorpusReport) -> list:
 
 def _repository_candidates(repo: Repository, settings: CorpusSettings, modules: frozenset[str],
                            report: CorpusReport) -> list[_Candidate]:
-    from themisto.ingest.session_checks import RepositoryFiles, first_blocker, local_modules
+    from themisto.ingest.session_checks import RepositoryFiles
+    from themisto.ingest.start_folder import checked_session
 
     out: list[_Candidate] = []
     cells: dict[str, set[str]] | None = None
+    files = RepositoryFiles(repo.listed, repo.kept, complete=repo.tree_complete)
     for kind, file in session_files(repo):
         for session in _sessions(kind, file, report):
             report.sessions_read += 1
@@ -325,9 +328,8 @@ def _repository_candidates(repo: Repository, settings: CorpusSettings, modules: 
             codes = [i.code for i in session.inputs]
             cells = notebook_cells(repo) if cells is None else cells
             match = match_notebook(codes, cells, settings)
-            start = str(Path(match[0]).parent.as_posix()) if match and "/" in match[0] else ""
-            files = RepositoryFiles(repo.listed, repo.kept, start)
-            blocker = first_blocker(codes[:settings.max_steps], modules, files, local_modules(repo.kept, start))
+            notebook_folder = str(Path(match[0]).parent.as_posix()) if match and "/" in match[0] else ""
+            start, blocker = checked_session(codes[:settings.max_steps], modules, files, notebook_folder)
             end = min(len(codes), settings.max_steps, blocker.index if blocker else len(codes))
             if end < settings.min_steps:
                 _count(report.left_out, blocker.cause if blocker else "too_short")
@@ -335,7 +337,7 @@ def _repository_candidates(repo: Repository, settings: CorpusSettings, modules: 
             cut = {"cause": blocker.cause, "at": blocker.index} if blocker and blocker.index < len(codes) else None
             if cut is None and end < len(codes):
                 cut = {"cause": "max_steps", "at": end}
-            trajectory = trajectory_of(repo, kind, file, session, codes[:end], settings, match, cut)
+            trajectory = trajectory_of(repo, kind, file, session, codes[:end], settings, match, cut, start)
             out.append(_Candidate(trajectory, session_key(codes)))
     return out
 

@@ -13,7 +13,6 @@ Python 2 where it holds a `print` statement or an `except X, e:` clause, else it
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import re
@@ -23,16 +22,12 @@ from pathlib import PurePosixPath
 from typing import Iterable, Mapping, Sequence
 
 from themisto.ingest.compiles import parse_cell
+from themisto.ingest.file_uses import IMPORT, MAKES, READ, WRITE, FileUse, file_uses, imported
 
 # Why an input cannot replay as its developer ran it (a closed set, also `themisto.replay.health`'s causes).
 BLOCKERS: tuple[str, ...] = ("package_absent", "input_absent", "network_needed", "gpu_needed", "python2",
                               "interactive")
 
-# Suffixes of the data files sessions read; a string literal ending so is a file the session may open.
-_DATA_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".xlsx", ".xls", ".parquet", ".pkl", ".pickle", ".npy",
-                            ".npz", ".h5", ".hdf5", ".hdf", ".dat", ".xml", ".sqlite", ".db", ".feather", ".mat",
-                            ".zip", ".gz", ".tif", ".tiff", ".png", ".jpg", ".jpeg", ".nc", ".shp", ".geojson",
-                            ".yaml", ".yml", ".jsonl", ".log", ".fits", ".sav", ".dta", ".ods", ".arff"})
 _URL = re.compile(r"""['"](?:https?|ftp|s3|gs)://""", re.IGNORECASE)
 _GPU = re.compile(r"""\.cuda\(|['"]cuda(?::\d+)?['"]|device\s*=\s*['"]?cuda|\bcupy\b|\bnumba\.cuda\b""")
 # A program that waits for a person at a terminal (an editor, a pager, a shell or an interpreter with no script): in a
@@ -72,69 +67,78 @@ def importable_modules(python: str) -> frozenset[str]:
     return frozenset(json.loads(done.stdout)) | {"pylab"}
 
 
-def imported(tree: ast.AST) -> list[str]:
-    """Top-level module names the tree imports (relative imports left out: they name the repository's own files)."""
-    names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.append(node.module.split(".")[0])
-    return names
-
-
-def literal_paths(tree: ast.AST) -> list[str]:
-    """String literals that look like data files (`data/train.csv`, `../x.xlsx`), in the order they appear."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 300:
-            text = node.value.strip()
-            if "\n" not in text and "://" not in text and PurePosixPath(text.replace("\\", "/")).suffix.lower() \
-                    in _DATA_SUFFIXES:
-                found.append(text.replace("\\", "/"))
-    return found
-
-
 @dataclass(frozen=True)
 class RepositoryFiles:
     """What the checks need of a repository: the files it lists (paths relative to its root), those the corpus kept,
-    and the folder the session starts in (relative to the root; "" for the root)."""
+    the folder the session starts in (relative to the root; "" for the root), and whether the list is the whole tree
+    (the collector lists a repository's first 5,000 files: past that, a file it does not list may still be held)."""
 
     listed: frozenset[str]
     kept: frozenset[str]
     start: str = ""
+    complete: bool = True
 
-    def absent(self, literal: str) -> str | None:
-        """The repository path `literal` names when the repository lists it but the corpus did not keep it, else
-        None (kept, or never listed: a file the session may write itself)."""
-        if literal.startswith("/") or re.match(r"^[A-Za-z]:/", literal):
-            return None  # an absolute path on the developer's machine: the replay's read fails, the replay says so
-        joined = PurePosixPath(self.start, literal).as_posix() if self.start else literal
+    def resolve(self, literal: str, cwd: str | None = "") -> str | None:
+        """The repository path `literal` names when read from `cwd` (relative to the start), or None where it names
+        none: an absolute path or one in a home folder (on the developer's machine), one above the repository's top,
+        or a folder no one knows (`cwd` None)."""
+        if cwd is None or literal.startswith(("/", "~")) or re.match(r"^[A-Za-z]:/", literal):
+            return None
         parts: list[str] = []
-        for part in joined.split("/"):
+        for part in "/".join((self.start, cwd, literal)).split("/"):
             if part == "..":
-                if parts:
-                    parts.pop()
+                if not parts:
+                    return None
+                parts.pop()
             elif part not in ("", "."):
                 parts.append(part)
-        path = "/".join(parts)
-        if path in self.kept:
+        return "/".join(parts)
+
+    def absent(self, literal: str, cwd: str | None = "") -> str | None:
+        """The repository path `literal` names when the repository lists it but the corpus did not keep it, else
+        None (kept, or never listed: a file the session may write itself)."""
+        path = self.resolve(literal, cwd)
+        if path is not None and path in self.kept:
             return None
-        if path in self.listed:
+        if path is not None and path in self.listed:
             return path
         # A bare file name read from another folder than the start: listed somewhere, kept nowhere.
-        name = parts[-1] if parts else ""
-        if "/" not in literal and name and any(p.rsplit("/", 1)[-1] == name for p in self.listed) \
-                and not any(p.rsplit("/", 1)[-1] == name for p in self.kept):
+        name = literal.rsplit("/", 1)[-1]
+        if "/" not in literal and name in _names(self.listed) and name not in _names(self.kept):
             return name
         return None
 
+    def unreadable(self, literal: str, cwd: str | None = "") -> str | None:
+        """For a read of `literal` that no earlier input wrote: the file it names when the read cannot find it,
+        else None. It cannot where the path resolves to no kept file but a file of that name is kept elsewhere (the
+        session started in another folder), or where the repository never held it: a path on the developer's
+        machine, or one the whole tree does not list under any folder the session could stand in."""
+        path = self.resolve(literal, cwd)
+        if path is not None and path in self.kept:
+            return None
+        name = literal.rsplit("/", 1)[-1]
+        if path is None:  # off the repository (where `cwd` is known), or from a folder no one knows
+            return literal if cwd is not None or (self.complete and name not in _names(self.listed)) else None
+        if name in _names(self.kept) or (self.complete and path not in self.listed):
+            return path
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _names(paths: frozenset[str]) -> frozenset[str]:
+    """The file names (last parts) of `paths`."""
+    return frozenset(p.rsplit("/", 1)[-1] for p in paths)
+
 
 def first_blocker(codes: Sequence[str], modules: frozenset[str], files: RepositoryFiles,
-                  local: Iterable[str] = ()) -> Blocker | None:
+                  local: Iterable[str] = (), uses: Sequence[Sequence[FileUse]] | None = None) -> Blocker | None:
     """The first input of `codes` a replay here cannot run as its developer did (`modules`: what the kernel
-    environment imports; `local`: module names the repository's own kept files provide), or None."""
+    environment imports; `local`: module names the repository's own kept files provide; `uses`: `file_uses(codes)`
+    where the caller has it), or None."""
     available = modules | frozenset(local)
+    uses = file_uses(codes) if uses is None else uses
+    written: set[str] = set()
+    makes = False  # since an input that may have made files no literal names
     for index, code in enumerate(codes):
         if _INTERACTIVE.search(code):
             return Blocker(index, "interactive", "a program waiting for a terminal")
@@ -150,8 +154,19 @@ def first_blocker(codes: Sequence[str], modules: frozenset[str], files: Reposito
             return Blocker(index, "gpu_needed", "CUDA")
         if _URL.search(code):
             return Blocker(index, "network_needed", "a URL")
-        for literal in literal_paths(tree):
-            absent = files.absent(literal)
+        for use in uses[index]:
+            if use.kind == MAKES:
+                makes = True
+                continue
+            made = {use.path.rsplit("/", 1)[-1], files.resolve(use.path, use.cwd)} - {None}
+            if use.kind == WRITE:
+                written |= made
+                continue
+            if use.kind == IMPORT or made & written:
+                continue
+            absent = files.absent(use.path, use.cwd)
+            if absent is None and use.kind == READ and not makes:
+                absent = files.unreadable(use.path, use.cwd)
             if absent is not None:
                 return Blocker(index, "input_absent", PurePosixPath(absent).name)
     return None

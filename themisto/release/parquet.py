@@ -19,7 +19,7 @@ from themisto.release.card import CARD_TEMPLATE, render_card
 from themisto.release.eval_yaml import write_eval_yaml
 from themisto.release.folder import (CARD_FILE, TRAJECTORIES, BuildReport, ReleaseError, content_hash, parquet_name,
                                      schema_module, sha256_file, shipped)
-from themisto.release.tasks import TaskSettings, build_tasks
+from themisto.release.tasks import NO_ROWS, TaskSettings, build_tasks
 from themisto.release.sources import per_source
 from themisto.release.text_track import PromptRenderer, prompt_rows
 from themisto.release.values import VALUES, ValueCaps, release_values, values_note
@@ -267,11 +267,15 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
 
         return (read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])},
                 {}, {})
+    from themisto.release.sources import apply_health, why_nothing
+
     kind, read, trajectories, finals, ingested = _read_trajectories(inputs)
     seen = {t.id for t in trajectories}
     source: dict[str, Any] = {"kind": kind, "inputs": read}
     if ingested is not None and ingested.corpora:
         source["corpora"] = ingested.corpora
+    if not trajectories and inputs.steps is None:
+        raise ReleaseError(f"{NO_ROWS}: {why_nothing(source)}")
     settings: dict[str, Any] = {}
     from themisto.replay.replay import ReplaySettings, relogged
     from themisto.replay.steps_file import read_steps, read_steps_header, replay_to_file
@@ -309,10 +313,10 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
     rule = _cell_limit_rule(settings.get("replay") or {})
     if rule:
         settings["cell_limit_rule"] = rule
-    from themisto.release.sources import apply_health
-
     participants = {t.id: t.participant for t in trajectories}
     rows, source["health"] = apply_health(trajectory_rows(steps, participants, {t.id: t for t in trajectories}))
+    if not rows:
+        raise ReleaseError(f"{NO_ROWS}: {why_nothing(source, trajectories)}")
     return rows, source, settings, fidelity_of(steps, trajectories, finals)
 
 

@@ -44,7 +44,8 @@ def replay_workspace(trajectories: list, folders: Mapping[str, Path | None], tmp
 
 def apply_health(rows: list[dict]) -> tuple[list[dict], dict]:
     """The rows with the replay's health applied (`themisto.replay.health`: steps past a cut dropped, each step's
-    `replay_cause` set) and every text scrubbed (`themisto.release.scrub`); the health's counts and the scrub's."""
+    `replay_cause` set) and every text scrubbed (`themisto.release.scrub`); the health's counts, its cut of each
+    trajectory it cut (`cut`: kernel -> {at, cause}), and the scrub's counts."""
     from themisto.release.scrub import Scrubber
     from themisto.release.tasks import group_by_kernel
     from themisto.replay.health import apply, judge
@@ -52,9 +53,36 @@ def apply_health(rows: list[dict]) -> tuple[list[dict], dict]:
     health = judge(group_by_kernel(rows))
     scrubber = Scrubber()
     rows = [scrubber.row(row) for row in apply(rows, health)]
-    return rows, {**health.counts(), "scrubbed": {"texts": scrubber.texts_changed,
+    return rows, {**health.counts(), "cut": dict(sorted(health.cut.items())),
+                  "scrubbed": {"texts": scrubber.texts_changed,
                                                   "credentials": dict(sorted(scrubber.redactions.items())),
                                                   "kernel_env_paths": scrubber.host_paths}}
+
+
+def why_nothing(source: Mapping[str, Any], trajectories: Sequence = ()) -> str:
+    """Why a build has no trajectory row, in its build report's words: per corpus read, the sessions its checks
+    left out and cut, by cause (`left_out`, `cut`); per trajectory replayed, where the checks cut it before replay
+    (`provenance.cut`) and where replay health cut it to nothing (`health.cut`), by cause."""
+    parts = []
+    for corpus in source.get("corpora") or ():
+        parts.append(f"a corpus of {corpus['repositories']} repositories gave {corpus['trajectories']} of its "
+                     f"{corpus['sessions_long_enough']} sessions long enough; left_out: {_counts(corpus['left_out'])}; "
+                     f"cut before replay: {_counts(corpus['cut'])}")
+    health = source.get("health") or {}
+    if health.get("trajectories_cut"):
+        parts.append(f"replay health: trajectories_cut: {_counts(health['trajectories_cut'])}")
+    static = {t.id: (t.provenance or {}).get("cut") for t in trajectories}
+    for kernel_id, cut in sorted((health.get("cut") or {}).items()):
+        before = static.get(kernel_id)
+        parts.append(f"trajectory {kernel_id}: " + (f"checks cut it at input {before['at']} ({before['cause']}), "
+                                                    if before else "") +
+                     f"replay health cut it at step {cut['at']} ({cut['cause']})")
+    return "; ".join(parts) or "the inputs gave no trajectory"
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) \
+        or "none"
 
 
 def sources_table(sources: Mapping[str, Any]) -> str:

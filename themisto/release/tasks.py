@@ -42,6 +42,9 @@ RULES: dict[str, str] = {
 }
 
 
+NO_ROWS = "no trajectory rows: nothing to build tasks from"
+
+
 class TaskError(InputError):
     """Task rows cannot be built; the message names the trajectory/step or the rule concerned."""
 
@@ -372,7 +375,7 @@ def build_tasks(rows: Iterable[dict], settings: TaskSettings = TaskSettings()) -
     rows and seed."""
     kernels = group_by_kernel(rows)
     if not kernels:
-        raise TaskError("no trajectory rows: nothing to build tasks from")
+        raise TaskError(NO_ROWS)
     plan = assign_splits(kernels, settings.seed, settings.test_fraction, settings.min_test_groups)
     split_of, notes = plan.split_of, list(plan.notes)
     out: dict[str, dict[str, list[dict]]] = {
