@@ -5,9 +5,10 @@
 #   bash scripts/corpus_release.sh [OUT]            # default OUT: out/two-source (git-ignored)
 #
 # 1. build one release from both sources (`themisto build JUNE IPYTHON`: two trajectories replayed at once, progress
-#    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial), at most THEMISTO_PER_DEVELOPER (1)
-#    sessions of one repository owner and THEMISTO_SESSIONS (80) in all, each cut at THEMISTO_MAX_STEPS (60) inputs
-#    (what a working session's two cores replay in about half an hour beside the JuNE logs); check it;
+#    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial): every corpus session that passes the
+#    static checks, at most THEMISTO_PER_DEVELOPER (5) of one repository owner, each cut at THEMISTO_MAX_STEPS (120)
+#    inputs, in the kernel environment THEMISTO_KERNEL_ENV (wild; wide: `scripts/install.sh --wide` made it);
+#    THEMISTO_SESSIONS=N keeps N sessions in all (every developer's first before anyone's second); check it;
 # 2. the model-free baselines on every test example of both tasks, on it and on the JuNE-only release
 #    (THEMISTO_JUNE_RELEASE, default out/june/release, as scripts/june_release.sh builds it), scored text-only with
 #    intervals over developers (`--cluster participant`);
@@ -24,9 +25,10 @@ JUNE=${THEMISTO_JUNE_DIR:-../shared/data/june}
 IPYTHON=${THEMISTO_IPYTHON_DIR:-../shared/data/ipython}
 JUNE_RELEASE=${THEMISTO_JUNE_RELEASE:-out/june/release}
 LIMIT=${THEMISTO_LIMIT:-20}
-PER_DEVELOPER=${THEMISTO_PER_DEVELOPER:-1}
-SESSIONS=${THEMISTO_SESSIONS:-80}
-MAX_STEPS=${THEMISTO_MAX_STEPS:-60}
+PER_DEVELOPER=${THEMISTO_PER_DEVELOPER:-5}
+SESSIONS=${THEMISTO_SESSIONS:-}
+MAX_STEPS=${THEMISTO_MAX_STEPS:-120}
+KERNEL_ENV=${THEMISTO_KERNEL_ENV:-wild}
 RELEASE="$OUT/release"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 started=$(date +%s)
@@ -44,7 +46,8 @@ if [ ! -f "$RELEASE/themisto_build.json" ]; then
     STEPS=(--steps-out "$OUT/steps.jsonl" --workers 2)
   fi
   .venv/bin/themisto build "$JUNE" "$IPYTHON" --participants "$OUT/participants.json" \
-    --sessions-per-developer "$PER_DEVELOPER" --corpus-limit "$SESSIONS" --max-steps "$MAX_STEPS" -o "$RELEASE" \
+    --sessions-per-developer "$PER_DEVELOPER" ${SESSIONS:+--corpus-limit "$SESSIONS"} --max-steps "$MAX_STEPS" \
+    --kernel-environment "$KERNEL_ENV" -o "$RELEASE" \
     "${STEPS[@]}" --no-values --allow-missing-files --overwrite --json > "$OUT/build.json" 2>> "$OUT/build.log"
 fi
 .venv/bin/themisto check "$RELEASE"
@@ -82,6 +85,6 @@ if [ -n "$PAGE" ]; then
   .venv/bin/python -c "import sys, pathlib; from themisto.release.card import write_results_page
 write_results_page(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).read_text(encoding='utf-8'),
                    source=sys.argv[3], section='two-source results')" "$PAGE" "$OUT/results.md" \
-    "\`scripts/corpus_release.sh\` (THEMISTO_PER_DEVELOPER=$PER_DEVELOPER, THEMISTO_SESSIONS=$SESSIONS, THEMISTO_MAX_STEPS=$MAX_STEPS, THEMISTO_LIMIT=$LIMIT; commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+    "\`scripts/corpus_release.sh\` (THEMISTO_PER_DEVELOPER=$PER_DEVELOPER, THEMISTO_SESSIONS=${SESSIONS:-all}, THEMISTO_MAX_STEPS=$MAX_STEPS, THEMISTO_KERNEL_ENV=$KERNEL_ENV, THEMISTO_LIMIT=$LIMIT; commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
 fi
 say "done: $OUT/results.md${PAGE:+ and $PAGE}"

@@ -3,8 +3,20 @@
 # packages, then the pinned Python requirements and the package itself; the replay kernel's own environment
 # (the participants' 2023 stack, requirements-kernel.txt) into ./.venv-kernel; and the one for sessions from public
 # repositories (that stack plus requirements-kernel-wild.txt) into ./.venv-kernel-wild. Safe to run again.
+#
+#   bash scripts/install.sh [--wide]
+#
+# --wide (or THEMISTO_WIDE_KERNEL=1) also makes the wider environment for those sessions, ./.venv-kernel-wide (the
+# wild one plus requirements-kernel-wide.txt: tensorflow, torch and more, about 3 GB); nothing else installs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WIDE=${THEMISTO_WIDE_KERNEL:-0}
+for arg in "$@"; do
+  case "$arg" in
+    --wide) WIDE=1 ;;
+    *) echo "usage: bash scripts/install.sh [--wide]" >&2; exit 2 ;;
+  esac
+done
 
 # System packages: bubblewrap (the kernels' isolation) and chromium (the leaderboard page's browser test).
 missing=""
@@ -42,3 +54,14 @@ wild_site=$(.venv-kernel-wild/bin/python -c 'import sysconfig; print(sysconfig.g
 .venv-kernel/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$wild_site/themisto-june.pth"
 .venv-kernel-wild/bin/python -m pip install -q --disable-pip-version-check --only-binary=:all: \
   --no-deps -r requirements-kernel-wild.txt
+
+# The wider environment (only when asked): the wild and JuNE environments seen through one .pth file (a path a .pth
+# file adds is not searched for .pth files of its own, so both are named), requirements-kernel-wide.txt beside them.
+if [ "$WIDE" = 1 ]; then
+  [ -x .venv-kernel-wide/bin/python ] || "$PY" -m venv .venv-kernel-wide
+  [ -f .venv-kernel-wide/.gitignore ] || echo '*' > .venv-kernel-wide/.gitignore
+  wide_site=$(.venv-kernel-wide/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  { echo "$wild_site"; cat "$wild_site/themisto-june.pth"; } > "$wide_site/themisto-wild.pth"
+  .venv-kernel-wide/bin/python -m pip install -q --disable-pip-version-check --only-binary=:all: \
+    --no-deps -r requirements-kernel-wide.txt
+fi

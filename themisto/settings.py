@@ -15,8 +15,9 @@ KERNEL_VENV = Path(__file__).resolve().parents[1] / ".venv-kernel"
 # The kernel environments a trajectory may ask for by name (`Trajectory.provenance["environment"]`), each a venv
 # beside the package made by scripts/install.sh: "june", the 2023 stack of requirements-kernel.txt (the default, or
 # THEMISTO_KERNEL_PYTHON); "wild", that stack and the packages sessions from public repositories import most
-# (requirements-kernel-wild.txt).
-KERNEL_ENVIRONMENTS: dict[str, str] = {"june": ".venv-kernel", "wild": ".venv-kernel-wild"}
+# (requirements-kernel-wild.txt); "wide", the wild one and CPU wheels of the larger packages those sessions import
+# (requirements-kernel-wide.txt: tensorflow, torch, ...), made only by `scripts/install.sh --wide`.
+KERNEL_ENVIRONMENTS: dict[str, str] = {"june": ".venv-kernel", "wild": ".venv-kernel-wild", "wide": ".venv-kernel-wide"}
 DEFAULT_ENVIRONMENT = "june"
 
 

@@ -63,6 +63,7 @@ def add_trajectory_inputs(parser: argparse.ArgumentParser, *, output_help: str, 
 def add_corpus_options(parser: argparse.ArgumentParser) -> None:
     """Which sessions a corpus of IPython histories gives (`themisto.ingest.ipython_corpus.CorpusSettings`)."""
     from themisto.ingest.ipython_corpus import CorpusSettings
+    from themisto.settings import KERNEL_ENVIRONMENTS
 
     group = parser.add_argument_group("IPython history corpora (a folder with repos/*/repo.json)")
     group.add_argument("--min-inputs", type=int, default=default_of(CorpusSettings, "min_inputs"), metavar="N",
@@ -74,6 +75,10 @@ def add_corpus_options(parser: argparse.ArgumentParser) -> None:
                        help="at most N sessions of one repository owner (default %(default)s)")
     group.add_argument("--corpus-limit", type=int, metavar="N",
                        help="at most N sessions in all, every developer's first before anyone's second")
+    group.add_argument("--kernel-environment", default=default_of(CorpusSettings, "environment"), metavar="NAME",
+                       choices=sorted(KERNEL_ENVIRONMENTS),
+                       help="the kernel environment the sessions are checked against and replay in (%(choices)s; "
+                            "default %(default)s; wide: made by `scripts/install.sh --wide`)")
     group.add_argument("--licences", metavar="L1,L2",
                        help="keep only repositories under these licences (e.g. MIT,Apache-2.0; `none`: no licence "
                             "file); default: every one")
@@ -90,7 +95,7 @@ def corpus_settings(args: argparse.Namespace):
     licences = None if args.licences is None else tuple(x.strip() for x in args.licences.split(",") if x.strip())
     return CorpusSettings(min_inputs=args.min_inputs, max_steps=args.max_steps,
                           sessions_per_developer=args.sessions_per_developer, limit=args.corpus_limit,
-                          licences=licences)
+                          licences=licences, environment=args.kernel_environment)
 
 
 def add_participants_option(parser: argparse.ArgumentParser) -> None:

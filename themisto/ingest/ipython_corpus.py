@@ -5,9 +5,10 @@ owner/name, `commit`, `licence`, `tree`: [[path, bytes], …] of the repository,
 history databases under `history/`, IPython `%logstart` logs under `logs/`, and under `files/` the repository's files
 that were kept (at their repository paths). Each session of a database or log is one trajectory (its inputs as
 typed, in order; a kernel start is a session). Its kernel replays over a copy of the repository's kept files, started
-in the folder of the repository notebook whose code cells its inputs match (at least `match_inputs` inputs and
-`match_share` of them; the notebook is then the trajectory's notebook), else at the repository's top (a terminal
-IPython session, or a notebook that was not committed: kept, and counted apart in the report).
+in the folder from which its literal reads find kept files (`themisto.ingest.start_folder`); where no read tells
+folders apart, in the folder of the repository notebook whose code cells its inputs match (at least `match_inputs`
+inputs and `match_share` of them; the notebook is then the trajectory's notebook), else at the repository's top (a
+terminal IPython session, or a notebook that was not committed: kept, and counted apart in the report).
 
 Choosing before replaying: sessions under `min_inputs` inputs are left out; every session is cut at its first input
 a replay here cannot run as its developer did (`themisto.ingest.session_checks`) and at `max_steps`; a session copied

@@ -7,6 +7,13 @@ the kernel environment lacks, a file its repository lists but the corpus did not
 syntax, or a program that waits for a person at a terminal (`!vim`, `!less`, `%edit`). What replay then finds on its
 own (`themisto.replay.health`) cuts it further.
 
+An input file is absent where a string literal names a file the repository lists but the corpus did not keep, and
+where a read (a literal passed to a reader: `themisto.ingest.file_uses`) finds no kept file from the folder the
+session stands in: a file of that name is kept elsewhere, or the repository never held it (the whole tree does not
+list it, or the path is on the developer's machine) and no earlier input wrote it. After an input that may have made
+files no literal names (a shell command, a script, a write to a computed path), those two read rules rest: the file
+may be the session's own.
+
 The checks read IPython's transformed text of each input with `ast`; an input that does not parse as Python 3 is
 Python 2 where it holds a `print` statement or an `except X, e:` clause, else it is left to the replay.
 """

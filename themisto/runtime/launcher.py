@@ -36,6 +36,9 @@ KERNEL_ENV: dict[str, str] = {
     # or state hashes and output targets drift; the release records it (kernel_environment()["hash_seed"]).
     "PYTHONHASHSEED": "0",
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    # TensorFlow's C++ log lines (the wide kernel environment) carry the clock's time: an output target would differ
+    # in every build. Errors still print.
+    "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 
 _PR_SET_PDEATHSIG = 1
