@@ -78,3 +78,15 @@ def test_the_pin_reader_refuses_a_double_pin_and_a_range(tmp_path):
             assert message in str(exc)
         else:
             raise AssertionError(f"{name} was read without complaint")
+
+
+def test_the_wide_kernel_set_keeps_the_kernel_stack_and_shadows_only_what_torch_needs():
+    """requirements-kernel-wide.txt installs beside the wild and JuNE kernel sets (--no-deps, seen through a .pth
+    file): it may pin again only the two packages torch 2.13 needs newer, and never the numpy 1.24 / pandas 2.0 stack;
+    its torch is the CPU build, never PyPI's CUDA one."""
+    below = {**pins(REPO / "requirements-kernel.txt"), **pins(REPO / "requirements-kernel-wild.txt")}
+    wide = pins(REPO / "requirements-kernel-wide.txt")
+    assert set(wide) & set(below) == {"typing-extensions", "sympy"}
+    assert below["numpy"] == "1.24.3" and below["pandas"] == "2.0.1"
+    assert wide["torch"] == "2.13.0+cpu"
+    assert {"tensorflow-cpu", "jupyterthemes", "scanpy", "geopandas", "librosa"} <= set(wide)

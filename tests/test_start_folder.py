@@ -26,20 +26,22 @@ def test_a_literal_is_a_read_a_write_or_unknown_by_the_call_it_is_passed_to():
              "df.to_csv('b.csv')", "name = 'n.xlsx'", "pd.read_excel(name)", "print('see result.csv')",
              "np.load(os.path.join('arrays', 'x.npy'))", "shutil.copy('src.csv', 'dst.csv')",
              "f = h5py.File('h.h5', 'a')", "def load():\n    return pd.read_csv('later.csv')",
-             "try:\n    pd.read_csv('cache.csv')\nexcept OSError:\n    pass"]
+             "try:\n    pd.read_csv('cache.csv')\nexcept OSError:\n    pass", "Path('p.csv').write_text(text)",
+             "Path('q.csv').open()", "%%writefile -a cells.txt\nline"]
     assert _kinds(codes) == [
         [(READ, "data/a.csv", "")], [(READ, "c.json", "")], [(WRITE, "o.pkl", "")], [(WRITE, "b.csv", "")],
         [(UNKNOWN, "n.xlsx", "")], [(READ, "n.xlsx", "")], [(UNKNOWN, "see result.csv", "")],
         [(READ, "arrays/x.npy", "")], [(READ, "src.csv", ""), (WRITE, "dst.csv", "")], [(WRITE, "h.h5", "")],
-        [(UNKNOWN, "later.csv", "")], [(UNKNOWN, "cache.csv", "")]]
+        [(UNKNOWN, "later.csv", "")], [(UNKNOWN, "cache.csv", "")], [(WRITE, "p.csv", "")], [(READ, "q.csv", "")],
+        [(WRITE, "cells.txt", "")]]
 
 
 def test_shell_commands_scripts_and_computed_writes_may_make_files_and_cd_moves_the_folder():
     codes = ["!ls data.csv", "!unzip raw.zip", "df.to_csv(out_path)", "df.to_numpy()", "%run prepare.py",
              "%cd data", "pd.read_csv('x.csv')", "cd ../other", "pd.read_csv('y.csv')", "%cd $folder",
-             "pd.read_csv('z.csv')"]
+             "pd.read_csv('z.csv')", "zipfile.ZipFile(name).extractall()", "s.str.extract('(a)')"]
     makes = [any(u.kind == MAKES for u in uses) for uses in file_uses(codes)]
-    assert makes == [False, True, True, False, True, False, False, False, False, False, False]
+    assert makes == [False, True, True, False, True, False, False, False, False, False, False, True, False]
     reads = [(u.path, u.cwd) for uses in file_uses(codes) for u in uses if u.kind == READ]
     assert reads == [("x.csv", "data"), ("y.csv", "data/../other"), ("z.csv", None)]
 
@@ -137,3 +139,9 @@ def test_a_build_that_keeps_nothing_says_what_cut_what(tmp_path, capsys):
     assert "replay health: trajectories_cut: input_absent 1" in err
     assert re.search(r"trajectory ih-\w+: replay health cut it at step 0 \(input_absent\)", err)
     assert START_OWNER not in err
+
+
+def test_an_expression_nested_past_the_readers_depth_is_left_unread_not_a_crash():
+    deep = "pd.read_csv(" + "'a' / " * 1500 + "'x.csv')"
+    assert file_uses([deep, "pd.read_csv('y.csv')"])[0] == []
+    assert first_blocker(["import pandas as pd", deep], MODULES, FILES) is None

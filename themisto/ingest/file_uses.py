@@ -7,8 +7,10 @@ A literal passed to a reader (`pd.read_csv(p)`, `open(p)` or `open(p, 'rb')`, `n
 a function of the developer's own) its use is unknown. A name bound to a literal (`path = 'data/x.csv'`) and then
 passed to a reader or writer is that literal. An input that may make files no literal names (a shell command, `%run`,
 an archive extracted, a write to a computed path) is a `MAKES` use: after it, a file the repository never held may be
-one the session made. `%cd` and `os.chdir` to a literal folder move the folder later paths resolve against; to
-anything else, that folder is unknown from there on (`cwd` None). Nothing here runs or opens anything.
+one the session made. A path's own methods (`Path(p).read_text()`) and `%%writefile p` count as calls on `p`; a read
+inside a function (it runs when called), a `try` or an `if os.path.exists(...)` is of unknown use. `%cd` and
+`os.chdir` to a literal folder move the folder later paths resolve against; to anything else, that folder is unknown
+from there on (`cwd` None). Nothing here runs or opens anything.
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ _READER_PREFIXES = ("read_", "load_", "open_")
 _WRITES_FILE = frozenset({"to_csv", "to_excel", "to_pickle", "to_parquet", "to_hdf", "to_feather", "to_file",
                           "to_netcdf", "to_stata", "savefig", "save", "savez", "savez_compressed", "savetxt", "imsave",
                           "imwrite", "tofile", "urlretrieve", "download", "retrieve", "ExcelWriter", "write_csv",
-                          "write_parquet", "save_model", "save_weights", "extractall", "unpack_archive"})
+                          "write_parquet", "save_model", "save_weights"})
 _WRITERS = _WRITES_FILE | {"dump", "to_json", "to_html", "to_latex", "to_xml", "write_image", "write_html"}
 # Calls whose mode argument decides (its position after the path, and the mode when none is given).
 _OPENERS = {"open": "r", "File": "r", "ZipFile": "r", "HDFStore": "a", "Dataset": "r"}
+# A path object's own methods (`Path('x.csv').read_text()`): the path is the receiver, not an argument.
+_PATH_METHODS = {"read_text": READ, "read_bytes": READ, "write_text": WRITE, "write_bytes": WRITE, "touch": WRITE}
+_UNPACKS = frozenset({"extractall", "unpack_archive"})  # files whose names no literal gives
 _COPIES = frozenset({"copy", "copyfile", "copy2", "move", "rename"})  # the first argument read, the second written
 _PATH_WRAPPERS = frozenset({"Path", "PurePath", "PosixPath", "PurePosixPath", "join", "abspath", "normpath", "str"})
 _RUNS = frozenset({"exec", "execfile", "call", "check_call", "check_output", "Popen"})
@@ -92,12 +97,18 @@ def _name(func: ast.expr) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
-def _mode(call: ast.Call, default: str) -> str | None:
-    """A call's literal mode argument (the second positional or `mode=`), its default where none, None if computed."""
-    node = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+def _mode(call: ast.Call, default: str, position: int = 1) -> str | None:
+    """A call's literal mode argument (positional at `position`, or `mode=`), its default where none, None if
+    computed."""
+    node = call.args[position] if len(call.args) > position else \
+        next((k.value for k in call.keywords if k.arg == "mode"), None)
     if node is None:
         return default
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _by_mode(mode: str) -> str:
+    return WRITE if mode[:1] in ("w", "a", "x") else READ  # "r", "rb", "r+", "readonly", "update": read
 
 
 def _kind(call: ast.Call) -> str | None:
@@ -107,7 +118,7 @@ def _kind(call: ast.Call) -> str | None:
         mode = _mode(call, _OPENERS[name])
         if mode is None:
             return None
-        return WRITE if mode[:1] in ("w", "a", "x") else READ  # "r", "rb", "r+", "readonly", "update": read
+        return _by_mode(mode)
     if name in _WRITERS:
         return WRITE
     if name in _READERS or name.startswith(_READER_PREFIXES):
@@ -131,7 +142,10 @@ class _Tracker:
             return []
         out: list[FileUse] = []
         for statement in tree.body:
-            out += self._statement(index, statement)
+            try:
+                out += self._statement(index, statement)
+            except RecursionError:  # a stranger's expression nested past what this reader follows: left unread
+                continue
         return out
 
     def _statement(self, index: int, statement: ast.stmt) -> list[FileUse]:
@@ -152,6 +166,10 @@ class _Tracker:
             elif name == "chdir":
                 self._chdir(self._literal(node.args[0]) if node.args else None)
             makes = makes or self._makes(node, name)
+            for use, path, at in self._named(node, name):
+                consumed |= {id(n) for n in ast.walk(at)}
+                use = UNKNOWN if use == READ and id(node) in guarded else use
+                found.append(((at.lineno, at.col_offset), FileUse(index, use, path, self.cwd)))
             kind = _kind(node)
             for position, argument in enumerate(list(node.args) + [k.value for k in node.keywords]):
                 use = (READ if position == 0 else WRITE) if name in _COPIES and position < 2 else kind
@@ -185,15 +203,30 @@ class _Tracker:
             return f"{left}/{right}" if left is not None and right is not None else None
         return None
 
+    def _named(self, call: ast.Call, name: str) -> list[tuple[str, str, ast.expr]]:
+        """(kind, path, node) of a file a call names outside its arguments: the receiver of a path's own method
+        (`Path('x.csv').read_text()`, `.open('w')`), or the file `%%writefile x.csv` writes."""
+        if isinstance(call.func, ast.Attribute) and (name in _PATH_METHODS or name == "open"):
+            path = self._literal(call.func.value)
+            if path is not None and looks_like_data_file(path):
+                if name != "open":
+                    return [(_PATH_METHODS[name], path, call.func.value)]
+                mode = _mode(call, "r", position=0)
+                return [] if mode is None else [(_by_mode(mode), path, call.func.value)]
+        if name == "run_cell_magic" and _literal_args(call, 2) and call.args[0].value == "writefile" \
+                and call.args[1].value.split():
+            return [(WRITE, call.args[1].value.split()[-1], call.args[1])]
+        return []
+
     def _makes(self, call: ast.Call, name: str) -> bool:
-        """Whether `call` may make files that no literal names: a shell command (but a quiet one), a script run, or
-        a write to a computed path."""
+        """Whether `call` may make files that no literal names: a shell command (but a quiet one), a script run, an
+        archive extracted, or a write to a computed path."""
         if name in ("system", "getoutput"):
             if not (call.args and isinstance(call.args[0], ast.Constant)):
                 return True  # a command computed at run time
             command = str(call.args[0].value)
             return not command.split() or command.split()[0] not in _QUIET_SHELL or ">" in command
-        if name in _RUNS or (name in ("run_line_magic", "run_cell_magic") and call.args
+        if name in _RUNS or name in _UNPACKS or (name in ("run_line_magic", "run_cell_magic") and call.args
                              and isinstance(call.args[0], ast.Constant) and call.args[0].value in _RUN_MAGICS):
             return True
         if name in _OPENERS:

@@ -55,8 +55,8 @@ def apply_health(rows: list[dict]) -> tuple[list[dict], dict]:
     rows = [scrubber.row(row) for row in apply(rows, health)]
     return rows, {**health.counts(), "cut": dict(sorted(health.cut.items())),
                   "scrubbed": {"texts": scrubber.texts_changed,
-                                                  "credentials": dict(sorted(scrubber.redactions.items())),
-                                                  "kernel_env_paths": scrubber.host_paths}}
+                               "credentials": dict(sorted(scrubber.redactions.items())),
+                               "kernel_env_paths": scrubber.host_paths}}
 
 
 def why_nothing(source: Mapping[str, Any], trajectories: Sequence = ()) -> str:
@@ -67,7 +67,7 @@ def why_nothing(source: Mapping[str, Any], trajectories: Sequence = ()) -> str:
     for corpus in source.get("corpora") or ():
         parts.append(f"a corpus of {corpus['repositories']} repositories gave {corpus['trajectories']} of its "
                      f"{corpus['sessions_long_enough']} sessions long enough; left_out: {_counts(corpus['left_out'])}; "
-                     f"cut before replay: {_counts(corpus['cut'])}")
+                     f"cut: {_counts(corpus['cut'])}")
     health = source.get("health") or {}
     if health.get("trajectories_cut"):
         parts.append(f"replay health: trajectories_cut: {_counts(health['trajectories_cut'])}")
@@ -77,6 +77,8 @@ def why_nothing(source: Mapping[str, Any], trajectories: Sequence = ()) -> str:
         parts.append(f"trajectory {kernel_id}: " + (f"checks cut it at input {before['at']} ({before['cause']}), "
                                                     if before else "") +
                      f"replay health cut it at step {cut['at']} ({cut['cause']})")
+    if trajectories and not health.get("cut"):
+        parts.append(f"the replay gave no step of its {len(trajectories)} trajectories")
     return "; ".join(parts) or "the inputs gave no trajectory"
 
 
