@@ -297,6 +297,10 @@ def build_command(args: argparse.Namespace) -> int:
                            value_caps=ValueCaps(value_bytes=int(args.max_value_mb * 2**20),
                                                 release_bytes=int(args.max_values_mb * 2**20)),
                            prompts=text_track_renderer())
+    from themisto.ingest.ipython_corpus import is_corpus
+    from themisto.release.workspaces import write_sources_note
+
+    write_sources_note(args.output, [p for p in inputs.paths if is_corpus(p)], inputs.workspace)
     if args.json:
         print(json.dumps({"output": str(args.output), **report.to_dict()}, ensure_ascii=False, sort_keys=True))
     else:
