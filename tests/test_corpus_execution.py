@@ -146,3 +146,25 @@ def test_a_moved_or_altered_repository_costs_only_its_own_rows(built, allow_exec
         shutil.rmtree(beta, ignore_errors=True)
         shutil.move(str(elsewhere / "repos" / beta.name), beta)
         (beta / "files" / "numbers.txt").write_text("4 8 15 16 23 42\n")
+
+
+def test_a_release_built_before_trajectories_recorded_how_to_rebuild_them_is_refused_with_how(built, tmp_path,
+                                                                                               allow_execution):
+    import pyarrow.parquet as pq
+
+    from themisto.release.folder import BUILD_FILE, content_hash, open_release, sha256_file
+    from themisto.scoring.records import ScoreError
+
+    old = tmp_path / "old-release"
+    shutil.copytree(built[1], old)
+    report = json.loads((old / BUILD_FILE).read_text())
+    for rel in [r for r in report["files"] if r.startswith("trajectories/")]:  # as a release of 2026-12-06 held it
+        pq.write_table(pq.read_table(old / rel).drop(["rebuild"]), old / rel)
+        report["files"][rel] = sha256_file(old / rel)
+    report["content_sha256"] = content_hash(report["files"])
+    (old / BUILD_FILE).write_text(json.dumps(report))
+    info, ids, predictions, references = _previous_cells(old)
+    with pytest.raises(ScoreError, match=r"do not record how to rebuild their states .* rebuild it with `themisto "
+                                         r"build` from the same inputs"):
+        _score(info, ids[:1], predictions[:1], references[:1])
+    assert open_release(old).content_hash == report["content_sha256"]  # a release that opens: only execution refuses

@@ -143,7 +143,7 @@ def add_source_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--workspace", type=Path, metavar="DIR",
                         help=f"{what}: the input files the release was replayed over, if its build was given them "
                              "(default: made again from the build's record)")
-    parser.add_argument("--sources", type=Path, nargs="+", default=[], metavar="DIR",
+    parser.add_argument("--sources", type=Path, nargs="+", metavar="DIR",
                         help=f"{what}: folders holding the sources its sessions replayed in (corpus folders of "
                              "IPython histories) where they are no longer where its build read them; a trajectory "
                              "whose files are in none, or differ, is scored by text only (and counted)")
@@ -153,7 +153,8 @@ def source_folders(args: argparse.Namespace):
     """The SourceFolders of --workspace and --sources (`themisto.release.workspaces`)."""
     from themisto.release.workspaces import SourceFolders
 
-    missing = [str(p) for p in args.sources if not p.is_dir()]
+    named = tuple(args.sources or ())
+    missing = [str(p) for p in named if not p.is_dir()]
     if missing:
         raise CommandError(f"--sources {missing[0]}: no such folder")
-    return SourceFolders(workspace=args.workspace, sources=tuple(args.sources))
+    return SourceFolders(workspace=args.workspace, sources=named)

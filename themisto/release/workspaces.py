@@ -38,13 +38,13 @@ class SourcesUnavailable(Exception):
 
 
 def rebuild_record(trajectory: Any, recipe: Mapping | None) -> dict | None:
-    """A trajectory's REBUILD record from the build's workspace recipe (`themisto.replay.workspace_recipe`); None
-    where no recipe was recorded (rows that were not replayed here)."""
+    """A trajectory's REBUILD record from the build's workspace recipe (`themisto.replay.workspace_recipe`); where
+    none was recorded (a steps file made before they recorded it, rows replayed by the caller) the folder is one to
+    be given, its hash unknown."""
     from themisto.replay.missing_packages import hidden_modules
     from themisto.replay.workspace_recipe import JUNE_FOLDER
 
-    if not recipe:
-        return None
+    recipe = recipe or {}
     restarts = {event.before for event in trajectory.events if event.kind == "restart"}
     hidden = sorted(set().union(*hidden_modules(trajectory.executions, restarts)))
     composed = recipe.get("composed")
@@ -56,10 +56,10 @@ def rebuild_record(trajectory: Any, recipe: Mapping | None) -> dict | None:
         kind = "repository" if files else "empty"
     elif "look_alike_seed" in recipe:
         kind, files = "look_alike", None
-    elif "given" in recipe:
-        kind, files = "given", recipe.get("files_sha256")
-    else:
+    elif recipe.get("empty"):
         kind, files = "empty", None
+    else:
+        kind, files = "given", recipe.get("files_sha256")
     return {"workspace_kind": kind, "workspace": sub, "files_sha256": files, "start_dir": trajectory.start_dir,
             "environment": (trajectory.provenance or {}).get("environment"),
             "cell_timeout_s": trajectory.cell_timeout_s, "hidden_modules": hidden}
@@ -81,10 +81,7 @@ def trajectory_from_rows(rows: Sequence[dict]):
 
 def with_rebuild_records(rows: list[dict], recipe: Mapping | None) -> list[dict]:
     """The rows, each trajectory's without a REBUILD record given the one its rows and the build's workspace `recipe`
-    say (rows replayed by the caller with the defaults: its top folder, the default environment); unchanged where no
-    recipe was recorded (the paper's rows, which were not replayed here)."""
-    if not recipe:
-        return rows
+    say (rows replayed by the caller with the defaults: its top folder, the default environment)."""
     by_kernel: dict[str, list[dict]] = {}
     for row in rows:
         if row.get("rebuild") is None:
