@@ -168,3 +168,22 @@ def test_a_release_built_before_trajectories_recorded_how_to_rebuild_them_is_ref
                                          r"build` from the same inputs"):
         _score(info, ids[:1], predictions[:1], references[:1])
     assert open_release(old).content_hash == report["content_sha256"]  # a release that opens: only execution refuses
+
+
+def test_the_inspect_probe_tool_serves_a_sessions_state_in_its_own_files(built, allow_execution):
+    from themisto.gate import permit
+    from themisto.generation.probe_protocol import ProbeSettings
+    from themisto.harness.probe_tool import ServedState
+    from themisto.release.folder import open_release
+    from themisto.release.workspaces import SourceFolders
+
+    info = open_release(built[1])
+    alpha = next(k for k, rows in info.trajectories_by_kernel().items() if rows[0]["rebuild"]["start_dir"] == "work")
+    tool = ServedState(permit(execute=True), info, alpha, 4, ProbeSettings(protocol="native"), SourceFolders())
+    tool.start()
+    try:
+        assert tool.failure is None, tool.failure
+        # The state before step 4 (total computed at step 3), in the folder the session started in.
+        assert tool.probe("print(total, open('data/values.csv').read().split()[0])").output.strip() == "6 name,count"
+    finally:
+        tool.close()
