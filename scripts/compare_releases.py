@@ -29,7 +29,8 @@ def states(folder: Path) -> tuple[dict[tuple[str, int], tuple[str, dict]], dict[
     """{(kernel_id, step): (state_hash, {variable: hash})} of a release's trajectories, and {hash: sha256} of its
     stored values."""
     info = open_release(folder)
-    steps = {(row["kernel_id"], row["step"]): (row["state_hash"], {v["name"]: v["hash"] for v in row["variables"] or []})
+    steps = {(row["kernel_id"], row["step"]): (row["state_hash"],
+                                                {v["name"]: v["hash"] for v in row["variables"] or []})
              for rows in info.trajectories_by_kernel().values() for row in rows}
     return steps, {digest: row["sha256"] for digest, row in info.values().rows.items()}
 

@@ -4,8 +4,8 @@ records sent back to the driver, which writes and aggregates them exactly as a l
 Each worker passes the opt-in gate itself (HF_ALLOW_CODE_EVAL travels with the task), opens the release from the
 path and content hash its handle travels as (`themisto.release.folder.reopened_release`: the release folder must lie on
 storage the nodes share, at the same path), rebuilds the release's look-alike inputs on its own node, once per node,
-and finds the repositories' files in the source folders the driver named (shared storage too). A trajectory whose worker died on both tries, or whose task
-raised, gets its examples `refused` with the reason; the other trajectories are not affected.
+and finds the repositories' files in the source folders the driver named (shared storage too). A trajectory whose
+worker died on both tries, or whose task raised, gets its examples `refused` with the reason; the other trajectories are not affected.
 """
 
 from __future__ import annotations

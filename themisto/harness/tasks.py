@@ -7,8 +7,8 @@ runs with any model provider Inspect has. Parameters (`-T key=value`): `release`
 id), `context` (none / variables / full / trace / delta / probe), `split`, `limit` (rows spread over the split, as
 `themisto generate --limit`), `max_prompt_tokens`, `execute` (next_cell: run each prediction in its exact pre-cell
 state; needs HF_ALLOW_CODE_EVAL=1), `workspace` (a release replayed over a given input folder), `sources` (folders
-holding the sources its sessions from public repositories replayed in, comma-separated, where they moved), and for the probe
-mode `execute_probes` (the same opt-in as `themisto generate --execute-probes`), `probes`, `probe_chars`,
+holding the sources its sessions from public repositories replayed in, comma-separated, where they moved), and for
+the probe mode `execute_probes` (the same opt-in as `themisto generate --execute-probes`), `probes`, `probe_chars`,
 `probe_timeout`, and for the delta mode `delta_cells` (`themisto generate --delta-cells`). Beside them, one task per (task, context mode), e.g. `themisto/next_cell_variables`, named as the
 release's eval.yaml names the text-track task of the same task and mode (`themisto.release.eval_yaml.task_id`),
 which Inspect's Hub loader runs with built-in scorers. Importing this module also registers the stand-in model

@@ -186,7 +186,8 @@ def send_submission(submission: Submission, release: ReleaseInfo, repo_id: str, 
                     eval_results: EvalResultsRequest | None = None, execute: bool = False,
                     workspace=None) -> SubmitResult:
     """`themisto submit --to`: with `eval_results`, re-score the submission on `release` as the
-    board does (`execute`: next_cell predictions run, over the input files `workspace` finds) and read the task ids its eval.yaml declares; then open the PRs
+    board does (`execute`: next_cell predictions run, over the input files `workspace` finds) and read the task ids
+    its eval.yaml declares; then open the PRs
     (`submit_to_hub`). Without a token it refuses before any scoring."""
     from themisto.leaderboard.board import rescore
     from themisto.release.eval_yaml import declared_task_ids

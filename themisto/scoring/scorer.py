@@ -290,7 +290,8 @@ def score_texts_to_file(release: ReleaseInfo, ids: list[str], texts: list, out: 
 
 
 def _score_held(release: ReleaseInfo, ids: list[str], texts: list, out: Path, settings: ScoreSettings,
-                execute: bool, workspace: SourceFolders | str | Path | None, resume: bool, progress: Callable[[str], None] | None,
+                execute: bool, workspace: SourceFolders | str | Path | None, resume: bool,
+                progress: Callable[[str], None] | None,
                 workers: int | None, runner: TrajectoryRunner | None, source: str) -> ScoreRun:
     started = time.perf_counter()
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
