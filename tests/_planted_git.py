@@ -31,10 +31,11 @@ MIT = ("MIT License\n\nCopyright (c) 2021 Planted Person\n\nPermission is hereby
 # replay there), and assigns a credential.
 ANALYSIS = ["import csv", "token = '" + PLANTED["github"] + "'", "rows = list(csv.reader(open('data/values.csv')))",
             "len(rows)", "total = sum(int(r[1]) for r in rows[1:])", "print(total)", "total * 2",
-            "names = [r[0] for r in rows[1:]]", "print(names)",
+            "names = [r[0] for r in rows[1:]]", "print(names)", "counts = {n: 0 for n in names}", "len(counts)",
             "linked = open('data/linked.csv').read()", "big = open('data/big.csv').read()"]
-NOTES = ["x = 1", "y = x + 1", "print(x, y)", "z = [x, y] * 3", "len(z)", "print(sum(z))"]
-COURSE_LOG = ("# IPython log file\n\n" + "".join(f"# Mon, 01 Mar 2021 10:0{i}:00\nv{i} = {i} * 2\n" for i in range(7)))
+NOTES = ["x = 1", "y = x + 1", "print(x, y)", "z = [x, y] * 3", "len(z)", "print(sum(z))", "w = sorted(z)",
+         "w[:3]", "s = set(w)", "print(len(s))"]
+COURSE_LOG = ("# IPython log file\n\n" + "".join(f"# Mon, 01 Mar 2021 10:{i:02d}:00\nv{i} = {i} * 2\n" for i in range(11)))
 _ENV = {"GIT_AUTHOR_NAME": "planted", "GIT_AUTHOR_EMAIL": "planted@example.invalid", "GIT_COMMITTER_NAME": "planted",
         "GIT_COMMITTER_EMAIL": "planted@example.invalid", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 
