@@ -22,9 +22,9 @@ def add_sharing_options(parser: argparse.ArgumentParser) -> None:
                        help="write the pointer list for every other trajectory (repository, commit, history file, "
                             "session, blob id, inputs hash; no code or output), beside the releases: it names "
                             "repositories, never commit it")
-    group.add_argument("--redistribute", metavar="SPDX,...", default=",".join(REDISTRIBUTABLE),
+    group.add_argument("--redistribute", metavar="SPDX,...",
                        help="the SPDX ids whose repositories' sessions a content release may hold (default: "
-                            "%(default)s)")
+                            f"{','.join(REDISTRIBUTABLE)})")
 
 
 def allowed_licences(args: argparse.Namespace) -> tuple[str, ...]:

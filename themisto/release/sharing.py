@@ -122,7 +122,7 @@ class SharingPlan:
         out = []
         for row in rows:
             cls = self.classes.get(row["kernel_id"])
-            if row.get("provenance") and row.get("source", "").startswith("ipython") and cls is not None:
+            if row.get("provenance") and (row.get("source") or "").startswith("ipython") and cls is not None:
                 row = {**row, "provenance": {**row["provenance"], "licence": cls}}
             out.append(row)
         return out
@@ -185,14 +185,15 @@ def public_push_problem(release) -> str | None:
     refused: dict[str, set[str]] = {}
     for split in release.splits("trajectories"):
         for row in release.rows("trajectories", split, columns=["kernel_id", "source", "provenance"]):
-            if row["source"].startswith("ipython"):
+            source = row["source"] or "unknown"
+            if source.startswith("ipython"):
                 cls = (row["provenance"] or {}).get("licence") or NONE
                 if may_redistribute(cls, allowed):
                     continue
             elif sample or row["kernel_id"] in shared_samples:
                 continue
             else:
-                cls = f"{row['source']}: {UNCLEAR}"
+                cls = f"{source}: {UNCLEAR}"
             refused.setdefault(cls, set()).add(row["kernel_id"])
     if not refused:
         return None
