@@ -82,7 +82,8 @@ def ingest_command(args: argparse.Namespace) -> int:
         for name, report in ingested.files.items():
             _print_file(name, report)
         for corpus in ingested.corpora:
-            print(f"corpus: {corpus['repositories']} repositories, {corpus['sessions_read']:,} sessions read, "
+            print(f"corpus: {corpus['repositories']} repositories ({corpus['removed']} removed: opt-out list), "
+                  f"{corpus['sessions_read']:,} sessions read, "
                   f"{corpus['trajectories']} kept ({corpus['developers']} developers); left out: "
                   f"{format_counts(corpus['left_out'])}; cut before replay: {format_counts(corpus['cut'])}")
             for refusal in corpus["refusals"]:
@@ -318,7 +319,7 @@ def build_command(args: argparse.Namespace) -> int:
         print(f"wrote {args.output} (content sha256 {report.content_sha256})")
         for line in sharing_lines:
             print(line)
-    return 0
+    return 1 if two.content_error else 0
 
 
 def add_build(subparsers: argparse._SubParsersAction) -> None:

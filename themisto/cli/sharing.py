@@ -53,8 +53,9 @@ def build_outputs(args: argparse.Namespace, rows: list[dict], trajectories: list
         raise CommandError(str(exc)) from None
     lines = [f"redistributable: {two.sharing['shared']} trajectories; pointed at: {two.sharing['pointed']}"]
     if args.content_release is not None:
+        why = two.content_error or "no trajectory may be redistributed"
         lines.append(f"content release: {args.content_release} (content sha256 {two.content.content_sha256})"
-                     if two.content else "content release: not written (no trajectory may be redistributed)")
+                     if two.content else f"content release: not written ({why})")
     if args.pointers is not None:
         lines.append(f"pointers: {two.pointers} written to {args.pointers} (they name repositories: never commit "
                      f"them)")

@@ -5,8 +5,9 @@ git runs as a subprocess with a time limit, no terminal prompt, no credential he
 empty folder), no system or user configuration, and the one transport the user's base URL names
 (`GIT_ALLOW_PROTOCOL`: `file` for local bare repositories, as the tests use, else `https`); submodules are never
 fetched or followed. Nothing is checked out: files are read as blobs of the commit's tree (`ls-tree`), so a symlink
-is a blob holding its target and a submodule an entry of kind `commit`, which the collector refuses by name. A fetch
-is bounded by its time and, once done, by the size of what it brought.
+is a blob holding its target and a submodule an entry of kind `commit`, which the collector refuses by name, and a
+path that could climb out of a folder (`..`, `.git`) is refused before anything is written at it. A fetch is bounded
+by its time and, once done, by the size of what it brought.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Repository:
         config = ["-c", f"core.hooksPath={self._hooks}", "-c", "credential.helper=", "-c", "core.askPass=true",
                   "-c", "fetch.recurseSubmodules=false", "-c", "submodule.recurse=false",
                   "-c", "protocol.allow=never", "-c", f"protocol.{_protocol(self.url)}.allow=always",
-                  "-c", "transfer.fsckObjects=true", "-c", "core.symlinks=false"]
+                  "-c", "core.symlinks=false"]
         try:
             done = subprocess.run(["git", "--git-dir", str(self.folder / "git"), *config, *args], env=self._env,
                                   stdin=subprocess.DEVNULL, capture_output=True,

@@ -24,6 +24,7 @@ class TwoOutputs:
     content: BuildReport | None
     pointers: int | None
     sharing: dict
+    content_error: str | None = None  # why the content release could not be built (the full one and pointers were)
 
 
 def _inside(path: Path, folder: Path | None) -> bool:
@@ -52,15 +53,18 @@ def build_two(rows: Sequence[dict], trajectories: Sequence, corpus_paths: Sequen
     rows = plan.relabelled(rows)
     summary = plan.summary()
     full = build(list(rows), out, {**source, "release": "full", "sharing": summary})
-    content = None
+    content, error = None, None
     if content_out is not None:
         shared = plan.shared()
         content_rows = [row for row in rows if row["kernel_id"] in shared]
-        if content_rows:
-            content = build(content_rows, content_out, {**source, "release": "content", "sharing": summary})
+        try:
+            if content_rows:
+                content = build(content_rows, content_out, {**source, "release": "content", "sharing": summary})
+        except ReleaseError as exc:  # too few shared trajectories for the task rules, say: the rest still stands
+            error = str(exc)
     written = None
     if pointers_out is not None:
         written = write_pointers(pointers_out, pointers_of(plan, trajectories, rows, full.split, origins), about={
             "release": full.content_sha256, "content_release": content.content_sha256 if content else None,
             "allowed": list(allowed)})
-    return TwoOutputs(full, content, written, summary)
+    return TwoOutputs(full, content, written, summary, error)

@@ -69,7 +69,7 @@ def _licence(repo, record: dict) -> Licence:
     recorded = recorded_licence(record.get("licence"))
     file = recorded.file and repo.files / recorded.file
     if file and file.is_file() and not file.is_symlink():
-        return identify_licence(file.read_text(encoding="utf-8", errors="replace")[:1 << 18], recorded.file)
+        return identify_licence(file.read_text(encoding="utf-8", errors="replace"), recorded.file)
     return recorded
 
 
@@ -232,6 +232,9 @@ def sharing_section(report) -> str:
               "maintainers of this dataset (its repository's discussions), naming the repository or the owner; the "
               "entry goes on the opt-out list that `themisto collect` and `themisto build --removals` apply, and the "
               "next release leaves those sessions out. Update to the latest version so that removals reach you."]
+    removed = sum(corpus.get("removed", 0) for corpus in source.get("corpora") or [])
+    if removed:
+        lines += ["", f"This build left out the sessions of {removed} repositories on the opt-out list."]
     if removals.get("by_date"):
         lines += ["", "| removal asked on | repositories | owners |", "| --- | ---: | ---: |"]
         lines += [f"| {date} | {n['repositories']} | {n['owners']} |" for date, n in removals["by_date"].items()]
