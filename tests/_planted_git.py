@@ -16,7 +16,8 @@ OWNERS = ("plantedowneralpha", "plantedownerbeta", "plantedownergamma")
 REPOS = (f"{OWNERS[0]}/analysis", f"{OWNERS[1]}/notes", f"{OWNERS[2]}/course")
 BIG_BYTES = 9_000  # over the tests' 4 KB file cap
 FILE_CAP = 4_096
-MIT = ("MIT License\n\nCopyright (c) 2021 Planted Person\n\nPermission is hereby granted, free of charge, to any person "
+MIT = ("MIT License\n\nCopyright (c) 2021 Planted Person\n\nPermission is hereby granted, free of charge, to any "
+       "person "
        "obtaining a copy\nof this software and associated documentation files (the \"Software\"), to deal\nin the "
        "Software without restriction, including without limitation the rights\nto use, copy, modify, merge, publish, "
        "distribute, sublicense, and/or sell\ncopies of the Software, and to permit persons to whom the Software is\n"
@@ -35,7 +36,8 @@ ANALYSIS = ["import csv", "token = '" + PLANTED["github"] + "'", "rows = list(cs
             "linked = open('data/linked.csv').read()", "big = open('data/big.csv').read()"]
 NOTES = ["x = 1", "y = x + 1", "print(x, y)", "z = [x, y] * 3", "len(z)", "print(sum(z))", "w = sorted(z)",
          "w[:3]", "s = set(w)", "print(len(s))"]
-COURSE_LOG = ("# IPython log file\n\n" + "".join(f"# Mon, 01 Mar 2021 10:{i:02d}:00\nv{i} = {i} * 2\n" for i in range(11)))
+COURSE_LOG = "# IPython log file\n\n" + "".join(f"# Mon, 01 Mar 2021 10:{i:02d}:00\nv{i} = {i} * 2\n"
+                                                for i in range(11))
 _ENV = {"GIT_AUTHOR_NAME": "planted", "GIT_AUTHOR_EMAIL": "planted@example.invalid", "GIT_COMMITTER_NAME": "planted",
         "GIT_COMMITTER_EMAIL": "planted@example.invalid", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 

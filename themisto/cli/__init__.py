@@ -4,8 +4,8 @@ To add a subcommand, write `add_<name>(subparsers)` (its arguments, `set_default
 `<name>_command(args) -> int`, then list `add_<name>` in `SUBCOMMANDS`.
 
 Subcommands live by stage: `sharing` (collect, and build's content release and pointers), `data` (ingest, workspace,
-replay, build, check, push), `scoring` (score, summary),
-`models` (generate, sft-export), `study` (the fine-tuning study) and `board` (submit, leaderboard); `common` holds what they share.
+replay, build, check, push), `scoring` (score, summary), `models` (generate, sft-export), `study` (the fine-tuning
+study) and `board` (submit, leaderboard); `common` holds what they share.
 """
 
 from __future__ import annotations

@@ -242,8 +242,9 @@ def trajectory_of(repo: Repository, kind: str, file: Path, session, codes: list[
                   "environment": settings.environment, "notebook_inputs_matched": match[1] if match else 0,
                   "inputs": len(session.inputs), "cut": cut,
                   "inputs_sha256": inputs_sha256([i.code for i in session.inputs])}
-    return Trajectory(id=trajectory_id(repo, file, session.session), notebook=notebook, source=SOURCE_KINDS[kind], executions=executions,
-                      participant=repo.developer, sources=[SourceFile(file=f"{repo.id}/{rel}", sha256=_sha256(file))],
+    return Trajectory(id=trajectory_id(repo, file, session.session), notebook=notebook, source=SOURCE_KINDS[kind],
+                      executions=executions, participant=repo.developer,
+                      sources=[SourceFile(file=f"{repo.id}/{rel}", sha256=_sha256(file))],
                       workspace=f"{WORKSPACE_FOLDER}/{repo.id}", start_dir=start, provenance=provenance,
                       cell_timeout_s=settings.cell_timeout_s)
 

@@ -53,7 +53,8 @@ HOST_MASK = "<host>"
 _PRIVATE_SUFFIX = r"(?:local|lan|internal|intranet|corp|localdomain|home\.arpa)"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 # A URL's user and host: `scheme://[user@]host[:port]`; the host judged by `_private_host`.
-_URL_HOST = re.compile(rf"(\b[A-Za-z][A-Za-z0-9+.-]*://)(?:([^\s/@'\"<>]+)@)?({_LABEL}(?:\.{_LABEL})*)(?=[:/?#\s'\"<>)\]]|$)")
+_URL_HOST = re.compile(rf"(\b[A-Za-z][A-Za-z0-9+.-]*://)(?:([^\s/@'\"<>]+)@)?({_LABEL}(?:\.{_LABEL})*)"
+                       r"(?=[:/?#\s'\"<>)\]]|$)")
 _UNC = re.compile(rf"(?:(?<=^)|(?<=[\s\"'(\[=,;]))(\\{{2,}})({_LABEL}(?:\.{_LABEL})*)(?=\\)", re.MULTILINE)
 _SCP = re.compile(rf"(?<![\w.@-])([a-z_][a-z0-9_.-]{{0,31}})@({_LABEL}(?:\.{_LABEL})*):(?=[~/\w$]|\s|$)")
 _MACHINE = re.compile(rf"\b(?:ip-\d{{1,3}}(?:-\d{{1,3}}){{3}}(?:\.{_LABEL})*|(?:DESKTOP|LAPTOP)-[A-Z0-9]{{7,8}}\b"

@@ -54,7 +54,7 @@ class Pointer:
     split: str | None = None
     steps: int = 0  # steps the full release keeps
     cut: dict | None = None  # {cause, at} before replay (`themisto.ingest.session_checks`)
-    replay_causes: dict[str, int] = field(default_factory=dict)  # steps by the replay's cause (`themisto.replay.health`)
+    replay_causes: dict[str, int] = field(default_factory=dict)  # steps by replay cause (`themisto.replay.health`)
 
     @property
     def fetchable(self) -> bool:

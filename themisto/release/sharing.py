@@ -57,7 +57,8 @@ def corpus_origins(paths: Iterable[Path]) -> dict[str, Origin]:
             for kind, file in session_files(repo):
                 entry = listed.get(f"{kind}/{file.name}") or {}
                 path_in_repo = str(entry.get("path") or stored_path(file))
-                blob, of = (entry["blob"], "commit") if entry.get("blob") else (git_blob_id(file.read_bytes()), "stored")
+                blob, of = ((entry["blob"], "commit") if entry.get("blob")
+                            else (git_blob_id(file.read_bytes()), "stored"))
                 files[stored_path(file)] = (path_in_repo, blob, of)
             out[repo.id] = Origin(record["repo"], repo.commit, _licence(repo, record), files)
     return out
@@ -218,7 +219,8 @@ def sharing_section(report) -> str:
         lines.append("This is the **full release** of its build, for local research: it may hold trajectories that "
                      "may not be redistributed (the table below). `themisto push` refuses it for a public repository.")
     if sharing and sharing.get("by_licence"):
-        lines += ["", "| licence of the build's trajectories | in the content release | pointed at |", "| --- | ---: | ---: |"]
+        lines += ["", "| licence of the build's trajectories | in the content release | pointed at |",
+                  "| --- | ---: | ---: |"]
         lines += [f"| {cls} | {n['shared']} | {n['pointed']} |" for cls, n in sharing["by_licence"].items()]
     lines += ["", "What may not be redistributed is kept as a **pointer list** (`themisto build --pointers FILE`, a "
               "JSON-lines file written beside the releases, never inside one and never committed): per trajectory the "
