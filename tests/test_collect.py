@@ -107,6 +107,7 @@ def test_the_content_release_passes_check_and_holds_no_unlicensed_trajectory_and
 
 def test_collecting_the_pointers_rebuilds_the_same_trajectories(built):
     from themisto.ingest.ipython_corpus import CorpusSettings, read_corpus
+    from themisto.ingest.pointers import read_pointers
 
     root = built["root"]
     code, out, err = _cli("collect", root / "pointers.jsonl", "--base-url", built["base_url"], "-o",
@@ -115,7 +116,7 @@ def test_collecting_the_pointers_rebuilds_the_same_trajectories(built):
     report = json.loads(out)
     assert report["pointers"] == {"pointed": 1, "rebuilt": 1, "changed": [], "missing": [], "not_fetchable": 0}
     again = read_corpus(root / "rebuilt", CorpusSettings(min_inputs=5), modules=frozenset(sys.stdlib_module_names))
-    (pointer,) = __import__("themisto.ingest.pointers", fromlist=["x"]).read_pointers(root / "pointers.jsonl")[1]
+    (pointer,) = read_pointers(root / "pointers.jsonl")[1]
     assert [(t.id, t.provenance["inputs_sha256"]) for t in again.trajectories] == [(pointer.id, pointer.inputs_sha256)]
     # A second run resumes: nothing is fetched again.
     assert json.loads(_cli("collect", root / "pointers.jsonl", "--base-url", built["base_url"], "-o",

@@ -120,7 +120,8 @@ def collect(targets: Sequence[Target], out: Path, settings: CollectSettings = Co
     with hold_folder(out, "corpus folder"):
         for number, target in enumerate(targets, 1):
             seen[target.repo.lower()] += 1
-            name = folder_name(target.repo) + ("" if seen[target.repo.lower()] == 1 else f"+{target.commit[:12]}")
+            again = seen[target.repo.lower()] > 1  # the same repository at another commit: a folder of its own
+            name = folder_name(target.repo) + (f"+{(target.commit or 'head')[:12]}" if again else "")
             dest = out / "repos" / name
             if settings.removals.removes(target.repo):
                 report.removed += 1

@@ -11,7 +11,7 @@ becomes a pointer (`themisto.ingest.pointers`): where it lies and what Themisto 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
