@@ -141,3 +141,25 @@ def scoring_runner(args: argparse.Namespace):
     from themisto.distributed.ray_scoring import scoring_runner
 
     return scoring_runner(target)
+
+
+def add_source_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """--workspace and --sources: where a release's input files are, for `what` (rebuilding its states)."""
+    parser.add_argument("--workspace", type=Path, metavar="DIR",
+                        help=f"{what}: the input files the release was replayed over, if its build was given them "
+                             "(default: made again from the build's record)")
+    parser.add_argument("--sources", type=Path, nargs="+", metavar="DIR",
+                        help=f"{what}: folders holding the sources its sessions replayed in (corpus folders of "
+                             "IPython histories) where they are no longer where its build read them; a trajectory "
+                             "whose files are in none, or differ, is scored by text only (and counted)")
+
+
+def source_folders(args: argparse.Namespace):
+    """The SourceFolders of --workspace and --sources (`themisto.release.workspaces`)."""
+    from themisto.release.workspaces import SourceFolders
+
+    named = tuple(args.sources or ())
+    missing = [str(p) for p in named if not p.is_dir()]
+    if missing:
+        raise CommandError(f"--sources {missing[0]}: no such folder")
+    return SourceFolders(workspace=args.workspace, sources=named)

@@ -295,14 +295,19 @@ def build_command(args: argparse.Namespace) -> int:
                                                      trajectories_out=trajectories)
     except ReplayIncomplete as exc:
         raise CommandError(str(exc)) from None
+    from themisto.ingest.ipython_corpus import is_corpus
+    from themisto.release.workspaces import write_sources_note
 
     def build(rows: list[dict], folder: Path, source: dict):
-        return build_release(rows, folder, settings, source=source, extra_settings=extra, overwrite=args.overwrite,
-                             allow_missing_files=args.allow_missing_files, fidelity=fidelity,
-                             values=replay_values(inputs, steps_default),
-                             value_caps=ValueCaps(value_bytes=int(args.max_value_mb * 2**20),
-                                                  release_bytes=int(args.max_values_mb * 2**20)),
-                             prompts=text_track_renderer())
+        report = build_release(rows, folder, settings, source=source, extra_settings=extra, overwrite=args.overwrite,
+                               allow_missing_files=args.allow_missing_files, fidelity=fidelity,
+                               values=replay_values(inputs, steps_default),
+                               value_caps=ValueCaps(value_bytes=int(args.max_value_mb * 2**20),
+                                                    release_bytes=int(args.max_values_mb * 2**20)),
+                               prompts=text_track_renderer())
+        # where this host read the sources, beside each release (never in it): execution finds its files there
+        write_sources_note(folder, [p for p in inputs.paths if is_corpus(p)], inputs.workspace)
+        return report
 
     two, sharing_lines = build_outputs(args, rows, trajectories, source, build)
     report = two.full

@@ -23,6 +23,7 @@ from themisto.release.tasks import TaskSettings, build_tasks
 from themisto.release.sources import per_source
 from themisto.release.text_track import PromptRenderer, prompt_rows
 from themisto.release.values import VALUES, ValueCaps, release_values, values_note
+from themisto.release.workspaces import with_rebuild_records
 from themisto.resume import folder_written_whole
 from themisto.vocabulary import TASKS
 
@@ -132,7 +133,7 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ReleaseError(f"{out}: exists and is not an empty folder (pass overwrite to replace it)")
-    rows = list(rows)
+    rows = with_rebuild_records(list(rows), (source or {}).get("workspace"))
     if values is None:  # a release without values: what a replay noted about them goes too
         rows = [dict(row, stored_values=None) if row.get("stored_values") is not None else row for row in rows]
     notes: list[str] = []
@@ -314,8 +315,12 @@ def release_rows(inputs: BuildInputs, steps_default: Path, progress=None, runner
         settings["cell_limit_rule"] = rule
     from themisto.release.sources import apply_health
 
+    from themisto.release.workspaces import rebuild_record
+
     participants = {t.id: t.participant for t in trajectories}
-    rows, source["health"] = apply_health(trajectory_rows(steps, participants, {t.id: t for t in trajectories}))
+    rebuild = {t.id: rebuild_record(t, source.get("workspace")) for t in trajectories}
+    rows, source["health"] = apply_health(trajectory_rows(steps, participants, {t.id: t for t in trajectories},
+                                                          rebuild))
     return rows, source, settings, fidelity_of(steps, trajectories, finals)
 
 

@@ -126,6 +126,9 @@ class ExampleRecord:
     reference_continuation_s: list[float] = field(default_factory=list)  # its continuation cells' own time, each run
     continuation_cells: int | None = None  # logged cells run after each prediction (fewer than k near a restart)
     continuation_problem: str = ""  # why continuation_match is undefined for this example ("" when defined)
+    # Why a text_only example of an executing run was not executed: its trajectory's input files or kernel
+    # environment are not here (themisto.vocabulary.TEXT_ONLY_REASONS; "" otherwise)
+    text_only_reason: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ExampleRecord:
