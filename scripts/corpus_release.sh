@@ -7,7 +7,9 @@
 # 1. build one release from both sources (`themisto build JUNE IPYTHON`: two trajectories replayed at once, progress
 #    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial), at most THEMISTO_PER_DEVELOPER (1)
 #    sessions of one repository owner and THEMISTO_SESSIONS (80) in all, each cut at THEMISTO_MAX_STEPS (60) inputs
-#    (what a working session's two cores replay in about half an hour beside the JuNE logs); check it;
+#    (what a working session's two cores replay in about half an hour beside the JuNE logs); beside it the content
+#    release (OUT/content: the sessions of repositories under a permissive licence) and the pointer list for the rest
+#    (OUT/pointers.jsonl: names repositories, never commit it), the opt-out list THEMISTO_REMOVALS applied; check both;
 # 2. the model-free baselines on every test example of both tasks, on it and on the JuNE-only release
 #    (THEMISTO_JUNE_RELEASE, default out/june/release, as scripts/june_release.sh builds it), scored text-only with
 #    intervals over developers (`--cluster participant`);
@@ -28,6 +30,8 @@ PER_DEVELOPER=${THEMISTO_PER_DEVELOPER:-1}
 SESSIONS=${THEMISTO_SESSIONS:-80}
 MAX_STEPS=${THEMISTO_MAX_STEPS:-60}
 RELEASE="$OUT/release"
+CONTENT="$OUT/content"
+REMOVALS=${THEMISTO_REMOVALS:-}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 started=$(date +%s)
 say() { echo "== two-source [$(( $(date +%s) - started )) s]: $*" >&2; }
@@ -35,7 +39,7 @@ mkdir -p "$OUT/runs"
 
 .venv/bin/python scripts/june_participants.py "$JUNE" "$OUT/participants.json"
 
-if [ ! -f "$RELEASE/themisto_build.json" ]; then
+if [ ! -f "$RELEASE/themisto_build.json" ] || [ ! -f "$OUT/pointers.jsonl" ]; then
   if [ -f "$OUT/steps.jsonl" ]; then
     say "build the release from the finished replay ($OUT/steps.jsonl)"
     STEPS=(--steps "$OUT/steps.jsonl")
@@ -45,9 +49,11 @@ if [ ! -f "$RELEASE/themisto_build.json" ]; then
   fi
   .venv/bin/themisto build "$JUNE" "$IPYTHON" --participants "$OUT/participants.json" \
     --sessions-per-developer "$PER_DEVELOPER" --corpus-limit "$SESSIONS" --max-steps "$MAX_STEPS" -o "$RELEASE" \
+    --content-release "$CONTENT" --pointers "$OUT/pointers.jsonl" ${REMOVALS:+--removals "$REMOVALS"} \
     "${STEPS[@]}" --no-values --allow-missing-files --overwrite --json > "$OUT/build.json" 2>> "$OUT/build.log"
 fi
 .venv/bin/themisto check "$RELEASE"
+if [ -d "$CONTENT" ]; then .venv/bin/themisto check "$CONTENT"; fi
 
 baselines() {  # RELEASE NAME
   for task in next_cell output_prediction; do

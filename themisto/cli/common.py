@@ -77,6 +77,9 @@ def add_corpus_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--licences", metavar="L1,L2",
                        help="keep only repositories under these licences (e.g. MIT,Apache-2.0; `none`: no licence "
                             "file); default: every one")
+    group.add_argument("--removals", type=Path, metavar="FILE",
+                       help="the opt-out list (`YYYY-MM-DD owner/name` or `YYYY-MM-DD owner` a line): those "
+                            "repositories' sessions are left out, counted in the report")
 
 
 def corpus_settings(args: argparse.Namespace):
@@ -87,10 +90,12 @@ def corpus_settings(args: argparse.Namespace):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    from themisto.ingest.removals import read_removals
+
     licences = None if args.licences is None else tuple(x.strip() for x in args.licences.split(",") if x.strip())
     return CorpusSettings(min_inputs=args.min_inputs, max_steps=args.max_steps,
                           sessions_per_developer=args.sessions_per_developer, limit=args.corpus_limit,
-                          licences=licences)
+                          licences=licences, removals=read_removals(args.removals))
 
 
 def add_participants_option(parser: argparse.ArgumentParser) -> None:

@@ -257,10 +257,11 @@ def _read_trajectories(inputs: BuildInputs):
     return kind, read, ingested.trajectories, ingested.final_notebooks, ingested
 
 
-def release_rows(inputs: BuildInputs, steps_default: Path,
-                 progress=None, runner=None) -> tuple[list[dict], dict, dict, dict]:
+def release_rows(inputs: BuildInputs, steps_default: Path, progress=None, runner=None,
+                 trajectories_out: list | None = None) -> tuple[list[dict], dict, dict, dict]:
     """Read, and replay where needed (with `runner`, see `replay_to_file`), the inputs into `trajectories` rows;
-    returns (rows, source, settings, fidelity per trajectory)."""
+    returns (rows, source, settings, fidelity per trajectory). `trajectories_out` receives the trajectories read (a
+    content release and its pointers need them, `themisto.release.content_release`)."""
     from themisto.release.tasks import trajectory_rows
 
     if inputs.paper is not None:
@@ -269,6 +270,8 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
         return (read_paper_release(inputs.paper), {"kind": "paper-release", "inputs": _described([inputs.paper])},
                 {}, {})
     kind, read, trajectories, finals, ingested = _read_trajectories(inputs)
+    if trajectories_out is not None:
+        trajectories_out.extend(trajectories)
     seen = {t.id for t in trajectories}
     source: dict[str, Any] = {"kind": kind, "inputs": read}
     if ingested is not None and ingested.corpora:
