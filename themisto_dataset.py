@@ -51,6 +51,9 @@ VARIABLE = {
     "len": _INT64,
     "columns": datasets.List(_STR),
     "repr_error": _STR,
+    # false: run-specific (computed from the clock or the system's entropy: themisto.release.run_specific), left out of
+    # the state hash and of the scorer's check; null where the build did not mark
+    "stable": _BOOL,
 }
 
 # What a snapshot could not measure about one variable.

@@ -23,6 +23,7 @@ from themisto.release.tasks import TaskSettings, build_tasks
 from themisto.release.sources import per_source
 from themisto.release.text_track import PromptRenderer, prompt_rows
 from themisto.release.values import VALUES, ValueCaps, release_values, values_note
+from themisto.release.run_specific import mark_run_specific, run_specific_note
 from themisto.release.workspaces import with_rebuild_records
 from themisto.resume import folder_written_whole
 from themisto.vocabulary import TASKS
@@ -133,10 +134,7 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ReleaseError(f"{out}: exists and is not an empty folder (pass overwrite to replace it)")
-    rows = with_rebuild_records(list(rows), (source or {}).get("workspace"))
-    if values is None:  # a release without values: what a replay noted about them goes too
-        rows = [dict(row, stored_values=None) if row.get("stored_values") is not None else row for row in rows]
-    notes: list[str] = []
+    rows, notes = _prepared(rows, source, values is not None)
     missing = missing_input_files(rows)
     if missing:
         listed = "; ".join(str(m) for m in missing[:5]) + ("; ..." if len(missing) > 5 else "")
@@ -192,6 +190,15 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
             write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")],
                             prompts.system)
     return report
+
+
+def _prepared(rows: Sequence[dict], source: dict | None, values: bool) -> tuple[list[dict], list[str]]:
+    """The rows as the release holds them, and the notes on it: each trajectory's rebuild record, its run-specific
+    variables marked (`themisto.release.run_specific`), and without values what a replay noted about them dropped."""
+    rows, marked = mark_run_specific(with_rebuild_records(list(rows), (source or {}).get("workspace")))
+    if not values:  # a release without values: what a replay noted about them goes too
+        rows = [dict(row, stored_values=None) if row.get("stored_values") is not None else row for row in rows]
+    return rows, [run_specific_note(marked)] if marked["variables"] else []
 
 
 def _library_versions() -> dict[str, str]:

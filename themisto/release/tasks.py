@@ -120,6 +120,7 @@ def variable_row(info: Mapping) -> dict:
         "len": None if length is None else int(length),
         "columns": None if columns is None else [str(c) for c in columns],
         "repr_error": None if info.get("repr_error") is None else str(info["repr_error"]),
+        "stable": info.get("stable"),  # themisto.release.run_specific marks it, at the build
     }
 
 

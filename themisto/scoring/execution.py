@@ -70,8 +70,10 @@ def _state_check(session, previous: dict) -> dict:
         return {}
     snapshot = take_snapshot(session)
     recorded = {v["name"]: v["hash"] for v in previous["variables"] or []}
-    differing = sorted(set().union(*namespace_delta(recorded, snapshot.hashes()).values()))
-    return {"state_verified": snapshot.state_hash == expected, "state_differences": differing[:20]}
+    vouched, run_specific = snapshot.vouched(previous["variables"] or [])
+    differing = sorted(set().union(*namespace_delta(recorded, snapshot.hashes()).values()) - set(run_specific))
+    return {"state_verified": vouched == expected, "state_differences": differing[:20],
+            "state_run_specific": run_specific[:20]}
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,9 @@ class ExampleRecord:
     pass_at_k: dict[str, float] = field(default_factory=dict)
     state_verified: bool | None = None  # rebuilt state hash == the release's; None where not checked
     state_differences: list[str] = field(default_factory=list)  # variables whose rebuilt hash differs (first 20)
+    # run-specific variables (a clock reading: themisto.release.run_specific) whose rebuilt hash differs, left out of
+    # state_verified and counted apart (first 20)
+    state_run_specific: list[str] = field(default_factory=list)
     branch_wall_s: float | None = None  # wall time of the step's branch call (references + predictions)
     reference_durations_s: list[float] = field(default_factory=list)  # the reference's own time in each run
     reference_continuation_s: list[float] = field(default_factory=list)  # its continuation cells' own time, each run

@@ -108,6 +108,11 @@ def aggregate(examples: Sequence[ExampleRecord], predictions: Sequence[Predictio
                          "differs between two reference runs or did not finish): " + ", ".join(undefined[:10]))
     unverified = [e.id for e in examples if e.state_verified is False]
     scores["state_mismatch_examples"] = len(unverified)
+    loose = [e.id for e in examples if e.state_run_specific]
+    scores["state_run_specific_examples"] = len(loose)
+    if loose:
+        notes.append(f"{len(loose)} example(s) ran in a rebuilt state whose run-specific values (the clock, the "
+                     "system's entropy: not checked) differ from the release's: " + ", ".join(loose[:10]))
     if unverified:
         notes.append(f"{len(unverified)} example(s) ran in a rebuilt state whose hash differs from the release's: "
                      + ", ".join(unverified[:10]))
