@@ -51,6 +51,9 @@ VARIABLE = {
     "len": _INT64,
     "columns": datasets.List(_STR),
     "repr_error": _STR,
+    # false: run-specific (computed from the clock or the system's entropy: themisto.release.run_specific), left out of
+    # the state hash and of the scorer's check; null where the build did not mark
+    "stable": _BOOL,
 }
 
 # What a snapshot could not measure about one variable.
@@ -82,6 +85,22 @@ PROVENANCE = {
     "inputs": _INT32,
     "cut_cause": _STR,
     "cut_at": _INT32,
+}
+
+# What rebuilding any of a trajectory's pre-cell states needs besides its rows (`themisto.release.workspaces`), the same
+# on each of its rows: the input files it replayed over (`workspace_kind`: look_alike, repository, given or empty;
+# `workspace`: its subfolder of the build's workspace, "" for all of it; `files_sha256`: the content hash of those
+# files, null for look-alike inputs, which the build's recipe makes again), the folder its kernel started in
+# (`start_dir`, relative to its files; null: their top), its kernel environment, how long a cell its log did not time
+# may run (`cell_timeout_s`; null: the replay's default), and the modules its log shows missing until an install.
+REBUILD = {
+    "workspace_kind": _STR,
+    "workspace": _STR,
+    "files_sha256": _STR,
+    "start_dir": _STR,
+    "environment": _STR,
+    "cell_timeout_s": _FLOAT64,
+    "hidden_modules": datasets.List(_STR),
 }
 
 TRAJECTORIES = datasets.Features({
@@ -116,6 +135,7 @@ TRAJECTORIES = datasets.Features({
     "stored_values": STORED_VALUES,
     # Why the replay's environment failed this step (themisto.replay.health.ENVIRONMENT_CAUSES); null: it did not.
     "replay_cause": _STR,
+    "rebuild": REBUILD,
 })
 
 # One stored value (themisto.release.values): content-addressed by the variables' `hash`, shared by every step that

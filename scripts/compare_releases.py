@@ -1,6 +1,7 @@
 """Whether two builds of the same logs hold the same benchmark: per task and split, the ids each has, the ids only one
-has, and the ids whose target differs; with their steps files, the steps that ended otherwise (status). Exit 0 when
-both tasks' ids and targets are identical, 1 when they are not.
+has, and the ids whose target differs; the steps whose `state_hash` differs (and the variables that differ there),
+and the stored values only one build holds; with their steps files, the steps that ended otherwise (status). Exit 0
+when both tasks' ids and targets, every state hash and the values are identical, 1 when they are not.
 
     python scripts/compare_releases.py A B [--steps A-steps.jsonl B-steps.jsonl]
 
@@ -22,6 +23,36 @@ def targets(folder: Path, task: str) -> dict[str, dict[str, str]]:
     info = open_release(folder)
     return {split: {row["id"]: row["target"] for row in info.rows(task, split, columns=["id", "target"])}
             for split in info.splits(task)}
+
+
+def states(folder: Path) -> tuple[dict[tuple[str, int], tuple[str, dict]], dict[str, str]]:
+    """{(kernel_id, step): (state_hash, {variable: hash})} of a release's trajectories, and {hash: sha256} of its
+    stored values."""
+    info = open_release(folder)
+    steps = {(row["kernel_id"], row["step"]): (row["state_hash"],
+                                                {v["name"]: v["hash"] for v in row["variables"] or []})
+             for rows in info.trajectories_by_kernel().values() for row in rows}
+    return steps, {digest: row["sha256"] for digest, row in info.values().rows.items()}
+
+
+def compare_states(first: Path, second: Path) -> bool:
+    """Print the steps whose state hash differs (with the variables that differ) and the values only one build
+    stores; True when there are none."""
+    (a, values_a), (b, values_b) = states(first), states(second)
+    shared = sorted(set(a) & set(b))
+    differ = [key for key in shared if a[key][0] != b[key][0]]
+    names: dict[str, int] = {}
+    for key in differ:
+        for name in set(a[key][1]) | set(b[key][1]):
+            if a[key][1].get(name) != b[key][1].get(name):
+                names[name] = names.get(name, 0) + 1
+    print(f"state_hash: {len(shared)} steps in both, {len(differ)} differ"
+          + (f" (variables: {', '.join(f'{n} {c}' for n, c in sorted(names.items(), key=lambda kv: -kv[1])[:10])})"
+             if differ else ""))
+    only = set(values_a) ^ set(values_b)
+    changed = sum(1 for digest in set(values_a) & set(values_b) if values_a[digest] != values_b[digest])
+    print(f"values: {len(values_a)} and {len(values_b)}; in one only {len(only)}; same hash, other bytes {changed}")
+    return not differ and not only and not changed and set(a) == set(b)
 
 
 def step_statuses(path: Path) -> dict[tuple[str, int], str]:
@@ -50,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, ids in (("only in the first", only_a), ("only in the second", only_b), ("target", changed)):
                 if ids:
                     print(f"  {name}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}")
+    same = compare_states(args.first, args.second) and same
     if args.steps:
         first, second = (step_statuses(path) for path in args.steps)
         differ = sorted(k for k in set(first) & set(second) if first[k] != second[k])

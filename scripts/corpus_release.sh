@@ -8,7 +8,10 @@
 #    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial): every corpus session that passes the
 #    static checks, at most THEMISTO_PER_DEVELOPER (5) of one repository owner, each cut at THEMISTO_MAX_STEPS (120)
 #    inputs, in the kernel environment THEMISTO_KERNEL_ENV (wild; wide: `scripts/install.sh --wide` made it);
-#    THEMISTO_SESSIONS=N keeps N sessions in all (every developer's first before anyone's second); check it;
+#    THEMISTO_SESSIONS=N keeps N sessions in all (every developer's first before anyone's second); beside it the
+#    content release (OUT/content: the sessions of repositories under a permissive licence) and the pointer list for
+#    the rest (OUT/pointers.jsonl: names repositories, never commit it), the opt-out list THEMISTO_REMOVALS applied;
+#    check both;
 # 2. the model-free baselines on every test example of both tasks, on it and on the JuNE-only release
 #    (THEMISTO_JUNE_RELEASE, default out/june/release, as scripts/june_release.sh builds it), scored text-only with
 #    intervals over developers (`--cluster participant`);
@@ -30,6 +33,8 @@ SESSIONS=${THEMISTO_SESSIONS:-}
 MAX_STEPS=${THEMISTO_MAX_STEPS:-120}
 KERNEL_ENV=${THEMISTO_KERNEL_ENV:-wild}
 RELEASE="$OUT/release"
+CONTENT="$OUT/content"
+REMOVALS=${THEMISTO_REMOVALS:-}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 started=$(date +%s)
 say() { echo "== two-source [$(( $(date +%s) - started )) s]: $*" >&2; }
@@ -37,7 +42,7 @@ mkdir -p "$OUT/runs"
 
 .venv/bin/python scripts/june_participants.py "$JUNE" "$OUT/participants.json"
 
-if [ ! -f "$RELEASE/themisto_build.json" ]; then
+if [ ! -f "$RELEASE/themisto_build.json" ] || [ ! -f "$OUT/pointers.jsonl" ]; then
   if [ -f "$OUT/steps.jsonl" ]; then
     say "build the release from the finished replay ($OUT/steps.jsonl)"
     STEPS=(--steps "$OUT/steps.jsonl")
@@ -48,9 +53,11 @@ if [ ! -f "$RELEASE/themisto_build.json" ]; then
   .venv/bin/themisto build "$JUNE" "$IPYTHON" --participants "$OUT/participants.json" \
     --sessions-per-developer "$PER_DEVELOPER" ${SESSIONS:+--corpus-limit "$SESSIONS"} --max-steps "$MAX_STEPS" \
     --kernel-environment "$KERNEL_ENV" -o "$RELEASE" \
+    --content-release "$CONTENT" --pointers "$OUT/pointers.jsonl" ${REMOVALS:+--removals "$REMOVALS"} \
     "${STEPS[@]}" --no-values --allow-missing-files --overwrite --json > "$OUT/build.json" 2>> "$OUT/build.log"
 fi
 .venv/bin/themisto check "$RELEASE"
+if [ -d "$CONTENT" ]; then .venv/bin/themisto check "$CONTENT"; fi
 
 baselines() {  # RELEASE NAME
   for task in next_cell output_prediction; do

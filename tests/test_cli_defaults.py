@@ -18,6 +18,8 @@ from themisto.generation.backends.vllm_offline import VLLMBackend
 from themisto.generation.example_spec import ExampleSpec
 from themisto.generation.probe_protocol import ProbeSettings
 from themisto.generation.runs import RunSettings
+from themisto.ingest.collect import CollectSettings
+from themisto.ingest.collect_files import FileBounds
 from themisto.ingest.ipython_corpus import CorpusSettings
 from themisto.ingest.workspace import SIZES, write_workspace
 from themisto.ingest.workspace import TASKS as WORKSPACE_TASKS
@@ -92,6 +94,10 @@ SETTINGS = {
     ("workspace", "size"): (write_workspace, "size", None),
     ("replay", "workspace_seed"): (write_workspace, "seed", None),
     ("replay", "size"): (write_workspace, "size", None),
+    ("collect", "base_url"): (CollectSettings, "base_url", None),
+    ("collect", "timeout"): (CollectSettings, "timeout_s", None),
+    ("collect", "max_file_mb"): (FileBounds, "file_bytes", lambda mb: int(mb * MB)),
+    ("collect", "max_repo_mb"): (FileBounds, "repository_bytes", lambda mb: int(mb * MB)),
     ("study", "preset"): (StudySettings, "preset", None),
     ("study", "execute"): (StudySettings, "execute", None),
     ("study", "generate_only"): (StudySettings, "generate_only", None),

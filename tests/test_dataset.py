@@ -220,9 +220,12 @@ def test_push_refuses_a_broken_release_and_a_bad_repo_id(release, tmp_path):
 
 
 def test_cli_push_dry_run_lists_the_plan(release, capsys):
-    assert main(["push", str(release[0]), "--repo-id", "someone/x", "--dry-run", "--json"]) == 0
+    assert main(["push", str(release[0]), "--repo-id", "someone/x", "--dry-run", "--json", "--private"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["dry_run"] and printed["repo_id"] == "someone/x" and "README.md" in printed["files"]
+    # Rows of no known licence may not go to a public repository, not even in a dry run.
+    assert main(["push", str(release[0]), "--repo-id", "someone/x", "--dry-run"]) == 2
+    assert "under unknown: status unclear" in capsys.readouterr().err
 
 
 def test_cli_build_from_an_existing_replay(tmp_path, capsys):

@@ -30,7 +30,8 @@ BAD = [("limit", 0, "--limit 0", "-T limit=0"),
        ("probe_chars", 10, "--probe-chars 10: a probe's output must be", "-T probe_chars=10"),
        ("probe_timeout", 0.01, "--probe-timeout 0.01: a probe's time must be", "-T probe_timeout=0.01"),
        ("delta_cells", 0, "--delta-cells 0: must be a whole number", "-T delta_cells=0")]
-HARNESS_OWN = {"release", "execute", "workspace", "execute_probes"}  # the Inspect tasks' parameters beside the spec's
+# the Inspect tasks' parameters beside the spec's
+HARNESS_OWN = {"release", "execute", "workspace", "sources", "execute_probes"}
 
 
 def _inspect_tasks():

@@ -90,6 +90,10 @@ OUTCOMES: tuple[str, ...] = get_args(Outcome)
 ExampleStatus = Literal["text_only", "scored", "nondeterministic", "reference_unfinished", "reference_diverged",
                         "refused"]
 EXAMPLE_STATUSES: tuple[str, ...] = get_args(ExampleStatus)
+# Why an executing run scored an example by text only: its trajectory's input files are not where they were or differ
+# from those it replayed over, or its kernel environment is not installed (themisto.release.workspaces).
+TextOnlyReason = Literal["sources_missing", "sources_changed", "environment_missing"]
+TEXT_ONLY_REASONS: tuple[str, ...] = get_args(TextOnlyReason)
 
 # Subsets and breakdowns of a score: all examples or the hard ones (no baseline solves them); the third of its
 # trajectory a target lies in.

@@ -1,5 +1,7 @@
 """Themisto metric: the paper's text scores, and next-cell predictions executed in the exact pre-cell state."""
 
+from pathlib import Path
+
 import datasets
 import evaluate
 
@@ -39,6 +41,8 @@ Args:
     release: the release folder the examples come from (written by `themisto build`); needed for execution.
     workspace: the input files the release was replayed over, when the build used a given folder rather than
         regenerating its look-alike inputs from a seed.
+    sources: folders holding the sources its sessions from public repositories replayed in (corpus folders), where
+        they are no longer where its build read them; a trajectory whose files are in none is scored by text only.
     execute: run next-cell predictions (also needs the environment variable HF_ALLOW_CODE_EVAL=1).
     k: the k of pass@k (default [1]).
     timeout_s: seconds per prediction (default 30; raised for reference cells that took long in replay).
@@ -100,13 +104,14 @@ class Themisto(evaluate.Metric):
         )
 
     # The keyword options' defaults are the scorer's own (ScoreSettings), so the two cannot disagree.
-    def _compute(self, predictions, references, ids=None, release=None, workspace=None, execute=False,
+    def _compute(self, predictions, references, ids=None, release=None, workspace=None, sources=(), execute=False,
                  k=ScoreSettings.k, timeout_s=ScoreSettings.timeout_s, memory_bytes=ScoreSettings.memory_bytes,
                  continuation_cells=ScoreSettings.continuation_cells, return_records=False):
         from dataclasses import asdict
 
         from themisto.gate import permit
         from themisto.release.folder import open_release
+        from themisto.release.workspaces import SourceFolders
         from themisto.scoring.scorer import score
 
         if execute:
@@ -115,8 +120,10 @@ class Themisto(evaluate.Metric):
         release = open_release(release) if execute and release is not None else None
         settings = ScoreSettings(task=self.config_name, k=k, timeout_s=float(timeout_s),
                                  memory_bytes=int(memory_bytes), continuation_cells=int(continuation_cells))
+        folders = SourceFolders(workspace=None if workspace is None else Path(workspace),
+                                sources=tuple(Path(p) for p in ([sources] if isinstance(sources, str) else sources)))
         result = score(predictions, references, ids=ids, settings=settings, execute=execute, release=release,
-                       workspace=workspace)
+                       workspace=folders)
         out = dict(result.scores)
         out["notes"] = list(result.notes)
         if return_records:

@@ -3,8 +3,9 @@
 To add a subcommand, write `add_<name>(subparsers)` (its arguments, `set_defaults(run=<function>)`) and a
 `<name>_command(args) -> int`, then list `add_<name>` in `SUBCOMMANDS`.
 
-Subcommands live by stage: `data` (ingest, workspace, replay, build, check, push), `scoring` (score, summary),
-`models` (generate, sft-export), `study` (the fine-tuning study) and `board` (submit, leaderboard); `common` holds what they share.
+Subcommands live by stage: `sharing` (collect, and build's content release and pointers), `data` (ingest, workspace,
+replay, build, check, push), `scoring` (score, summary), `models` (generate, sft-export), `study` (the fine-tuning
+study) and `board` (submit, leaderboard); `common` holds what they share.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from themisto.cli.common import CommandError
 from themisto.cli.data import add_build, add_check, add_ingest, add_push, add_replay, add_workspace
 from themisto.cli.models import add_generate, add_sft_export
 from themisto.cli.scoring import add_score, add_summary
+from themisto.cli.sharing import add_collect
 from themisto.cli.study import add_study
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    add_ingest, add_workspace, add_replay, add_build, add_check, add_push, add_score, add_summary,
+    add_collect, add_ingest, add_workspace, add_replay, add_build, add_check, add_push, add_score, add_summary,
     add_sft_export, add_submit, add_leaderboard, add_generate, add_study)
 
 

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from themisto.cli.common import CommandError, add_ray_option, ray_held, scoring_runner
+from themisto.cli.common import (CommandError, add_ray_option, add_source_options, ray_held, scoring_runner,
+                                 source_folders)
 
 
 def submit_command(args: argparse.Namespace) -> int:
@@ -30,7 +31,8 @@ def submit_command(args: argparse.Namespace) -> int:
 
         request = (EvalResultsRequest(args.eval_results, args.dataset_id, args.dataset_revision)
                    if args.eval_results else None)
-        done = send_submission(submission, release, args.to, eval_results=request, execute=args.execute)
+        done = send_submission(submission, release, args.to, eval_results=request, execute=args.execute,
+                               workspace=source_folders(args))
         print(f"submission pull request: {done.submission_pr}")
         if done.eval_results_pr:
             print(f"eval results pull request: {done.eval_results_pr}")
@@ -52,6 +54,7 @@ def add_submit(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dataset-revision", help="its git revision (default: asked from the Hub)")
     parser.add_argument("--execute", action="store_true",
                         help="eval results: execute next_cell predictions (also needs HF_ALLOW_CODE_EVAL=1)")
+    add_source_options(parser, "with --execute")
     parser.set_defaults(run=submit_command)
 
 
@@ -77,7 +80,7 @@ def _write_board(args: argparse.Namespace) -> int:
     with ray_held(args):
         board = build_board(args.submissions, release, execute=args.execute, cache_dir=args.output / "cache",
                             progress=lambda message: print(message, file=sys.stderr, flush=True),
-                            runner=scoring_runner(args))
+                            runner=scoring_runner(args), workspace=source_folders(args))
     files = write_board(board, args.output)
     for note in board.notes:
         print(f"note: {note}")
@@ -102,5 +105,6 @@ def add_leaderboard(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--execute", action="store_true",
                         help="execute next_cell predictions (also needs HF_ALLOW_CODE_EVAL=1)")
     parser.add_argument("--push-space", metavar="REPO_ID", help="upload BOARD/space/ to this static Space")
+    add_source_options(parser, "with --execute")
     add_ray_option(parser, "with --execute, re-score")
     parser.set_defaults(run=leaderboard_command)

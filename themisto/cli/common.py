@@ -82,6 +82,9 @@ def add_corpus_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--licences", metavar="L1,L2",
                        help="keep only repositories under these licences (e.g. MIT,Apache-2.0; `none`: no licence "
                             "file); default: every one")
+    group.add_argument("--removals", type=Path, metavar="FILE",
+                       help="the opt-out list (`YYYY-MM-DD owner/name` or `YYYY-MM-DD owner` a line): those "
+                            "repositories' sessions are left out, counted in the report")
 
 
 def corpus_settings(args: argparse.Namespace):
@@ -92,10 +95,13 @@ def corpus_settings(args: argparse.Namespace):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    from themisto.ingest.removals import read_removals
+
     licences = None if args.licences is None else tuple(x.strip() for x in args.licences.split(",") if x.strip())
     return CorpusSettings(min_inputs=args.min_inputs, max_steps=args.max_steps,
                           sessions_per_developer=args.sessions_per_developer, limit=args.corpus_limit,
-                          licences=licences, environment=args.kernel_environment)
+                          licences=licences, environment=args.kernel_environment,
+                          removals=read_removals(args.removals))
 
 
 def add_participants_option(parser: argparse.ArgumentParser) -> None:
@@ -141,3 +147,25 @@ def scoring_runner(args: argparse.Namespace):
     from themisto.distributed.ray_scoring import scoring_runner
 
     return scoring_runner(target)
+
+
+def add_source_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """--workspace and --sources: where a release's input files are, for `what` (rebuilding its states)."""
+    parser.add_argument("--workspace", type=Path, metavar="DIR",
+                        help=f"{what}: the input files the release was replayed over, if its build was given them "
+                             "(default: made again from the build's record)")
+    parser.add_argument("--sources", type=Path, nargs="+", metavar="DIR",
+                        help=f"{what}: folders holding the sources its sessions replayed in (corpus folders of "
+                             "IPython histories) where they are no longer where its build read them; a trajectory "
+                             "whose files are in none, or differ, is scored by text only (and counted)")
+
+
+def source_folders(args: argparse.Namespace):
+    """The SourceFolders of --workspace and --sources (`themisto.release.workspaces`)."""
+    from themisto.release.workspaces import SourceFolders
+
+    named = tuple(args.sources or ())
+    missing = [str(p) for p in named if not p.is_dir()]
+    if missing:
+        raise CommandError(f"--sources {missing[0]}: no such folder")
+    return SourceFolders(workspace=args.workspace, sources=named)

@@ -1,4 +1,4 @@
-"""Subcommands that make the data: ingest, workspace, replay, build, check, push."""
+"""Subcommands that make the data: ingest, workspace, replay, build, check, push (collect: `themisto.cli.sharing`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from themisto.cli.common import (
     ray_target,
     read_inputs,
 )
+from themisto.cli.sharing import add_sharing_options, build_outputs
 
 
 def _print_summary(traj_id: str, summary: dict) -> None:
@@ -81,7 +82,8 @@ def ingest_command(args: argparse.Namespace) -> int:
         for name, report in ingested.files.items():
             _print_file(name, report)
         for corpus in ingested.corpora:
-            print(f"corpus: {corpus['repositories']} repositories, {corpus['sessions_read']:,} sessions read, "
+            print(f"corpus: {corpus['repositories']} repositories ({corpus['removed']} removed: opt-out list), "
+                  f"{corpus['sessions_read']:,} sessions read, "
                   f"{corpus['trajectories']} kept ({corpus['developers']} developers); left out: "
                   f"{format_counts(corpus['left_out'])}; cut before replay: {format_counts(corpus['cut'])}")
             for refusal in corpus["refusals"]:
@@ -287,18 +289,31 @@ def build_command(args: argparse.Namespace) -> int:
     steps_default = args.output.with_name(args.output.name + ".steps.jsonl")
     from themisto.replay.steps_file import ReplayIncomplete
 
+    trajectories: list = []
     try:
-        rows, source, extra, fidelity = release_rows(inputs, steps_default, runner=_replay_runner(args))
+        rows, source, extra, fidelity = release_rows(inputs, steps_default, runner=_replay_runner(args),
+                                                     trajectories_out=trajectories)
     except ReplayIncomplete as exc:
         raise CommandError(str(exc)) from None
-    report = build_release(rows, args.output, settings, source=source, extra_settings=extra,
-                           overwrite=args.overwrite, allow_missing_files=args.allow_missing_files, fidelity=fidelity,
-                           values=replay_values(inputs, steps_default),
-                           value_caps=ValueCaps(value_bytes=int(args.max_value_mb * 2**20),
-                                                release_bytes=int(args.max_values_mb * 2**20)),
-                           prompts=text_track_renderer())
+    from themisto.ingest.ipython_corpus import is_corpus
+    from themisto.release.workspaces import write_sources_note
+
+    def build(rows: list[dict], folder: Path, source: dict):
+        report = build_release(rows, folder, settings, source=source, extra_settings=extra, overwrite=args.overwrite,
+                               allow_missing_files=args.allow_missing_files, fidelity=fidelity,
+                               values=replay_values(inputs, steps_default),
+                               value_caps=ValueCaps(value_bytes=int(args.max_value_mb * 2**20),
+                                                    release_bytes=int(args.max_values_mb * 2**20)),
+                               prompts=text_track_renderer())
+        # where this host read the sources, beside each release (never in it): execution finds its files there
+        write_sources_note(folder, [p for p in inputs.paths if is_corpus(p)], inputs.workspace)
+        return report
+
+    two, sharing_lines = build_outputs(args, rows, trajectories, source, build)
+    report = two.full
     if args.json:
-        print(json.dumps({"output": str(args.output), **report.to_dict()}, ensure_ascii=False, sort_keys=True))
+        print(json.dumps({"output": str(args.output), **report.to_dict(), "content_release": str(args.content_release)
+                          if two.content else None, "pointers": two.pointers}, ensure_ascii=False, sort_keys=True))
     else:
         for config, splits in report.sizes.items():
             print(f"{config}: " + ", ".join(f"{split} {n}" for split, n in splits.items()))
@@ -307,7 +322,9 @@ def build_command(args: argparse.Namespace) -> int:
         for note in report.notes:
             print(f"note: {note}")
         print(f"wrote {args.output} (content sha256 {report.content_sha256})")
-    return 0
+        for line in sharing_lines:
+            print(line)
+    return 1 if two.content_error else 0
 
 
 def add_build(subparsers: argparse._SubParsersAction) -> None:
@@ -345,6 +362,7 @@ def add_build(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
     parser.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="release folder to write")
     parser.add_argument("--json", action="store_true", help="print the build report as one JSON object")
+    add_sharing_options(parser)
     _add_workers_option(parser)
     add_ray_option(parser, "replay")
     parser.set_defaults(run=build_command)

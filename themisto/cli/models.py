@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from themisto.cli.common import add_ray_option, default_of, format_counts, ray_target
+from themisto.cli.common import (add_ray_option, add_source_options, default_of, format_counts, ray_target,
+                                 source_folders)
 from themisto.vocabulary import CONTEXT_MODES, PROBE_CONTEXT, PROBE_PROTOCOLS, RUN_SPLITS, STATIC_CONTEXT_MODES, TASKS
 
 
@@ -124,7 +125,7 @@ def generate_command(args: argparse.Namespace) -> int:
         release = open_release(args.release)
         with _generation_backend(args, settings) as backend:
             report = generate_run(release, args.output, settings, backend=backend, progress=not args.json,
-                                  execute_probes=args.execute_probes, workspace=args.workspace)
+                                  execute_probes=args.execute_probes, workspace=source_folders(args))
     except KeyboardInterrupt:
         print(f"themisto generate: interrupted; rerun the same command to resume into {args.output}",
               file=sys.stderr)
@@ -158,9 +159,7 @@ def _add_mode_options(parser: argparse.ArgumentParser) -> None:
                         help="probe mode: a fenced ```probe block (text, default) or the backend's tool calls")
     parser.add_argument("--delta-cells", type=int, metavar="N", help="delta mode: only the last N history cells and "
                         "what each changed (default: as many as the prompt budget allows)")
-    parser.add_argument("--workspace", type=Path, metavar="DIR",
-                        help="probe mode: the input files the release was replayed over (default: made again from "
-                             "the build's record)")
+    add_source_options(parser, "probe mode")
 
 
 def add_generate(subparsers: argparse._SubParsersAction) -> None:

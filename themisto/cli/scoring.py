@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from themisto.cli.common import CommandError, add_ray_option, default_of, scoring_runner
+from themisto.cli.common import (CommandError, add_ray_option, add_source_options, default_of, scoring_runner,
+                                 source_folders)
 from themisto.vocabulary import CLUSTER_UNITS, TASKS
 
 
@@ -31,7 +32,7 @@ def _score_run_folder(args: argparse.Namespace) -> int:
     # The release given, else the one the run folder names (score_run opens that one): once for the command.
     release = open_release(args.release) if args.release is not None else None
     results = score_run(args.run_dir, release=release, execute=args.execute, out=args.output,
-                        runner=scoring_runner(args), workspace=args.workspace,
+                        runner=scoring_runner(args), workspace=source_folders(args),
                         settings=IntervalSettings(cluster=args.cluster), restore=args.restore,
                         resume=not args.no_resume)
     if args.json:
@@ -84,7 +85,7 @@ def score_command(args: argparse.Namespace) -> int:
     if args.execute:
         permit(execute=True)  # refused before anything is read
     run = score_to_file(open_release(args.release), args.predictions, args.output, settings, execute=args.execute,
-                        workspace=args.workspace, resume=not args.no_resume, runner=scoring_runner(args))
+                        workspace=source_folders(args), resume=not args.no_resume, runner=scoring_runner(args))
     scores = run.result.scores
     if args.json:
         print(json.dumps({"output": str(run.path), "scores": scores, "notes": run.result.notes,
@@ -141,7 +142,7 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
                         metavar="K",
                         help="logged cells run after each prediction for continuation_match (default %(default)s; "
                              "0: off)")
-    parser.add_argument("--workspace", type=Path, help="the release's replay inputs, if it was built with a given one")
+    add_source_options(parser, "with --execute")
     parser.add_argument("--cluster", choices=CLUSTER_UNITS, default=default_of(IntervalSettings, "cluster"),
                         help="a run folder's intervals resample whole trajectories or whole participants "
                              "(a developer's trajectories are not independent; default %(default)s)")

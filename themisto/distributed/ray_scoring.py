@@ -3,9 +3,9 @@ records sent back to the driver, which writes and aggregates them exactly as a l
 
 Each worker passes the opt-in gate itself (HF_ALLOW_CODE_EVAL travels with the task), opens the release from the
 path and content hash its handle travels as (`themisto.release.folder.reopened_release`: the release folder must lie on
-storage the nodes share, at the same path) and rebuilds the release's workspace on its own node, once per worker
-process. A trajectory whose worker died on both tries, or whose task
-raised, gets its examples `refused` with the reason; the other trajectories are not affected.
+storage the nodes share, at the same path), rebuilds the release's look-alike inputs on its own node, once per node,
+and finds the repositories' files in the source folders the driver named (shared storage too). A trajectory whose
+worker died on both tries, or whose task raised, gets its examples `refused` with the reason; the other trajectories are not affected.
 """
 
 from __future__ import annotations
@@ -16,34 +16,30 @@ from typing import Iterator, Mapping
 
 from themisto.distributed.cluster import RayTarget, check_reachable, node_folder, ray_session, remote
 from themisto.distributed.tasks import TaskFailed, run_tasks
+from themisto.release.workspaces import SourceFolders
 
-def _workspace(release, workspace: str | None) -> Path:
-    """The release's input files on this node: a given folder as it is (it must be on storage the nodes share),
-    else the look-alike inputs rebuilt from the release's build settings, once per node."""
+def _inputs(release, folders):
+    """The release's input files on this node (`themisto.release.workspaces.ReleaseInputs`): the look-alike inputs
+    made once per node; a given workspace and the source folders as the driver named them (on storage the nodes
+    share, or at the same paths on each)."""
     import hashlib
     import json
 
-    from themisto.scoring.release_state import prepare_workspace
+    from themisto.scoring.release_state import release_inputs
 
-    if workspace is not None:
-        return prepare_workspace(release, workspace, Path("."))  # checks that this node sees it
+    folders = SourceFolders.of(folders)
     key = "score-" + hashlib.sha256(json.dumps(release.workspace, sort_keys=True).encode("utf-8")).hexdigest()[:24]
-
-    def rebuild(folder: Path) -> None:
-        made = prepare_workspace(release, None, folder)
-        if made != folder / "ws":  # one known place inside the node's folder, whatever name it was written under
-            made.rename(folder / "ws")
-
-    return node_folder(key, rebuild) / "ws"
+    shared = node_folder(key, lambda folder: release_inputs(release, folders, folder).prepare())
+    return release_inputs(release, folders, shared)
 
 
-def score_one(release, kernel_id: str, group: list, records: dict, workspace: str | None, settings):
+def score_one(release, kernel_id: str, group: list, records: dict, folders, settings):
     """(On a worker) replay one trajectory once and score its examples' predictions in branches of it."""
     from themisto.scoring.execution import unsafe_execute_trajectory
     from themisto.gate import permit
 
     return unsafe_execute_trajectory(permit(execute=True), release, kernel_id, group, records,
-                                     _workspace(release, workspace), settings)
+                                     _inputs(release, folders), settings)
 
 
 def refused_trajectory(release, task: str, kernel_id: str, group: list, records: Mapping[str, list], reason: str):
@@ -65,17 +61,17 @@ def scoring_runner(target: RayTarget):
         check_reachable(target.address, target.temp_dir)
 
     def run(permit, release, pending: list, by_id: Mapping[str, list], settings,
-            workspace: str | Path | None) -> Iterator[tuple[tuple, object]]:
+            workspace: "SourceFolders | str | Path | None") -> Iterator[tuple[tuple, object]]:
         permit.check()  # the driver's own opt-in; each worker checks its own as well
         with ray_session(target) as ray:
             task = remote(ray, score_one, num_cpus=1, max_retries=target.max_retries)
             shared = ray.put(release)  # once in the object store, not once per task
-            folder = None if workspace is None else str(workspace)
+            folders = SourceFolders.of(workspace)  # paths travel; each node finds the files itself
 
             def submit(item: tuple):
                 _, kernel_id, group = item
                 records = {e.id: by_id[e.id] for e in group}
-                return task.options(name=f"score {kernel_id}").remote(shared, kernel_id, group, records, folder,
+                return task.options(name=f"score {kernel_id}").remote(shared, kernel_id, group, records, folders,
                                                                       settings)
 
             # longest replay first (to its last scored step), so that no long trajectory starts last

@@ -27,6 +27,7 @@ from themisto.generation.probe_protocol import (CUT, DIED, KERNEL_LOST, MAX_PROB
 from themisto.generation.prompts import Prompt, approx_tokens, messages_text
 from themisto.generation.run_folder import Generation
 from themisto.release.folder import ReleaseError, ReleaseInfo
+from themisto.release.workspaces import ReleaseInputs, SourceFolders
 
 # The branch's own output cap, in bytes, per character a probe may show: the model sees `output_chars` characters,
 # the rest only needs counting (a flood is cut in the branch, not carried to the host).
@@ -264,13 +265,14 @@ class ServedStep:
     failure: str | None = None
 
 
-def probe_workspace(info: ReleaseInfo, workspace: str | Path | None, tmp: Path) -> Path:
-    """The input files the release was replayed over: `workspace` (checked against a given folder's hash), or made
-    again under `tmp` from the build's recipe (`themisto.replay.workspace_recipe`); RecipeError, the input's refusal,
-    when it cannot."""
-    from themisto.replay.workspace_recipe import workspace_from_recipe
+def probe_workspace(info: ReleaseInfo, workspace: SourceFolders | str | Path | None, tmp: Path) -> ReleaseInputs:
+    """The input files the release's trajectories were replayed over, found again (`themisto.release.workspaces`):
+    look-alike inputs made under `tmp`, a given `workspace` (checked against its hash), the repositories' files where
+    the build noted them or `workspace.sources` names them; a RecipeError or ReleaseError, the input's refusal, when
+    the release as a whole cannot say."""
+    from themisto.release.workspaces import open_inputs
 
-    return workspace_from_recipe(info.workspace, workspace, tmp / "ws", what=f"the release {info.path}")
+    return open_inputs(info, workspace, tmp)
 
 
 class ServedProbes:
@@ -297,13 +299,14 @@ class ServedProbes:
 
 
 def serve_states(permit: ExecutionPermit, info: ReleaseInfo, rows: list[dict], settings: ProbeSettings,
-                 workspace: Path) -> Iterator[ServedStep]:
+                 workspace: ReleaseInputs) -> Iterator[ServedStep]:
     """Each step of `rows` that has examples, in trajectory order, with its live pre-step state behind its
-    `run_probe`: one kernel per trajectory over a copy of `workspace` (`probe_workspace`), brought to each state by
+    `run_probe`: one kernel per trajectory over a copy of its input files (`probe_workspace`), brought to each state by
     the state server (`themisto.release.states.pre_step_states`) by replay alone. A trajectory whose state could not be served yields its examples not yet served in one
     ServedStep with the `failure` (they get no probes), and so does one whose state was lost for good after a
     probe (the step where it was lost keeps its conversations, their later probes refused)."""
     from themisto.release.states import pre_step_states
+    from themisto.release.workspaces import SourcesUnavailable
     from themisto.runtime.branch import BranchError
     from themisto.runtime.rebuild import StateLost
     from themisto.runtime.sandbox import KernelStartError
@@ -332,6 +335,8 @@ def serve_states(permit: ExecutionPermit, info: ReleaseInfo, rows: list[dict], s
                     if door.lost is not None:
                         failure = f"the state could not be served: {door.lost}"
                         break
+        except SourcesUnavailable as error:
+            failure = f"the state could not be served: {str(error)[:300]}"
         except (KernelStartError, AgentError, BranchError, StateLost, OSError, ReleaseError) as error:
             failure = f"the state could not be served: {type(error).__name__}: {str(error)[:300]}"
         unseen = [row for step, step_rows in sorted(steps.items()) if step not in seen for row in step_rows]

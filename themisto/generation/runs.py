@@ -40,6 +40,7 @@ from themisto.generation.run_folder import (
 )
 from themisto.modes import ContextModeSpec, context_mode, context_modes
 from themisto.release.folder import ReleaseInfo
+from themisto.release.workspaces import SourceFolders
 from themisto.resume import LOCK_FILE, hold_folder, write_json_atomic
 from themisto.vocabulary import PROBE_CONTEXT
 
@@ -207,7 +208,7 @@ def backend_options(settings: RunSettings) -> dict:
 
 def generate_run(release: ReleaseInfo, out: str | Path, settings: RunSettings, *, backend=None,
                  progress: bool = True, execute_probes: bool = False,
-                 workspace: str | Path | None = None) -> RunReport:
+                 workspace: SourceFolders | str | Path | None = None) -> RunReport:
     """Generate every missing (example, context, sample) of `settings` into the run folder `out`, held as its one
     writer (`themisto.resume.hold_folder`: another process writing it is refused with its pid), from `release` (the
     caller opened it: `themisto.release.folder.open_release`).

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from contextlib import ExitStack
-from pathlib import Path
 
 from themisto.generation.probe_protocol import (NO_PROBES_LEFT, TOOL_NAME, TOOL_SCHEMA, ProbeRun, ProbeSettings,
                                                 Transcript)
@@ -28,7 +27,7 @@ class ServedState:
     ends the kernel. Each call blocks (the solver makes them from worker threads, one at a time: the kernel session
     takes calls from any thread)."""
 
-    def __init__(self, permit, info, kernel_id: str, step: int, settings: ProbeSettings, workspace: Path):
+    def __init__(self, permit, info, kernel_id: str, step: int, settings: ProbeSettings, workspace):
         self.permit, self.info, self.kernel_id, self.step = permit, info, kernel_id, step
         self.settings, self.workspace = settings, workspace
         self.failure: str | None = None
@@ -93,7 +92,8 @@ def _probe_tool(served: ServedState, settings: ProbeSettings):
 
 def probe_solver(info, settings: ProbeSettings, permit, workspace, slots: threading.BoundedSemaphore):
     """The probe mode's conversation: the model may call `run_probe` up to the budget, then answers without tools.
-    `workspace()` gives the release's input folder (made once); `slots` bounds the kernels live at once."""
+    `workspace()` gives the release's input files (`themisto.release.workspaces.ReleaseInputs`, found once); `slots`
+    bounds the kernels live at once."""
     from inspect_ai.model import ChatMessageTool, ChatMessageUser
     from inspect_ai.solver import solver
     from inspect_ai.util import store

@@ -71,24 +71,25 @@ class ScorerDoor:
     """The scorer's door for one task: the task's release (its handle, opened once by the task), its workspace made
     once (under a lock), and at most one execution per core at a time (each in a kernel of its own)."""
 
-    def __init__(self, release, task: str, workspace: str | None, execute: bool) -> None:
+    def __init__(self, release, task: str, workspace, execute: bool) -> None:
         from themisto.settings import usable_cores
 
         self.task, self.execute, self.given = task, execute, workspace
         self.release = release
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(usable_cores())
-        self.workspace: Path | None = None
+        self.inputs = None
 
-    def workspace_folder(self) -> Path:
-        from themisto.scoring.release_state import prepare_workspace
+    def workspace_folder(self):
+        """The release's input files found once (`themisto.release.workspaces.ReleaseInputs`)."""
+        from themisto.scoring.release_state import release_inputs
 
         with self.lock:
-            if self.workspace is None:
+            if self.inputs is None:
                 tmp = tempfile.TemporaryDirectory(prefix="themisto-inspect-")
                 weakref.finalize(self, tmp.cleanup)
-                self.workspace = prepare_workspace(self.release, self.given, Path(tmp.name))
-            return self.workspace
+                self.inputs = release_inputs(self.release, self.given, Path(tmp.name))
+            return self.inputs
 
     def score(self, sample_id: str, prediction: str, target: str):
         """The example's record and its prediction's (`themisto.scoring.records`), scored by the scorer's door."""
@@ -118,9 +119,9 @@ def score_value(example, record, task: str, execute: bool) -> dict:
     return value
 
 
-def themisto_scorer(release, task: str, context: str, execute: bool, workspace: str | None = None):
+def themisto_scorer(release, task: str, context: str, execute: bool, workspace=None):
     """The Inspect scorer of one task over its release (the task's `ReleaseInfo`; its metrics set by the task:
-    `themisto_metrics`)."""
+    `themisto_metrics`); `workspace`: where its input files are (`themisto.release.workspaces.SourceFolders`)."""
     from inspect_ai.scorer import Score, scorer
 
     door = ScorerDoor(release, task, workspace, execute)

@@ -6,8 +6,9 @@ entry point (pyproject.toml), so that after the install
 runs with any model provider Inspect has. Parameters (`-T key=value`): `release` (a release folder or a Hub dataset
 id), `context` (none / variables / full / trace / delta / probe), `split`, `limit` (rows spread over the split, as
 `themisto generate --limit`), `max_prompt_tokens`, `execute` (next_cell: run each prediction in its exact pre-cell
-state; needs HF_ALLOW_CODE_EVAL=1), `workspace` (a release replayed over a given input folder), and for the probe
-mode `execute_probes` (the same opt-in as `themisto generate --execute-probes`), `probes`, `probe_chars`,
+state; needs HF_ALLOW_CODE_EVAL=1), `workspace` (a release replayed over a given input folder), `sources` (folders
+holding the sources its sessions from public repositories replayed in, comma-separated, where they moved), and for
+the probe mode `execute_probes` (the same opt-in as `themisto generate --execute-probes`), `probes`, `probe_chars`,
 `probe_timeout`, and for the delta mode `delta_cells` (`themisto generate --delta-cells`). Beside them, one task per (task, context mode), e.g. `themisto/next_cell_variables`, named as the
 release's eval.yaml names the text-track task of the same task and mode (`themisto.release.eval_yaml.task_id`),
 which Inspect's Hub loader runs with built-in scorers. Importing this module also registers the stand-in model
@@ -31,6 +32,7 @@ from themisto.generation.probe_protocol import ProbeSettings, ProbeSettingsError
 from themisto.harness.samples import INSPECT_OPTIONS, HarnessSettings, task_samples
 from themisto.modes import context_mode
 from themisto.release.eval_yaml import task_id
+from themisto.release.workspaces import SourceFolders
 from themisto.vocabulary import BASELINE_CONTEXT, CONTEXT_MODES, TASKS
 
 THEMISTO_METADATA = "themisto"  # the task metadata key `themisto score LOG.eval` reads a run's settings from
@@ -79,7 +81,7 @@ def run_record(settings: HarnessSettings, info) -> dict:
             "delta": spec.delta.record() if context_mode(spec.context).per_cell_delta else None}
 
 
-def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Task:
+def themisto_task(settings: HarnessSettings, workspace: SourceFolders | None = None) -> Task:
     """The Inspect Task for `settings`: the release's samples, the solver of its context mode, Themisto's scorer."""
     from inspect_ai.dataset import MemoryDataset
 
@@ -111,7 +113,7 @@ def themisto_task(settings: HarnessSettings, workspace: str | None = None) -> Ta
 
 def _make(config: str, release: str, context: str, split: str, limit: int | None, max_prompt_tokens: int | None,
           execute: bool, workspace: str | None, execute_probes: bool, probes: int, probe_chars: int,
-          probe_timeout: float, delta_cells: int | None) -> Task:
+          probe_timeout: float, delta_cells: int | None, sources: str | list | None) -> Task:
     """The task of `config` for its `-T` parameters (the task functions' own, with their defaults)."""
     try:
         probe = ProbeSettings(max_probes=int(probes), output_chars=int(probe_chars), timeout_s=float(probe_timeout),
@@ -124,7 +126,17 @@ def _make(config: str, release: str, context: str, split: str, limit: int | None
                        probe=probe, delta=delta, spelling=INSPECT_OPTIONS)
     settings = HarnessSettings(spec=spec, release=str(release), execute=bool(execute),
                                execute_probes=bool(execute_probes))
-    return themisto_task(settings, workspace)
+    return themisto_task(settings, _source_folders(workspace, sources))
+
+
+def _source_folders(workspace: str | None, sources: str | list | None) -> SourceFolders:
+    """`-T workspace=DIR -T sources=DIR1,DIR2` (or a list) as SourceFolders; a folder that is not there is refused."""
+    named = sources.split(",") if isinstance(sources, str) else list(sources or [])
+    folders = tuple(Path(str(p).strip()) for p in named if str(p).strip())
+    missing = [str(p) for p in folders if not p.is_dir()]
+    if missing:
+        raise INSPECT_OPTIONS.error(f"-T sources={missing[0]}: no such folder")
+    return SourceFolders(workspace=None if workspace is None else Path(workspace), sources=folders)
 
 
 # The keyword defaults below are the example spec's (DEFAULT_SPEC), each `-T` name mapped to its field by
@@ -135,10 +147,10 @@ def next_cell(release: str, context: str = BASELINE_CONTEXT, split: str = DEFAUL
               execute: bool = False, workspace: str | None = None, execute_probes: bool = False,
               probes: int = DEFAULT_SPEC.probe.max_probes, probe_chars: int = DEFAULT_SPEC.probe.output_chars,
               probe_timeout: float = DEFAULT_SPEC.probe.timeout_s,
-              delta_cells: int | None = DEFAULT_SPEC.delta.cells) -> Task:
+              delta_cells: int | None = DEFAULT_SPEC.delta.cells, sources: str | None = None) -> Task:
     """Next-cell prediction: write the code of the cell the developer runs next."""
     return _make("next_cell", release, context, split, limit, max_prompt_tokens, execute, workspace, execute_probes,
-                 probes, probe_chars, probe_timeout, delta_cells)
+                 probes, probe_chars, probe_timeout, delta_cells, sources)
 
 
 @task
@@ -148,10 +160,10 @@ def output_prediction(release: str, context: str = BASELINE_CONTEXT, split: str 
                       execute_probes: bool = False, probes: int = DEFAULT_SPEC.probe.max_probes,
                       probe_chars: int = DEFAULT_SPEC.probe.output_chars,
                       probe_timeout: float = DEFAULT_SPEC.probe.timeout_s,
-                      delta_cells: int | None = DEFAULT_SPEC.delta.cells) -> Task:
+                      delta_cells: int | None = DEFAULT_SPEC.delta.cells, sources: str | None = None) -> Task:
     """Cell-output prediction: predict what a given cell prints."""
     return _make("output_prediction", release, context, split, limit, max_prompt_tokens, False, workspace,
-                 execute_probes, probes, probe_chars, probe_timeout, delta_cells)
+                 execute_probes, probes, probe_chars, probe_timeout, delta_cells, sources)
 
 
 def _mode_task(config: str, context: str):

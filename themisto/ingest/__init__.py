@@ -10,6 +10,9 @@ enters (`personal`); every file is read within bounds (`limits`). IPython's own 
 read as sessions (`ipython_history`: the history database, opened as data; `ipython_log`: `%logstart` logs), their
 texts scrubbed of credentials (`secrets`, through detect-secrets) and personal data. `output_size` is the JuNE
 extension's size rule; `cleaning` is the explicit, reversible cleaning replay applies; `workspace` writes seeded
-look-alike inputs for the tasks' missing data files. Imports nothing heavy: standard library only (nbformat is
-loaded when a notebook is read, detect-secrets when a text is scanned).
+look-alike inputs for the tasks' missing data files. A corpus of IPython histories is fetched again from public
+repositories by `collect` (through `git_fetch`, taking what `collect_files` allows) from a pointer list (`pointers`)
+or a list of repositories, skipping the opt-out list (`removals`); `licences` names a repository's licence by SPDX id.
+Imports nothing heavy: standard library only (nbformat is loaded when a notebook is read, detect-secrets when a text
+is scanned, askalono when a licence is named).
 """

@@ -28,7 +28,7 @@ from typing import Iterator
 
 from themisto.bounded import Bounds
 from themisto.errors import InputError
-from themisto.ingest.trajectory import Execution, SourceFile, Trajectory, anonymize
+from themisto.ingest.trajectory import Execution, SourceFile, Trajectory, anonymize, inputs_sha256
 
 REPOS_FOLDER = "repos"
 REPO_FILE = "repo.json"
@@ -62,6 +62,7 @@ class CorpusSettings:
     # A history times no cell: each may run this many CPU seconds (and four times as many of the clock while it waits
     # on nothing: `themisto.runtime.kernel_requests`), not the 120 s a JuNE cell gets where its log did not time it.
     cell_timeout_s: float = 30.0
+    removals: object = None  # an opt-out list (`themisto.ingest.removals.Removals`): its repositories are left out
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class CorpusReport:
     """What a corpus gave: counts by stage and cause (never a name)."""
 
     repositories: int = 0
+    removed: int = 0  # repositories left out by the opt-out list
     files_read: int = 0
     files_refused: dict[str, int] = field(default_factory=dict)  # reason -> files
     sessions_read: int = 0
@@ -116,8 +118,9 @@ def repository_folders(path: Path) -> list[Path]:
     return sorted(p.parent for p in (path / REPOS_FOLDER).glob(f"*/{REPO_FILE}"))
 
 
-def read_repository(folder: Path) -> Repository:
-    """A repository's record from its `repo.json` (read within bounds) and its `files/` folder."""
+def repository_record(folder: Path) -> dict:
+    """A repository folder's `repo.json`, read within bounds; it names the repository, so only what collects or
+    points at repositories reads it whole (`themisto.ingest.pointers`)."""
     from themisto.ingest.limits import parse_json
 
     path = folder / REPO_FILE
@@ -129,6 +132,12 @@ def read_repository(folder: Path) -> Repository:
         raise CorpusError(f"{_masked(path)}: not a repository record ({type(exc).__name__})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("repo"), str) or "/" not in meta["repo"]:
         raise CorpusError(f"{_masked(path)}: expected an object with repo: \"owner/name\"")
+    return meta
+
+
+def read_repository(folder: Path) -> Repository:
+    """A repository's record from its `repo.json` (read within bounds) and its `files/` folder."""
+    meta = repository_record(folder)
     listed = {str(entry[0]) for entry in meta.get("tree") or [] if isinstance(entry, list) and entry}
     entries = meta.get("tree_entries")
     complete = entries <= len(listed) if isinstance(entries, int) else len(listed) < _TREE_LISTED
@@ -207,13 +216,24 @@ def session_key(codes: list[str]) -> str:
     return hashlib.sha256("\x00".join(_normal(c) for c in codes).encode("utf-8")).hexdigest()
 
 
+def stored_path(file: Path) -> str:
+    """The repository path of a stored database or log (`history/a__b.sqlite` is `a/b.sqlite`), masked."""
+    from themisto.ingest.personal import mask_personal
+
+    return mask_personal(file.name.replace("__", "/"))
+
+
+def trajectory_id(repo: Repository, file: Path, session: int) -> str:
+    """The id of a session's trajectory: the same wherever the corpus was collected (`themisto collect`)."""
+    return "ih-" + hashlib.sha256(f"{repo.id}/{stored_path(file)}/{session}".encode()).hexdigest()[:16]
+
+
 def trajectory_of(repo: Repository, kind: str, file: Path, session, codes: list[str], settings: CorpusSettings,
                   match: tuple[str, int] | None, cut: dict | None, start: str = "") -> Trajectory:
     """One session as a trajectory (`codes` already masked and cut) that starts in the repository's folder `start`."""
     from themisto.ingest.personal import mask_personal
 
-    rel = mask_personal(file.name.replace("__", "/"))
-    ident = hashlib.sha256(f"{repo.id}/{rel}/{session.session}".encode()).hexdigest()[:16]
+    rel = stored_path(file)
     times = [i.time for i in session.inputs[:len(codes)]]
     executions = [Execution(cell_id=f"{session.session}:{i.line}", code=code, started_at=time,
                             origin=f"{repo.id}/{rel}:{session.session}:{i.line}")
@@ -222,9 +242,11 @@ def trajectory_of(repo: Repository, kind: str, file: Path, session, codes: list[
     provenance = {"kind": SOURCE_KINDS[kind], "repository": repo.id, "commit": repo.commit, "path": rel,
                   "session": int(session.session), "date": session.start, "licence": repo.licence,
                   "environment": settings.environment, "notebook_inputs_matched": match[1] if match else 0,
-                  "inputs": len(session.inputs), "cut": cut}
-    return Trajectory(id=f"ih-{ident}", notebook=notebook, source=SOURCE_KINDS[kind], executions=executions,
-                      participant=repo.developer, sources=[SourceFile(file=f"{repo.id}/{rel}", sha256=_sha256(file))],
+                  "inputs": len(session.inputs), "cut": cut,
+                  "inputs_sha256": inputs_sha256([i.code for i in session.inputs])}
+    return Trajectory(id=trajectory_id(repo, file, session.session), notebook=notebook, source=SOURCE_KINDS[kind],
+                      executions=executions, participant=repo.developer,
+                      sources=[SourceFile(file=f"{repo.id}/{rel}", sha256=_sha256(file))],
                       workspace=f"{WORKSPACE_FOLDER}/{repo.id}", start_dir=start or None, provenance=provenance,
                       cell_timeout_s=settings.cell_timeout_s)
 
@@ -275,6 +297,9 @@ def read_corpus(path: Path, settings: CorpusSettings = CorpusSettings(), *,
             _count(report.files_refused, "repository record")
             continue
         report.repositories += 1
+        if settings.removals and settings.removals.removes(repository_record(folder)["repo"]):
+            report.removed += 1
+            continue
         files[f"{WORKSPACE_FOLDER}/{repo.id}"] = repo.files if repo.files.is_dir() else None
         if settings.licences is not None and (repo.licence or "none") not in settings.licences:
             _count(report.left_out, "licence")

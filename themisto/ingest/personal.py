@@ -1,10 +1,19 @@
-"""Personal data is masked where it enters: user names in paths, IP addresses and e-mail addresses.
+"""Personal data is masked where it enters: user names in paths, IP addresses, e-mail addresses, and host names
+and user names in URLs, network paths and shell prompts.
 
 Every reader passes each text it keeps (a cell's code, an error's message, a notebook name, a file's name) through
 `mask_personal` before the text leaves it, so nothing downstream (replay, releases, prompts, reports) can carry
 them. The mask is the same in every field. Kept on purpose: loopback and unspecified addresses (127.x.x.x,
 0.0.0.0: nobody's), and the address in the template's `check_logging("http://…")` cell, the organisers' public
 collection server that every participant's notebook started with.
+
+Host names are a machine's, not a public site's: a URL's host with no dot (`http://labserver:8888/`) or under a
+suffix only a private network resolves (`.local`, `.lan`, `.internal`, `.intranet`, `.corp`, `.localdomain`,
+`.home.arpa`), the server of a Windows network path (`\\\\fileserver\\share`), a cloud machine's name that holds its
+address (`ip-10-1-2-3`), a Windows machine's default name (`DESKTOP-1A2B3C4`), and such a name printed alone where
+its first label holds a digit or a hyphen (`build-07.cluster.local`; `threading.local` is code). Public domains
+(`github.com`) are kept: they are nobody's. A user name goes with its host in `user@host:` (scp, ssh, a shell prompt)
+and before a URL's host (`https://user@host/`).
 """
 
 from __future__ import annotations
@@ -40,12 +49,58 @@ _EMAIL = re.compile(
 )
 
 
+HOST_MASK = "<host>"
+_PRIVATE_SUFFIX = r"(?:local|lan|internal|intranet|corp|localdomain|home\.arpa)"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# A URL's user and host: `scheme://[user@]host[:port]`; the host judged by `_private_host`.
+_URL_HOST = re.compile(rf"(\b[A-Za-z][A-Za-z0-9+.-]*://)(?:([^\s/@'\"<>]+)@)?({_LABEL}(?:\.{_LABEL})*)"
+                       r"(?=[:/?#\s'\"<>)\]]|$)")
+_UNC = re.compile(rf"(?:(?<=^)|(?<=[\s\"'(\[=,;]))(\\{{2,}})({_LABEL}(?:\.{_LABEL})*)(?=\\)", re.MULTILINE)
+_SCP = re.compile(rf"(?<![\w.@-])([a-z_][a-z0-9_.-]{{0,31}})@({_LABEL}(?:\.{_LABEL})*):(?=[~/\w$]|\s|$)")
+_MACHINE = re.compile(rf"\b(?:ip-\d{{1,3}}(?:-\d{{1,3}}){{3}}(?:\.{_LABEL})*|(?:DESKTOP|LAPTOP)-[A-Z0-9]{{7,8}}\b"
+                      rf"|(?=[A-Za-z0-9-]*[0-9-])[A-Za-z0-9-]+(?:\.{_LABEL})*\.{_PRIVATE_SUFFIX}\b(?!\())")
+_KEPT_HOSTS = frozenset({"localhost", "127.0.0.1", "0.0.0.0"})
+_MACHINE_WORDS = ("ip-", "DESKTOP-", "LAPTOP-", ".local", ".lan", ".internal", ".intranet", ".corp", ".home.arpa")
+
+
+def _private_host(host: str) -> bool:
+    """Whether a URL's host names a machine rather than a public site (see the module's docstring)."""
+    lower = host.lower()
+    if lower in _KEPT_HOSTS or lower.replace(".", "").isdigit():  # addresses are `_mask_ips`' to judge
+        return False
+    return "." not in lower or bool(re.search(rf"\.{_PRIVATE_SUFFIX}$", lower)) or bool(_MACHINE.fullmatch(host))
+
+
+def _mask_url(match: re.Match) -> str:
+    scheme, user, host = match.groups()
+    if scheme.lower() in ("s3://", "gs://", "file://") or not _private_host(host):
+        return match.group() if user is None else f"{scheme}{USER_MASK}@{host}"
+    return f"{scheme}{'' if user is None else USER_MASK + '@'}{HOST_MASK}"
+
+
+def _mask_hosts(text: str) -> str:
+    if "://" in text:
+        text = _URL_HOST.sub(_mask_url, text)
+    if "\\\\" in text:
+        text = _UNC.sub(lambda m: m.group(1) + HOST_MASK, text)
+    if "@" in text:
+        text = _SCP.sub(lambda m: f"{USER_MASK}@{HOST_MASK}:", text)
+    return _MACHINE.sub(HOST_MASK, text) if any(word in text for word in _MACHINE_WORDS) else text
+
+
+def _mask_network(text: str) -> str:
+    """Host names, then IP addresses."""
+    text = _mask_hosts(text)
+    return _mask_ips(text) if _DOTTED.search(text) else text
+
+
 def _mask_ips(text: str) -> str:
     return _IPV4.sub(lambda m: m.group() if _KEPT_IP.match(m.group()) else IP_MASK, text)
 
 
 def mask_personal(text: str) -> str:
-    """`text` with user names in paths, IP addresses and e-mail addresses masked.
+    """`text` with user names in paths, IP addresses, e-mail addresses, host names and the user names beside them
+    masked.
 
     >>> mask_personal(r'open("C:\\\\Users\\\\Jane Doe\\\\data.txt") # ip 192.168.0.7, mail jane@example.org')
     'open("C:\\\\\\\\Users\\\\\\\\<user>\\\\\\\\data.txt") # ip <ip>, mail <email>'
@@ -53,6 +108,8 @@ def mask_personal(text: str) -> str:
     'File /home/<user>/x.py; total/users/n; X@w.values; 127.0.0.1; v1.2.3'
     >>> mask_personal("path = base  #/home/jdoe/data was the old one")
     'path = base  #/home/<user>/data was the old one'
+    >>> mask_personal("scp jdoe@gpu-box:~/x .; http://labserver:8888/tree; https://github.com/x; ip-10-0-0-7 up")
+    'scp <user>@<host>:~/x .; http://<host>:8888/tree; https://github.com/x; <host> up'
     """
     if not text:
         return text
@@ -62,13 +119,11 @@ def mask_personal(text: str) -> str:
         text = _USER_DIR.sub(lambda m: m.group(1) + USER_MASK, text)
     if "@" in text:
         text = _EMAIL.sub(EMAIL_MASK, text)
-    if not _DOTTED.search(text):
-        return text
-    kept = [m.span() for m in _TEMPLATE_CHECK.finditer(text)]
+    kept = [m.span() for m in _TEMPLATE_CHECK.finditer(text)] if "check_logging" in text else []
     if not kept:
-        return _mask_ips(text)
+        return _mask_network(text)
     pieces, pos = [], 0
     for start, end in kept:
-        pieces += [_mask_ips(text[pos:start]), text[start:end]]
+        pieces += [_mask_network(text[pos:start]), text[start:end]]
         pos = end
-    return "".join(pieces) + _mask_ips(text[pos:])
+    return "".join(pieces) + _mask_network(text[pos:])

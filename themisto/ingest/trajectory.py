@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Iterable, Iterator, Literal, Sequence
 
 from themisto.errors import InputError
 from themisto.jsonrecords import from_dict
@@ -228,6 +228,12 @@ def _instant(text: str | None) -> datetime | None:
     except ValueError:
         return None
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def inputs_sha256(codes: Sequence[str]) -> str:
+    """The hash of a trajectory's inputs, in order (a session's whole, before any cut): what a rebuild from pointers
+    checks it read the same session with (`themisto.ingest.pointers`)."""
+    return hashlib.sha256(json.dumps(list(codes), ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 def anonymize(participant: str | None) -> str | None:

@@ -84,9 +84,11 @@ def cache_key(submission: Submission, release: ReleaseInfo, execute: bool) -> st
 
 def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = False,
             cache_dir: Path | None = None, progress: Callable[[str], None] | None = None,
-            runner=None) -> tuple[dict, bool]:
+            runner=None, workspace=None) -> tuple[dict, bool]:
     """The submission's results.json as the board computes it, and whether it came from the cache; `runner` runs
-    the executed trajectories elsewhere (themisto.distributed.ray_scoring: on Ray)."""
+    the executed trajectories elsewhere (themisto.distributed.ray_scoring: on Ray); `workspace`: where the release's
+    input files are (`themisto.release.workspaces.SourceFolders`). Results that scored some examples by text only
+    for want of their files are not cached: given the files, the next board executes them."""
     from themisto.scoring.run_scores import score_run
 
     cached = cache_dir / f"{cache_key(submission, release, execute)}.json" if cache_dir else None
@@ -96,8 +98,8 @@ def rescore(submission: Submission, release: ReleaseInfo, *, execute: bool = Fal
         # Only the validated files are scored: nothing else from the submission folder is read.
         run_dir = write_submission(submission, Path(tmp) / "run")
         results = score_run(run_dir, release=release, execute=execute, out=run_dir / "results.json",
-                            progress=progress, runner=runner)
-    if cached is not None:
+                            progress=progress, runner=runner, workspace=workspace)
+    if cached is not None and not sum((results["counts"].get("text_only") or {}).values()):
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(cached, json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results, False
@@ -130,8 +132,9 @@ def _latest(submissions: list[Submission], notes: list[str]) -> list[Submission]
 
 def build_board(paths: Sequence[str | Path], release: ReleaseInfo, *, execute: bool = False,
                 cache_dir: Path | None = None, progress: Callable[[str], None] | None = None,
-                runner=None) -> Board:
-    """Validate, de-duplicate and re-score every submission under `paths` against `release`."""
+                runner=None, workspace=None) -> Board:
+    """Validate, de-duplicate and re-score every submission under `paths` against `release` (`workspace`: where
+    its input files are, `themisto.release.workspaces.SourceFolders`)."""
     say = progress or (lambda message: None)
     board = Board(release.content_hash, release.built,
                   datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), execute)
@@ -149,7 +152,7 @@ def build_board(paths: Sequence[str | Path], release: ReleaseInfo, *, execute: b
     for number, submission in enumerate(_latest(valid, board.notes), start=1):
         try:
             results, cached = rescore(submission, release, execute=execute, cache_dir=cache_dir, progress=say,
-                                      runner=runner)
+                                      runner=runner, workspace=workspace)
         except InputError as exc:
             board.refused.append(Refusal.of(found[submission.name], exc))
             continue

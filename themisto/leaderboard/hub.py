@@ -183,9 +183,11 @@ def submit_to_hub(submission: Submission, repo_id: str, *, eval_results: EvalRes
 
 
 def send_submission(submission: Submission, release: ReleaseInfo, repo_id: str, *,
-                    eval_results: EvalResultsRequest | None = None, execute: bool = False) -> SubmitResult:
+                    eval_results: EvalResultsRequest | None = None, execute: bool = False,
+                    workspace=None) -> SubmitResult:
     """`themisto submit --to`: with `eval_results`, re-score the submission on `release` as the
-    board does (`execute`: next_cell predictions run) and read the task ids its eval.yaml declares; then open the PRs
+    board does (`execute`: next_cell predictions run, over the input files `workspace` finds) and read the task ids
+    its eval.yaml declares; then open the PRs
     (`submit_to_hub`). Without a token it refuses before any scoring."""
     from themisto.leaderboard.board import rescore
     from themisto.release.eval_yaml import declared_task_ids
@@ -194,7 +196,7 @@ def send_submission(submission: Submission, release: ReleaseInfo, repo_id: str, 
     results = task_ids = None
     if eval_results is not None:
         task_ids = declared_task_ids(release.path)
-        results, _ = rescore(submission, release, execute=execute)
+        results, _ = rescore(submission, release, execute=execute, workspace=workspace)
     return submit_to_hub(submission, repo_id, eval_results=eval_results, results=results, task_ids=task_ids)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from themisto.release.folder import (CARD_FILE, BuildReport, ReleaseError, parquet_name, schema_module, shipped,
                                      split_card)
+from themisto.release.sharing import gated_fields, sharing_section
 from themisto.release.sources import sources_table
 from themisto.release.tasks import RULES
 from themisto.release.values import VALUES
@@ -171,11 +172,14 @@ def render_card(template: str, report: BuildReport, num_bytes: dict[str, dict[st
         data["license"] = "other"
         wild = any(source.startswith("ipython") for source in report.sources)
         data["license_name"] = "mixed-public-repositories" if wild else "unclear-june-logs"
+        if wild:  # sessions of public repositories: the Hub's click-through terms (`themisto.release.sharing`)
+            data.update(gated_fields())
     values = {
         "sizes_table": _sizes_table(report),
         "rules_table": _rules_table(report),
         "split_table": _split_table(report),
         "sources_table": sources_table(report.sources),
+        "sharing": sharing_section(report),
         "fidelity_table": _fidelity_table(report),
         "results": RESULTS_NONE,
         "build_settings": _settings_list(report),

@@ -23,6 +23,8 @@ from themisto.release.tasks import NO_ROWS, TaskSettings, build_tasks
 from themisto.release.sources import per_source
 from themisto.release.text_track import PromptRenderer, prompt_rows
 from themisto.release.values import VALUES, ValueCaps, release_values, values_note
+from themisto.release.run_specific import mark_run_specific, run_specific_note
+from themisto.release.workspaces import with_rebuild_records
 from themisto.resume import folder_written_whole
 from themisto.vocabulary import TASKS
 
@@ -132,10 +134,7 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ReleaseError(f"{out}: exists and is not an empty folder (pass overwrite to replace it)")
-    rows = list(rows)
-    if values is None:  # a release without values: what a replay noted about them goes too
-        rows = [dict(row, stored_values=None) if row.get("stored_values") is not None else row for row in rows]
-    notes: list[str] = []
+    rows, notes = _prepared(rows, source, values is not None)
     missing = missing_input_files(rows)
     if missing:
         listed = "; ".join(str(m) for m in missing[:5]) + ("; ..." if len(missing) > 5 else "")
@@ -191,6 +190,15 @@ def build_release(rows: Sequence[dict], out: str | Path, settings: TaskSettings 
             write_eval_yaml(tmp, [config for config, splits in report.sizes.items() if splits.get("test")],
                             prompts.system)
     return report
+
+
+def _prepared(rows: Sequence[dict], source: dict | None, values: bool) -> tuple[list[dict], list[str]]:
+    """The rows as the release holds them, and the notes on it: each trajectory's rebuild record, its run-specific
+    variables marked (`themisto.release.run_specific`), and without values what a replay noted about them dropped."""
+    rows, marked = mark_run_specific(with_rebuild_records(list(rows), (source or {}).get("workspace")))
+    if not values:  # a release without values: what a replay noted about them goes too
+        rows = [dict(row, stored_values=None) if row.get("stored_values") is not None else row for row in rows]
+    return rows, [run_specific_note(marked)] if marked["variables"] else []
 
 
 def _library_versions() -> dict[str, str]:
@@ -256,10 +264,11 @@ def _read_trajectories(inputs: BuildInputs):
     return kind, read, ingested.trajectories, ingested.final_notebooks, ingested
 
 
-def release_rows(inputs: BuildInputs, steps_default: Path,
-                 progress=None, runner=None) -> tuple[list[dict], dict, dict, dict]:
+def release_rows(inputs: BuildInputs, steps_default: Path, progress=None, runner=None,
+                 trajectories_out: list | None = None) -> tuple[list[dict], dict, dict, dict]:
     """Read, and replay where needed (with `runner`, see `replay_to_file`), the inputs into `trajectories` rows;
-    returns (rows, source, settings, fidelity per trajectory)."""
+    returns (rows, source, settings, fidelity per trajectory). `trajectories_out` receives the trajectories read (a
+    content release and its pointers need them, `themisto.release.content_release`)."""
     from themisto.release.tasks import trajectory_rows
 
     if inputs.paper is not None:
@@ -270,6 +279,8 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
     from themisto.release.sources import apply_health, why_nothing
 
     kind, read, trajectories, finals, ingested = _read_trajectories(inputs)
+    if trajectories_out is not None:
+        trajectories_out.extend(trajectories)
     seen = {t.id for t in trajectories}
     source: dict[str, Any] = {"kind": kind, "inputs": read}
     if ingested is not None and ingested.corpora:
@@ -313,8 +324,12 @@ def release_rows(inputs: BuildInputs, steps_default: Path,
     rule = _cell_limit_rule(settings.get("replay") or {})
     if rule:
         settings["cell_limit_rule"] = rule
+    from themisto.release.workspaces import rebuild_record
+
     participants = {t.id: t.participant for t in trajectories}
-    rows, source["health"] = apply_health(trajectory_rows(steps, participants, {t.id: t for t in trajectories}))
+    rebuild = {t.id: rebuild_record(t, source.get("workspace")) for t in trajectories}
+    rows, source["health"] = apply_health(trajectory_rows(steps, participants, {t.id: t for t in trajectories},
+                                                          rebuild))
     if not rows:
         raise ReleaseError(f"{NO_ROWS}: {why_nothing(source, trajectories)}")
     return rows, source, settings, fidelity_of(steps, trajectories, finals)

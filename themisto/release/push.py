@@ -8,6 +8,7 @@ from pathlib import Path
 
 from themisto.release.check import check_release
 from themisto.release.folder import BUILD_FILE, CARD_FILE, EVAL_FILE, ReleaseError, open_release
+from themisto.release.sharing import public_push_problem
 
 
 @dataclass
@@ -24,7 +25,9 @@ class UploadPlan:
 
 def upload_plan(folder: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,
                 commit_message: str | None = None) -> UploadPlan:
-    """The files a push would upload (card, build report, Parquet), after `check_release` found no problem."""
+    """The files a push would upload (card, build report, Parquet), after `check_release` found no problem; to a
+    public repository only a release every trajectory of which may be redistributed (`sharing.public_push_problem`:
+    the refusal names the licences), to a private one any."""
     folder = Path(folder)
     if "/" not in repo_id or repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise ReleaseError(f"repo id {repo_id!r} must look like 'owner/name'")
@@ -32,6 +35,10 @@ def upload_plan(folder: str | Path, repo_id: str, *, private: bool = False, revi
     if not checked.ok:
         raise ReleaseError(f"{folder}: not pushed, the release has problems: " + "; ".join(checked.problems))
     release = open_release(folder)
+    if not private:
+        problem = public_push_problem(release)
+        if problem is not None:
+            raise ReleaseError(problem)
     files = {name: (folder / name).stat().st_size for name in (CARD_FILE, BUILD_FILE, EVAL_FILE)
              if (folder / name).is_file()}
     files.update({rel: (folder / rel).stat().st_size for rel in sorted(release.files)})

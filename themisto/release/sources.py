@@ -106,8 +106,8 @@ def sources_table(sources: Mapping[str, Any]) -> str:
     if any(s.startswith("ipython") for s in sources):
         lines += ["", f"Sessions from public repositories keep their repository's licence (`provenance.licence`). "
                       f"{unlicensed} trajectories come from repositories without a licence file: nothing of them may be "
-                      "redistributed, so a release holding them is for local research only; build with `--licences` "
-                      "naming open licences for one that may be shared (under each repository's terms)."]
+                      "redistributed, so a release holding them is for local research only; build with "
+                      "`--content-release` for one that may be shared, and `--pointers` for the rest (see below)."]
     return "\n".join(lines)
 
 

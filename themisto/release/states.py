@@ -18,12 +18,14 @@ handed out were not served.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import tempfile
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from themisto.release.folder import ReleaseInfo
+from themisto.release.workspaces import ReleaseInputs, SourceFolders, open_inputs, trajectory_from_rows
 from themisto.replay.replay import ReplaySettings
 
 
@@ -51,18 +53,6 @@ class RestoreRecord:
     restore_note: str | None = None
 
 
-def trajectory_from_rows(rows: Sequence[dict]):
-    """A Trajectory that replays a release's `trajectories` rows: the developer's code, logged outcomes, restarts."""
-    from themisto.ingest.trajectory import Execution, KernelEvent, Trajectory
-
-    executions = [Execution(cell_id=r["cell_id"], code=r["code"], status=r.get("logged_status") or "unknown",
-                            ename=r.get("logged_ename"), evalue=r.get("logged_evalue")) for r in rows]
-    events = [KernelEvent("restart", before=r["step"]) for r in rows if r["restarted_before"] and r["step"] > 0]
-    first = rows[0]
-    return Trajectory(id=first["kernel_id"], notebook=first.get("notebook") or "", source="release",
-                      executions=executions, events=events, task=first.get("task"))
-
-
 def release_limits(rows: Sequence[dict], settings: ReplaySettings) -> list[float]:
     """Each row's limit when its trajectory is walked again: the release's rows keep no logged times, so the rule of
     `themisto.replay.cell_limits` runs over the seconds the build's replay took (a step it stopped at its limit is
@@ -71,6 +61,9 @@ def release_limits(rows: Sequence[dict], settings: ReplaySettings) -> list[float
     from themisto.replay.replay import interrupted_by_developer
 
     out = []
+    # A fixed limit (no logged-time rule) is every cell's; else a trajectory's own default stands for its untimed cells.
+    own = (rows[0].get("rebuild") or {}).get("cell_timeout_s") if rows else None
+    default_s = settings.cell_timeout_s if settings.logged_time_factor is None else (own or settings.cell_timeout_s)
     for row in rows:
         seconds = float(row.get("execution_time") or 0.0)
         if interrupted_by_developer(row.get("logged_status"), row.get("logged_ename")):
@@ -78,7 +71,7 @@ def release_limits(rows: Sequence[dict], settings: ReplaySettings) -> list[float
         elif row.get("status") == "timeout":
             out.append(max(seconds, 1.0))
         else:
-            out.append(cell_limit(seconds, default_s=settings.cell_timeout_s, factor=settings.logged_time_factor,
+            out.append(cell_limit(seconds, default_s=default_s, factor=settings.logged_time_factor,
                                   ceiling_s=settings.cell_timeout_ceiling_s))
     return out
 
@@ -172,20 +165,31 @@ class PreStepStates:
 
 
 @contextmanager
-def pre_step_states(release: ReleaseInfo, kernel_id: str, steps: Iterable[int], workspace: str | Path, *,
-                    limits=None, restore: bool = False) -> Iterator[PreStepStates]:
-    """One fresh sandboxed kernel over a copy of `workspace` (the release's input files: `themisto.replay.
-    workspace_recipe`), brought in turn to the state before each of `steps` of the trajectory `kernel_id`: iterate
-    what this yields. With `restore`, a state is restored from the release's stored values where that is cheaper
-    than replaying to it (none stored: every state is replayed to, and the record says why). `limits`
-    (`themisto.runtime.kernel.Limits`) defaults to what the release's replay settings give. A ReleaseError when the
-    release has no rows of that trajectory."""
+def pre_step_states(release: ReleaseInfo, kernel_id: str, steps: Iterable[int],
+                    inputs: ReleaseInputs | SourceFolders | str | Path | None, *, limits=None,
+                    restore: bool = False) -> Iterator[PreStepStates]:
+    """One fresh sandboxed kernel over a copy of the trajectory `kernel_id`'s input files (`inputs`: found for the
+    release already, or where to look for them, `themisto.release.workspaces`), started where and in the environment
+    its replay was, brought in turn to the state before each of `steps`: iterate what this yields. With `restore`, a
+    state is restored from the release's stored values where that is cheaper than replaying to it (none stored: every
+    state is replayed to, and the record says why). `limits` (`themisto.runtime.kernel.Limits`) defaults to what the
+    release's replay settings give. A ReleaseError when the release has no rows of that trajectory (or cannot say
+    how to rebuild its states); `themisto.release.workspaces.SourcesUnavailable` when its files or environment are
+    not here."""
     from themisto.replay.replay import kernel_limits
     from themisto.runtime.kernel import KernelSession
+    from themisto.runtime.sandbox import environment_python
 
     rows = release.trajectory(kernel_id)
-    settings = recorded_replay_settings(release.replay)
-    with KernelSession(workspace, limits if limits is not None else kernel_limits(settings)) as session:
+    with ExitStack() as stack:
+        if not isinstance(inputs, ReleaseInputs):
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="themisto-states-")))
+            inputs = open_inputs(release, inputs, tmp)
+        placement = inputs.place(kernel_id)
+        settings = recorded_replay_settings(release.replay)
+        session = stack.enter_context(KernelSession(
+            placement.folder, limits if limits is not None else kernel_limits(settings),
+            python=environment_python(placement.environment), start_dir=placement.start_dir))
         yield PreStepStates(release, rows, steps, session, settings, restore)
 
 

@@ -123,6 +123,7 @@ def variable_row(info: Mapping) -> dict:
         "len": None if length is None else int(length),
         "columns": None if columns is None else [str(c) for c in columns],
         "repr_error": None if info.get("repr_error") is None else str(info["repr_error"]),
+        "stable": info.get("stable"),  # themisto.release.run_specific marks it, at the build
     }
 
 
@@ -140,7 +141,7 @@ def provenance_row(provenance: Mapping | None) -> dict | None:
 
 
 def trajectory_row(step, participant: str | None = None, source: str | None = None,
-                   provenance: Mapping | None = None) -> dict:
+                   provenance: Mapping | None = None, rebuild: Mapping | None = None) -> dict:
     """The `trajectories` row of one replayed `themisto.replay.replay.Step`; what drifts between two replays (object
     addresses, the kernel's execution counter in a traceback) is masked in its output, error message and variable
     reprs (`themisto.runtime.outputs.mask_volatile`), so targets and history built from it are the same in every
@@ -176,6 +177,7 @@ def trajectory_row(step, participant: str | None = None, source: str | None = No
         "code_state": step.logged.code_state,
         "stored_values": _stored_values(getattr(step, "values", None)),
         "replay_cause": None,  # themisto.replay.health sets it
+        "rebuild": None if rebuild is None else dict(rebuild),  # themisto.release.workspaces.rebuild_record
     }
 
 
@@ -191,15 +193,17 @@ def _stored_values(values: Mapping | None) -> dict | None:
 
 
 def trajectory_rows(steps: Iterable, participants: Mapping[str, str | None] | None = None,
-                    trajectories: Mapping | None = None) -> list[dict]:
-    """`trajectories` rows of replayed steps, ordered by (kernel_id, step); `participants` maps kernel ids, and
-    `trajectories` (kernel id -> `Trajectory`) gives each its source and provenance."""
-    participants, trajectories = participants or {}, trajectories or {}
+                    trajectories: Mapping | None = None, rebuild: Mapping[str, Mapping | None] | None = None
+                    ) -> list[dict]:
+    """`trajectories` rows of replayed steps, ordered by (kernel_id, step); `participants` maps kernel ids,
+    `trajectories` (kernel id -> `Trajectory`) gives each its source and provenance, and `rebuild` its REBUILD
+    record (`themisto.release.workspaces.rebuild_record`)."""
+    participants, trajectories, rebuild = participants or {}, trajectories or {}, rebuild or {}
 
     def row(step) -> dict:
         known = trajectories.get(step.kernel_id)
         return trajectory_row(step, participants.get(step.kernel_id), known.source if known else step.source,
-                              known.provenance if known else None)
+                              known.provenance if known else None, rebuild.get(step.kernel_id))
 
     rows = [row(s) for s in steps]
     return sorted(rows, key=lambda r: (r["kernel_id"], r["step"]))

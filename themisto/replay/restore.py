@@ -243,9 +243,11 @@ def restore_step(session: Any, rows: Sequence[dict], plan: RestorePlan, source: 
                 leftover.unlink(missing_ok=True)
     snapshot = take_snapshot(session)
     lap("check")
-    recorded = {v["name"]: str(v["hash"]) for v in rows[_index_of(rows, plan.step)]["variables"]}
+    variables = rows[_index_of(rows, plan.step)]["variables"]
+    recorded = {v["name"]: str(v["hash"]) for v in variables}
     differing = sorted(set().union(*namespace_delta(recorded, snapshot.hashes()).values()))
-    return RestoreResult(plan=plan, matched=snapshot.state_hash == plan.state_hash, state_hash=snapshot.state_hash,
+    vouched, _ = snapshot.vouched(variables)  # run-specific values (clock, entropy) do not come back: not checked
+    return RestoreResult(plan=plan, matched=vouched == plan.state_hash, state_hash=snapshot.state_hash,
                          differing=differing, failures=failures, seconds=round(time.perf_counter() - began, 6),
                          reran=list(plan.rerun), parts_s=parts)
 

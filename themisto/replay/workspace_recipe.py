@@ -4,7 +4,8 @@ Three kinds: the look-alike inputs (`look_alike_seed`, `size`, `tasks`: any stag
 folder someone gave (`given`: its name, and `files_sha256`, the content hash `themisto.resume.folder_fingerprint`
 takes, so a folder handed in later can be checked), and no folder at all (`empty`). Replay writes the recipe in the
 steps file's header (`themisto.replay.steps_file.replay_to_file`), the build copies it into themisto_build.json
-(`source.workspace`), and scoring turns it back into a folder (`workspace_from_recipe`).
+(`source.workspace`), and scoring turns it back into a folder (`workspace_from_recipe`; a composed workspace's
+trajectories each find their own: `themisto.release.workspaces`).
 """
 
 from __future__ import annotations
@@ -57,10 +58,9 @@ def workspace_from_recipe(recipe: dict, workspace: str | Path | None, dest: Path
     if recipe.get("empty"):
         dest.mkdir(parents=True, exist_ok=True)
         return dest
-    if "composed" in recipe:
-        raise RecipeError(f"{what}: its trajectories replayed each in its own source's files (a composed workspace: "
-                          "sessions from public repositories); rebuilding their states for execution is not supported "
-                          "yet: score it without execution")
+    if "composed" in recipe:  # each trajectory's own files: `themisto.release.workspaces` finds them one by one
+        raise RecipeError(f"{what}: its trajectories replayed each in its own source's files (a composed workspace): "
+                          "there is no one folder to make; each trajectory's is found by its release's records")
     if "given" in recipe:
         raise RecipeError(f"{what}: it was replayed over a given workspace ({recipe['given']!r}); pass that folder "
                           "as the workspace to rebuild the states")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from themisto.runtime.agent.namespace import REQUEST_KEY
 from themisto.runtime.launcher import SNAPSHOT_EXPRESSION
@@ -147,6 +147,16 @@ class Snapshot:
 
     def hashes(self) -> dict[str, str]:
         return {name: info.hash for name, info in self.variables.items()}
+
+    def vouched(self, recorded: Sequence[dict]) -> tuple[str, list[str]]:
+        """This state's hash over what a release's step vouches for (its `recorded` variables but those it marks
+        run-specific, `stable` false: `themisto.release.run_specific`), and the run-specific names whose hash here
+        differs from the recorded one (a check counts them apart, never as matched)."""
+        from themisto.runtime.agent.hashing import state_hash
+
+        loose = {v["name"]: str(v["hash"]) for v in recorded if v.get("stable") is False}
+        differing = sorted(name for name, digest in loose.items() if self.hashes().get(name) != digest)
+        return state_hash({n: d for n, d in self.hashes().items() if n not in loose}), differing
 
     def to_dict(self) -> dict:
         return {"variables": [info.to_dict() for info in self.variables.values()], "memory_bytes": self.memory_bytes,

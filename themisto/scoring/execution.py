@@ -26,7 +26,8 @@ from themisto.scoring.records import (
     TrajectoryScore,
 )
 from themisto.release.folder import ReleaseError, ReleaseInfo
-from themisto.scoring.release_state import prepare_workspace
+from themisto.release.workspaces import ReleaseInputs, SourceFolders
+from themisto.scoring.release_state import release_inputs
 from themisto.settings import usable_cores
 from themisto.vocabulary import EXAMPLE_STATUSES
 
@@ -69,8 +70,10 @@ def _state_check(session, previous: dict) -> dict:
         return {}
     snapshot = take_snapshot(session)
     recorded = {v["name"]: v["hash"] for v in previous["variables"] or []}
-    differing = sorted(set().union(*namespace_delta(recorded, snapshot.hashes()).values()))
-    return {"state_verified": snapshot.state_hash == expected, "state_differences": differing[:20]}
+    vouched, run_specific = snapshot.vouched(previous["variables"] or [])
+    differing = sorted(set().union(*namespace_delta(recorded, snapshot.hashes()).values()) - set(run_specific))
+    return {"state_verified": vouched == expected, "state_differences": differing[:20],
+            "state_run_specific": run_specific[:20]}
 
 
 @dataclass(frozen=True)
@@ -173,15 +176,17 @@ def _example_verdict(example: ExampleRecord, records: list[PredictionRecord], pr
 
 def unsafe_execute_trajectory(permit: ExecutionPermit, release: ReleaseInfo, kernel_id: str,
                               examples: Sequence[Example], records: Mapping[str, list[PredictionRecord]],
-                              workspace: Path, settings: ScoreSettings) -> TrajectoryScore:
-    """Bring one kernel to each scored step's state in turn (`themisto.release.states.pre_step_states`: replayed,
-    or restored from the release's values with `settings.restore`) and run every example's predictions in branches
-    of it.
+                              inputs: ReleaseInputs, settings: ScoreSettings) -> TrajectoryScore:
+    """Bring one kernel, over the trajectory's own input files (`inputs`), to each scored step's state in turn
+    (`themisto.release.states.pre_step_states`: replayed, or restored from the release's values with
+    `settings.restore`) and run every example's predictions in branches of it.
 
     The only function that runs model-written code; it needs a permit from `themisto.gate.permit`. An example
-    whose state cannot be rebuilt ends `refused` with the reason; nothing here raises for one prediction's sake.
+    whose state cannot be rebuilt ends `refused` with the reason; one whose trajectory's files or environment are
+    not here stays `text_only`, with the reason; nothing here raises for one prediction's sake.
     """
     from themisto.release.states import pre_step_states
+    from themisto.release.workspaces import SourcesUnavailable
     from themisto.runtime.branch import BranchError
     from themisto.runtime.rebuild import StateLost
     from themisto.runtime.sandbox import KernelStartError
@@ -194,13 +199,16 @@ def unsafe_execute_trajectory(permit: ExecutionPermit, release: ReleaseInfo, ker
     done: dict[str, Scored] = {}  # by example id
     failure, walk, step = None, None, None
     try:
-        with pre_step_states(release, kernel_id, by_step, workspace, restore=settings.restore) as walk:
+        with pre_step_states(release, kernel_id, by_step, inputs, restore=settings.restore) as walk:
             for state in walk:
                 step = state.step
                 scored, branched = _score_step(state, rows, by_step[step], settings)
                 done.update(_by_id(scored))
                 if not branched:
                     state.rebuild()  # later steps need this step's state; StateLost here ends the trajectory
+    except SourcesUnavailable as error:  # its files or environment are not here: scored by text only, counted
+        done.update(_by_id([(replace(example, text_only_reason=error.reason, reason=clip(str(error))), own)
+                            for step_examples in by_step.values() for example, own in step_examples]))
     except StateLost as error:
         failure = f"replaying {kernel_id} failed: rebuilding the state before step {step}: {error}"
     except (KernelStartError, AgentError, BranchError, OSError, ReleaseError) as error:
@@ -285,9 +293,9 @@ def threads_runner(workers: int | None = None) -> TrajectoryRunner:
 
     def run(permit: ExecutionPermit, release: ReleaseInfo, pending: list[Pending],
             by_id: Mapping[str, list[PredictionRecord]], settings: ScoreSettings,
-            workspace: str | Path | None) -> Iterator[tuple[Pending, TrajectoryScore]]:
+            workspace: SourceFolders | str | Path | None) -> Iterator[tuple[Pending, TrajectoryScore]]:
         with tempfile.TemporaryDirectory(prefix="themisto-score-") as tmp:
-            folder = prepare_workspace(release, workspace, Path(tmp))  # only a run that executes needs it
+            folder = release_inputs(release, workspace, Path(tmp))  # only a run that executes needs it
             count = max(1, min(workers or usable_cores(), len(pending)))
             # Threads suffice: each trajectory's work happens in its own kernel process; the host only waits.
             with ThreadPoolExecutor(max_workers=count, thread_name_prefix="themisto-score") as pool:
@@ -301,7 +309,7 @@ def threads_runner(workers: int | None = None) -> TrajectoryRunner:
 
 def execute_examples(permit: ExecutionPermit, release: ReleaseInfo, examples: list[Example],
                      by_id: Mapping[str, list[PredictionRecord]], settings: ScoreSettings,
-                     workspace: str | Path | None, done: Mapping[str, TrajectoryScore],
+                     workspace: SourceFolders | str | Path | None, done: Mapping[str, TrajectoryScore],
                      on_trajectory: Callable[[TrajectoryScore], None] | None, progress: Callable[[str], None],
                      workers: int | None = None, runner: TrajectoryRunner | None = None) -> dict[str, Scored]:
     """Execute every trajectory's examples (`workers` trajectories at once, each in its own kernel; default: one per
@@ -316,7 +324,9 @@ def execute_examples(permit: ExecutionPermit, release: ReleaseInfo, examples: li
     pending = []
     for number, (kernel_id, group) in enumerate(ordered, start=1):
         earlier = done.get(kernel_id)
-        if earlier is not None and same_predictions(earlier, group, by_id):
+        # An earlier run's trajectory is kept unless its files were not there then (they may be now)
+        if earlier is not None and same_predictions(earlier, group, by_id) and not any(
+                e.text_only_reason for e in earlier.examples):
             results[kernel_id] = earlier
             progress(f"[{number}/{len(groups)}] {kernel_id}: kept from the earlier run")
         else:

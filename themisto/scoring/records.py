@@ -121,11 +121,17 @@ class ExampleRecord:
     pass_at_k: dict[str, float] = field(default_factory=dict)
     state_verified: bool | None = None  # rebuilt state hash == the release's; None where not checked
     state_differences: list[str] = field(default_factory=list)  # variables whose rebuilt hash differs (first 20)
+    # run-specific variables (a clock reading: themisto.release.run_specific) whose rebuilt hash differs, left out of
+    # state_verified and counted apart (first 20)
+    state_run_specific: list[str] = field(default_factory=list)
     branch_wall_s: float | None = None  # wall time of the step's branch call (references + predictions)
     reference_durations_s: list[float] = field(default_factory=list)  # the reference's own time in each run
     reference_continuation_s: list[float] = field(default_factory=list)  # its continuation cells' own time, each run
     continuation_cells: int | None = None  # logged cells run after each prediction (fewer than k near a restart)
     continuation_problem: str = ""  # why continuation_match is undefined for this example ("" when defined)
+    # Why a text_only example of an executing run was not executed: its trajectory's input files or kernel
+    # environment are not here (themisto.vocabulary.TEXT_ONLY_REASONS; "" otherwise)
+    text_only_reason: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping) -> ExampleRecord:

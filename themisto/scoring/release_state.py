@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from themisto.release.folder import ReleaseInfo
+from themisto.release.folder import ReleaseError, ReleaseInfo
+from themisto.release.workspaces import ReleaseInputs, SourceFolders, open_inputs
 from themisto.scoring.records import Example, ScoreError
 
 
@@ -36,12 +37,17 @@ def check_against_release(examples: Sequence[Example], release: ReleaseInfo, tas
                              f"hold steps 0..{row['step']}, so the state before step {row['step']} cannot be rebuilt")
 
 
-def prepare_workspace(release: ReleaseInfo, workspace: str | Path | None, tmp: Path) -> Path:
-    """The input files the release was replayed over: `workspace` if given (checked against the hash of a given
-    folder the build recorded), else made again from the build's recipe (`source.workspace`) under `tmp`."""
-    from themisto.replay.workspace_recipe import RecipeError, workspace_from_recipe
+def release_inputs(release: ReleaseInfo, workspace: ReleaseInputs | SourceFolders | str | Path | None,
+                   tmp: Path) -> ReleaseInputs:
+    """The release's input files found for rebuilding its states (`themisto.release.workspaces`): look-alike inputs
+    made again under `tmp`, a given workspace (`workspace`, checked against the hash the build recorded), the
+    repositories' files in the folders the build noted or `workspace.sources` names; a ScoreError when the release
+    cannot say how (built before its trajectories recorded it) or a given workspace is needed and missing."""
+    from themisto.replay.workspace_recipe import RecipeError
 
+    if isinstance(workspace, ReleaseInputs):  # found already, by the caller, for this release
+        return workspace
     try:
-        return workspace_from_recipe(release.workspace, workspace, tmp / "ws", what=f"the release {release.path}")
-    except RecipeError as error:
+        return open_inputs(release, workspace, tmp)
+    except (RecipeError, ReleaseError) as error:
         raise ScoreError(str(error)) from None

@@ -141,19 +141,19 @@ def _tokens(mean: float | None) -> str:
     return "–" if mean is None else f"{mean:,.0f}"
 
 
-def _split_table(entries: list[dict]) -> list[str]:
-    """Each split's scores beside each other (a run over every split), the model's contexts and the baselines."""
+def _group_table(entries: list[dict], key: str, title: str) -> list[str]:
+    """Each group's scores beside each other (`key`: each split of a run over every split, each source of a release
+    of several), the model's contexts and the baselines."""
     if not entries:
         return []
-    splits = sorted({e["split"] for e in entries})
-    counts = {v: max(e["n"] for e in entries if e["split"] == v) for v in splits}
+    groups = sorted({e[key] for e in entries})
+    counts = {v: max(e["n"] for e in entries if e[key] == v) for v in groups}
     system = lambda e: f"model · {e['context']}" if "context" in e else f"baseline · {e['baseline']}"  # noqa: E731
-    index = {(system(e), e["metric"], e["split"]): e for e in entries}
-    lines = ["", "By split (the run covers every split; only `test` is the benchmark):", "",
-             "| metric | system | " + " | ".join(f"{v} (n={counts[v]})" for v in splits) + " |",
-             "| --- | --- |" + " --- |" * len(splits)]
+    index = {(system(e), e["metric"], e[key]): e for e in entries}
+    lines = ["", title, "", "| metric | system | " + " | ".join(f"{v} (n={counts[v]})" for v in groups) + " |",
+             "| --- | --- |" + " --- |" * len(groups)]
     for name, metric in dict.fromkeys((system(e), e["metric"]) for e in entries):
-        lines.append(f"| {metric} | {name} | " + " | ".join(cell(index.get((name, metric, v))) for v in splits) + " |")
+        lines.append(f"| {metric} | {name} | " + " | ".join(cell(index.get((name, metric, v))) for v in groups) + " |")
     return lines
 
 
@@ -249,8 +249,32 @@ def render_summary(results: dict, tables: str | PurePath = "results.md") -> str:
         own = sorted((e for e in paired if e["context"] == context), key=lambda e: e["versus"] != BASELINE_CONTEXT)
         for entry in own:
             lines.append(f"    runtime effect {context} − {entry['versus']}: {_with_n(entry)}")
+    execution = counts.get("execution") or {}
+    if results["executed"] and execution:
+        unexecuted = {k: n for k, n in (counts.get("text_only") or {}).items() if n}
+        lines.append("  execution: " + ", ".join(f"{status} {n}" for status, n in sorted(execution.items()))
+                     + (" (text only: " + ", ".join(f"{k} {n}" for k, n in unexecuted.items()) + ")"
+                        if unexecuted else "")
+                     + f"; state mismatches {counts.get('state_mismatches', 0)}")
     lines.append(f"  full tables: {tables}")
     return "\n".join(lines) + "\n"
+
+
+def _execution_counts(results: dict) -> list[str]:
+    """How the examples of an executing run fared, per source, and why some were scored by text only."""
+    by_source = results["counts"].get("execution_by_source") or {}
+    if not results["executed"] or not by_source:
+        return []
+    statuses = sorted({s for counts in by_source.values() for s in counts})
+    lines = ["", "Execution, per source (examples by status; `scored` count in the functional scores):", "",
+             "| source | " + " | ".join(statuses) + " |", "| --- |" + " --- |" * len(statuses)]
+    for source, counts in sorted(by_source.items()):
+        lines.append(f"| {source} | " + " | ".join(str(counts.get(s, 0)) for s in statuses) + " |")
+    unexecuted = {k: n for k, n in (results["counts"].get("text_only") or {}).items() if n}
+    if unexecuted:
+        lines += ["", "Scored by text only for want of their trajectory's files or environment: "
+                  + ", ".join(f"{reason} {n}" for reason, n in unexecuted.items()) + "."]
+    return lines
 
 
 def render_markdown(results: dict) -> str:
@@ -261,7 +285,11 @@ def render_markdown(results: dict) -> str:
                         "By the target's position in its trajectory (all examples):")
     kinds = sorted({e["output_type"] for e in breakdown["output_type"]})
     lines += _breakdown(breakdown["output_type"], "output_type", kinds, "By output type (all examples):")
-    lines += _split_table(breakdown.get("split") or [])
+    lines += _group_table(breakdown.get("split") or [], "split",
+                          "By split (the run covers every split; only `test` is the benchmark):")
+    lines += _group_table(breakdown.get("source") or [], "source",
+                          "By source (the trajectories' source; intervals from the same resamples):")
+    lines += _execution_counts(results)
     lines += _probing(results)
     if results.get("notes"):
         lines += [""] + [f"- note: {note}" for note in results["notes"]]

@@ -24,9 +24,10 @@ from typing import Callable
 from themisto.generation.run_folder import Generation, RunFolder, RunFolderError, find_release, read_run
 from themisto.modes import context_mode
 from themisto.resume import hold_folder, write_text_atomic
+from themisto.release.workspaces import SourceFolders
 from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
 from themisto.scoring.probe_scores import probe_summary
-from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS
+from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS, TEXT_ONLY_REASONS
 
 TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
 # continuation_match first: the headline (metrics/themisto/README.md says why).
@@ -83,7 +84,7 @@ def _candidates(run: RunFolder, baselines: dict[str, list[str]]) -> list[list[st
 
 
 def _run_scorer(run: RunFolder, release, candidates: list[list[str]], execute: bool,
-                progress: Callable[[str], None], runner=None, workspace: str | Path | None = None,
+                progress: Callable[[str], None], runner=None, workspace: SourceFolders | str | Path | None = None,
                 restore: bool = False, resume: bool = True):
     """Score every candidate with the scorer (resumable per trajectory when executing); records by id and text."""
     from themisto.scoring.records import ScoreSettings
@@ -214,18 +215,27 @@ def _tables(run: RunFolder, systems: dict, hard: list[bool], rows: list[dict], l
                 mask = [k == kind for k in kinds]
                 by_type.append(_entry(mean_interval(values, plan, mask), task=task, context=context, metric=metric,
                                       output_type=kind))
-    by_split = []
-    if len(set(splits)) > 1:  # a run over every split: each split's figures beside the whole, from the same plan
-        for system, table in systems.items():
-            who = ({"baseline": system.split(":", 1)[1]} if system.startswith("baseline:") else {"context": system})
-            for metric in metrics:
-                for split in sorted(set(splits)):
-                    mask = [s == split for s in splits]
-                    by_split.append(_entry(mean_interval(table[metric], plan, mask), task=task, **who, metric=metric,
-                                           split=split))
+    # A run over every split, a release of several sources: each group's figures beside the whole, from one plan
+    by_split = _by_group(systems, metrics, plan, task, "split", splits)
+    by_source = _by_group(systems, metrics, plan, task, "source", [r.get("source") or "unknown" for r in rows])
     return {"interval": plan.describe(), "scores": scores, "paired": paired, "baselines": baseline_rows,
-            "breakdown": {"position": by_position, "output_type": by_type, "split": by_split},
+            "breakdown": {"position": by_position, "output_type": by_type, "split": by_split, "source": by_source},
             "probing": probe_summary(run, value, plan, metrics)}
+
+
+def _by_group(systems: dict, metrics: tuple[str, ...], plan, task: str, key: str, labels: list[str]) -> list[dict]:
+    """Each system's scores within each group of `labels` (one per example; none where there is one group)."""
+    out: list[dict] = []
+    if len(set(labels)) < 2:
+        return out
+    for system, table in systems.items():
+        who = {"baseline": system.split(":", 1)[1]} if system.startswith("baseline:") else {"context": system}
+        for metric in metrics:
+            for group in sorted(set(labels)):
+                mask = [label == group for label in labels]
+                out.append(_entry(mean_interval(table[metric], plan, mask), task=task, **who, metric=metric,
+                                  **{key: group}))
+    return out
 
 
 def _versus(system: str, contexts: list[str]) -> list[str]:
@@ -239,15 +249,22 @@ def _versus(system: str, contexts: list[str]) -> list[str]:
     return [c for c in dict.fromkeys((BASELINE_CONTEXT, *mode.compared_with)) if c in contexts]
 
 
-def _counts(run: RunFolder, examples: dict) -> dict:
+def _counts(run: RunFolder, examples: dict, rows: list[dict]) -> dict:
     lines = list(run.generations.values())
     by_context = {c: {status: sum(1 for g in lines if g.context == c and g.status == status)
                       for status in GENERATION_STATUSES} for c in run.contexts}
+    by_source: dict[str, Counter] = {}
+    for example_id, row in zip(run.ids, rows):
+        by_source.setdefault(row.get("source") or "unknown", Counter())[examples[example_id].status] += 1
     return {"examples": len(run.ids), "generations": len(lines),
             "skipped": dict(Counter(g.reason or "unknown" for g in lines if g.status == "skipped")),
             "failed": dict(Counter(g.reason or "unknown" for g in lines if g.status == "failed")),
             "by_context": by_context,
-            "execution": dict(Counter(e.status for e in examples.values()))}
+            "execution": dict(Counter(e.status for e in examples.values())),
+            "execution_by_source": {source: dict(counts) for source, counts in sorted(by_source.items())},
+            "text_only": {reason: sum(1 for e in examples.values() if e.text_only_reason == reason)
+                          for reason in TEXT_ONLY_REASONS},
+            "state_mismatches": sum(1 for e in examples.values() if e.state_verified is False)}
 
 
 def _share(parts: list[tuple[int | None, int | None]]) -> float | None:
@@ -278,7 +295,7 @@ def prompt_kept(run: RunFolder) -> list[dict]:
 def score_run(run_dir: str | Path, *, release=None, execute: bool = False,
               out: str | Path | None = None, settings: IntervalSettings = IntervalSettings(),
               progress: Callable[[str], None] | None = None, runner=None,
-              workspace: str | Path | None = None, restore: bool = False, resume: bool = True) -> dict:
+              workspace: SourceFolders | str | Path | None = None, restore: bool = False, resume: bool = True) -> dict:
     """Score every context of a run folder and the baselines, and write results.json and results.md (to `out`'s
     folder, by default the run folder); returns the results. `release`: the opened release (`ReleaseInfo`), by
     default the one run.json names, opened once here. Execution needs the gate's opt-in (next_cell only);
@@ -298,7 +315,7 @@ def score_run(run_dir: str | Path, *, release=None, execute: bool = False,
 
 def _score_held(run_dir: str | Path, release, execute: bool, out: str | Path | None,
                 settings: IntervalSettings, progress: Callable[[str], None] | None, runner,
-                workspace: str | Path | None, restore: bool, resume: bool) -> dict:
+                workspace: SourceFolders | str | Path | None, restore: bool, resume: bool) -> dict:
     from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.scoring.results_table import render_markdown
     from themisto.scoring.release_state import task_rows
@@ -341,7 +358,7 @@ def _score_held(run_dir: str | Path, release, execute: bool, out: str | Path | N
                   generation_value(records, examples)),
         "hard_subset": {"rule": HARD_RULES[run.task + ("+executed" if executed else "")], "examples": sum(hard),
                         "solved_by": {name: sum(v) for name, v in solved.items()}},
-        "counts": _counts(run, examples), "kept": prompt_kept(run), "notes": notes + scorer_notes,
+        "counts": _counts(run, examples, rows), "kept": prompt_kept(run), "notes": notes + scorer_notes,
         "seconds": round(time.perf_counter() - started, 2)}
     out_path = Path(out) if out is not None else run.folder / RESULTS_JSON
     out_path.parent.mkdir(parents=True, exist_ok=True)

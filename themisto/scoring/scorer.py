@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from themisto.bounded import Bounds, iter_json_lines
 from themisto.release.folder import ReleaseInfo
+from themisto.release.workspaces import SourceFolders
 from themisto.resume import (LineWriter, ResumeError, folder_fingerprint, hold_file, read_lines,
                              settings_difference, write_text_atomic)
 from themisto.scoring.execution import TrajectoryRunner, execute_examples
@@ -46,7 +47,12 @@ from themisto.scoring.records import (
     text_records,
 )
 from themisto.scoring.release_state import check_against_release, task_rows
-from themisto.vocabulary import OUTCOMES
+from themisto.vocabulary import OUTCOMES, TEXT_ONLY_REASONS
+
+# What each reason an executing run scored an example by text only says (themisto.release.workspaces).
+TEXT_ONLY_WHY = {"sources_missing": "input files are in no source folder (name them with --sources)",
+                 "sources_changed": "input files differ from those its build replayed it over",
+                 "environment_missing": "kernel environment is not installed"}
 
 # A predictions file someone gave: one line per example, each holding its predictions (several samples each).
 PREDICTIONS_BOUNDS = Bounds(file_bytes=1 << 30, line_bytes=16 << 20, depth=16, items=20_000_000)
@@ -87,6 +93,13 @@ def aggregate(examples: Sequence[ExampleRecord], predictions: Sequence[Predictio
         if ids:
             notes.append(f"{len(ids)} example(s) {status.replace('_', ' ')}, not in the functional scores: "
                          + ", ".join(ids[:10]) + (" ..." if len(ids) > 10 else ""))
+    unexecuted = {reason: [e.id for e in examples if e.status == "text_only" and e.text_only_reason == reason]
+                  for reason in TEXT_ONLY_REASONS}
+    scores["text_only_examples"] = {reason: len(ids) for reason, ids in unexecuted.items()}
+    for reason, ids in unexecuted.items():
+        if ids:
+            notes.append(f"{len(ids)} example(s) scored by text only, their trajectory's {TEXT_ONLY_WHY[reason]}: "
+                         + ", ".join(ids[:10]) + (" ..." if len(ids) > 10 else ""))
     if settings.continuation_cells:
         undefined = [e.id for e in scored if e.continuation_problem]
         scores["continuation_undefined_examples"] = len(undefined)
@@ -95,6 +108,11 @@ def aggregate(examples: Sequence[ExampleRecord], predictions: Sequence[Predictio
                          "differs between two reference runs or did not finish): " + ", ".join(undefined[:10]))
     unverified = [e.id for e in examples if e.state_verified is False]
     scores["state_mismatch_examples"] = len(unverified)
+    loose = [e.id for e in examples if e.state_run_specific]
+    scores["state_run_specific_examples"] = len(loose)
+    if loose:
+        notes.append(f"{len(loose)} example(s) ran in a rebuilt state whose run-specific values (the clock, the "
+                     "system's entropy: not checked) differ from the release's: " + ", ".join(loose[:10]))
     if unverified:
         notes.append(f"{len(unverified)} example(s) ran in a rebuilt state whose hash differs from the release's: "
                      + ", ".join(unverified[:10]))
@@ -113,7 +131,7 @@ def aggregate(examples: Sequence[ExampleRecord], predictions: Sequence[Predictio
 
 def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | None = None,
           settings: ScoreSettings | None = None, execute: bool = False, release: ReleaseInfo | None = None,
-          workspace: str | Path | None = None, done: Mapping[str, TrajectoryScore] | None = None,
+          workspace: SourceFolders | str | Path | None = None, done: Mapping[str, TrajectoryScore] | None = None,
           on_trajectory: Callable[[TrajectoryScore], None] | None = None,
           progress: Callable[[str], None] | None = None, workers: int | None = None,
           runner: TrajectoryRunner | None = None) -> ScoreResult:
@@ -224,9 +242,11 @@ def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> di
 
 
 def resume_header(release: ReleaseInfo, ids: list[str], texts: list, settings: ScoreSettings,
-                  workspace: str | Path | None, out: Path) -> dict:
+                  workspace: SourceFolders | str | Path | None, out: Path) -> dict:
     """Everything that changes an execution run's records: settings, predictions, the release's content, the
-    workspace the states are rebuilt over and the kernel's environment (interpreter, hash seed, package versions)."""
+    workspace the states are rebuilt over and the kernel's environment (interpreter, hash seed, package versions).
+    The source folders (`--sources`) are not in it: a trajectory's files are checked by their hash where they are
+    used, and one scored by text only for want of them is executed again by the next run."""
     import hashlib
 
     from themisto.runtime.sandbox import kernel_environment
@@ -234,12 +254,13 @@ def resume_header(release: ReleaseInfo, ids: list[str], texts: list, settings: S
     digest = hashlib.sha256(json.dumps([ids, texts], ensure_ascii=False).encode("utf-8")).hexdigest()
     return {"settings": json.loads(json.dumps(asdict(settings))), "predictions_sha256": digest,
             "release": str(release.path), "release_content_sha256": release.content_hash,
-            "workspace": folder_fingerprint(workspace, output=out), "kernel": kernel_environment()}
+            "workspace": folder_fingerprint(SourceFolders.of(workspace).workspace, output=out),
+            "kernel": kernel_environment()}
 
 
 def score_to_file(release: ReleaseInfo, predictions: str | Path, out: str | Path,
                   settings: ScoreSettings = ScoreSettings(), *, execute: bool = False,
-                  workspace: str | Path | None = None, resume: bool = True,
+                  workspace: SourceFolders | str | Path | None = None, resume: bool = True,
                   progress: Callable[[str], None] | None = None, workers: int | None = None,
                   runner: TrajectoryRunner | None = None) -> ScoreRun:
     """Score a predictions JSONL against a release's targets and write the results JSON to `out` (see
@@ -254,7 +275,7 @@ def score_to_file(release: ReleaseInfo, predictions: str | Path, out: str | Path
 
 def score_texts_to_file(release: ReleaseInfo, ids: list[str], texts: list, out: str | Path,
                         settings: ScoreSettings = ScoreSettings(), *, execute: bool = False,
-                        workspace: str | Path | None = None, resume: bool = True,
+                        workspace: SourceFolders | str | Path | None = None, resume: bool = True,
                         progress: Callable[[str], None] | None = None, workers: int | None = None,
                         runner: TrajectoryRunner | None = None, source: str = "predictions") -> ScoreRun:
     """Score each id's prediction (a text, or a list of them) against a release's targets and write the results
@@ -274,7 +295,8 @@ def score_texts_to_file(release: ReleaseInfo, ids: list[str], texts: list, out: 
 
 
 def _score_held(release: ReleaseInfo, ids: list[str], texts: list, out: Path, settings: ScoreSettings,
-                execute: bool, workspace: str | Path | None, resume: bool, progress: Callable[[str], None] | None,
+                execute: bool, workspace: SourceFolders | str | Path | None, resume: bool,
+                progress: Callable[[str], None] | None,
                 workers: int | None, runner: TrajectoryRunner | None, source: str) -> ScoreRun:
     started = time.perf_counter()
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -12,6 +12,7 @@ import sys
 import types
 from typing import Any, Callable, Mapping
 
+from themisto.runtime.agent.addresses import hex_text, is_address
 from themisto.runtime.agent.leaves import fast_pickle, hash_timestamps, holds_set_or_object, pickle_leaves
 from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, qualname, safe_repr
 
@@ -36,14 +37,14 @@ def _canonical(h: Any, value: Any, budget: list[int], path: set[int]) -> None:
         h.update(b"N" if value is None else b"E")
     elif kind is bool:
         h.update(b"T" if value else b"F")
-    elif kind is int:
-        h.update(b"i" + hex(value).encode() + b";")  # hex: no digit limit, unlike str() of a huge int
+    elif kind is int:  # hex: no digit limit, unlike str() of a huge int; an address is run-specific (`addresses`)
+        h.update(b"i@;" if is_address(value) else b"i" + hex(value).encode() + b";")
     elif kind is float:
         h.update(b"f" + struct.pack("<d", value))
     elif kind is complex:
         h.update(b"c" + struct.pack("<dd", value.real, value.imag))
     elif kind is str:
-        data = value.encode("utf-8", "surrogatepass")
+        data = hex_text(value.encode("utf-8", "surrogatepass"))
         h.update(b"s%d:" % len(data) + data)
     elif kind in (bytes, bytearray):
         h.update(b"b%d:" % len(value) + bytes(value))

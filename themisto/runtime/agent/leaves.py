@@ -15,6 +15,8 @@ import pickle
 import sys
 from typing import Any
 
+from themisto.runtime.agent.addresses import pickle_without_addresses
+
 
 _CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
 # Leaves whose memo-free pickle is canonical (equal content, equal bytes) and the same in every kernel of one stack.
@@ -105,9 +107,11 @@ def hash_timestamps(h: Any, value: Any, kinds: set) -> bool:
 
 
 def fast_pickle(value: Any) -> bytes:
-    """Pickle without the memo, so equal content gives equal bytes whatever the objects' identities."""
+    """The bytes to hash of a value: its pickle without the memo, so equal content gives equal bytes whatever the
+    objects' identities, and with the memory addresses its state holds marked (`addresses`), so a run's own
+    addresses do not count. Never loaded."""
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=4)
     pickler.fast = True  # deprecated but exactly what is wanted: no memo, no identity in the bytes
     pickler.dump(value)
-    return buffer.getvalue()
+    return pickle_without_addresses(buffer.getvalue())

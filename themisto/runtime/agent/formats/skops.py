@@ -14,6 +14,7 @@ import sys
 import zipfile
 from typing import Any, Callable
 
+from themisto.runtime.agent.addresses import stored_int
 from themisto.runtime.agent.formats import npy
 from themisto.runtime.agent.formats.base import (Format, Malformed, Resolve, Unstorable, ValueFormatError, Writing,
                                                  checked_zip, fixed_zip)
@@ -74,6 +75,8 @@ def canonical(data: bytes) -> bytes:
         for key, item in node.items():
             if key == "__id__" and type(item) is int:
                 item = number(item)
+            elif key == "content" and node.get("__loader__") == "JsonNode" and isinstance(item, str):
+                item = _json_without_addresses(item)
             elif key == "file" and isinstance(item, str) and item in members:
                 stem, dot, ext = item.partition(".")
                 if stem.isdigit() and item not in renamed:
@@ -94,6 +97,18 @@ def canonical(data: bytes) -> bytes:
     # compact: with an indent, json encodes in Python, not C (2 s of a 1,200-tree forest's 4 s, here)
     rewritten["schema.json"] = json.dumps(schema, separators=(",", ":")).encode("utf-8")
     return fixed_zip(rewritten, compression)
+
+
+def _json_without_addresses(content: str) -> str:
+    """A JSON leaf of a model's state with an address of the process that wrote it (scikit-learn's vectorizers keep
+    `_stop_words_id = id(...)`) as the one placeholder (`addresses`)."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return content
+    if type(value) is int and stored_int(value) != value:
+        return json.dumps(stored_int(value))
+    return content
 
 
 class _OverCap(Exception):

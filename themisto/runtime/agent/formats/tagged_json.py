@@ -22,6 +22,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from themisto.runtime.agent.addresses import stored_int, stored_text
 from themisto.runtime.agent.formats import builtin_tags, definitions, library_tags
 from themisto.runtime.agent.formats.base import (DOCUMENT_KEY, DOCUMENT_VERSION, Format, Malformed, Resolve,
                                                  Unencodable, Unstorable, ValueFormatError, Writing, document,
@@ -98,9 +99,12 @@ class _Encoder:
         if depth > MAX_DEPTH:
             raise Unencodable(f"nested deeper than {MAX_DEPTH} levels")
         kind = type(value)
-        if value is None or kind is bool or kind is str or (kind is int and value.bit_length() <= _INT_BITS) or (
-                kind is float and math.isfinite(value)):
+        if value is None or kind is bool or (kind is float and math.isfinite(value)):
             return value
+        if kind is str:  # an address in it is the making process's own (`addresses`): every build stores one
+            return stored_text(value)
+        if kind is int and value.bit_length() <= _INT_BITS:
+            return stored_int(value)
         if kind is list:
             return [self.value(item, depth + 1) for item in value]
         if kind is dict and all(type(key) is str for key in value) and TAG not in value:
