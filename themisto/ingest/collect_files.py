@@ -150,15 +150,13 @@ def _refuse(taken: Taken, entry: TreeEntry, why: str) -> None:
 
 
 def read_paths(codes: Iterable[str]) -> list[str]:
-    """The files the sessions' inputs name, by the project's read analysis (`session_checks.literal_paths`)."""
-    from themisto.ingest.compiles import parse_cell
-    from themisto.ingest.session_checks import literal_paths
+    """The files the sessions' inputs name, by the project's read analysis (`themisto.ingest.file_uses`: every
+    data-file literal it finds, read, written or of unknown use)."""
+    from themisto.ingest.file_uses import IMPORT, MAKES, file_uses
 
     found: dict[str, None] = {}
-    for code in codes:
-        tree = parse_cell(code)
-        if tree is not None:
-            found.update(dict.fromkeys(literal_paths(tree)))
+    for uses in file_uses(list(codes)):
+        found.update(dict.fromkeys(u.path for u in uses if u.path and u.kind not in (IMPORT, MAKES)))
     return list(found)
 
 
