@@ -1,7 +1,7 @@
 """What `themisto collect` takes from one commit of a repository, and what it refuses, one line each.
 
 Taken: the IPython history databases and `%logstart` logs (`SESSION_FILES`), the files their sessions read (found by
-the project's own read analysis, `themisto.ingest.session_checks.literal_paths`, each literal matched to the tree by
+the project's own read analysis, `themisto.ingest.file_uses`, each literal matched to the tree by
 exact path, by path suffix or by file name), the repository's notebooks (a session is started beside the notebook its
 inputs match) and its licence file. Refused, each in one line naming the path: a symlink (never followed; the line
 says when it points out of the repository), a submodule, a Git LFS pointer where data was expected, a file named
