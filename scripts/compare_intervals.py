@@ -79,12 +79,71 @@ def _intervals(runs: Path) -> list[str]:
     return lines
 
 
+def _per_source(runs: Path) -> list[str]:
+    """Each two-source baseline run's headline metric (and, executed, continuation and functional match) per source,
+    with the intervals over developers of the run's one resampling plan."""
+    lines = ["| task | metric | baseline | " + " | ".join(("source (test examples): mean [95 % interval]",)) + " |",
+             "| --- | --- | --- | --- |"]
+    for run in sorted(runs.glob("two-source-baselines-*")):
+        path = run / "results.json"
+        if not path.is_file():
+            continue
+        results = json.loads(path.read_text(encoding="utf-8"))
+        task = results["run"]["task"]
+        metrics = [m for m in ("continuation_match", "functional_match", HEADLINE[task]) if m in results["metrics"]]
+        for metric in metrics:
+            for name in sorted({e["baseline"] for e in results["breakdown"].get("source", []) if "baseline" in e}):
+                cells = [f"{e['source']} ({e['n']:,}): {e['mean']:.3f} [{e['low']:.3f}, {e['high']:.3f}]"
+                         for e in results["breakdown"]["source"] if e.get("baseline") == name
+                         and e["metric"] == metric and e["mean"] is not None]
+                lines.append(f"| {task} | {metric} | {name} | {'; '.join(cells)} |")
+    return lines if len(lines) > 2 else []
+
+
+def resolvable(run: Path, metric: str) -> str | None:
+    """The paired interval of the task's two baselines on every example of a scored baseline run, over developers:
+    its half-width is about the smallest paired effect the split can tell from zero."""
+    from themisto.generation.baselines import baseline_prediction, baselines_for
+    from themisto.generation.run_folder import find_release, read_run
+    from themisto.scoring.intervals import IntervalSettings, paired_interval, plan_resamples
+    from themisto.scoring.run_scores import SCORER_RECORDS, clusters_of
+
+    if not (run / SCORER_RECORDS).is_file():
+        return None
+    folder = read_run(run)
+    info = find_release(folder, None)
+    rows = [info.task_rows(folder.task)[i] for i in folder.ids]
+    scored = {(r["id"], r["prediction"]): r.get(metric) for r in
+              json.loads((run / SCORER_RECORDS).read_text(encoding="utf-8"))["predictions"]}
+    first, second = baselines_for(folder.task)
+    values = [[scored.get((i, baseline_prediction(name, row, folder.task))) for i, row in zip(folder.ids, rows)]
+              for name in (first, second)]
+    values = [[None if v is None else float(v) for v in vs] for vs in values]
+    plan = plan_resamples(clusters_of(rows, info, "participant"), [(r["kernel_id"], r["step"]) for r in rows],
+                          IntervalSettings(cluster="participant"))
+    effect = paired_interval(values[0], values[1], plan)
+    return (f"{folder.task} {metric}, {first} − {second} on {effect.n:,} test examples over "
+            f"{len(set(clusters_of(rows, info, 'participant')))} developers: {effect.mean:+.3f} "
+            f"[{effect.low:+.3f}, {effect.high:+.3f}], half-width {(effect.high - effect.low) / 2:.3f}")
+
+
 def main(argv: list[str]) -> int:
     runs, two = Path(argv[0]), json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     print("### The two-source release, per source\n")
     print("\n".join(_sources(two)))
     print("\n### Baselines with intervals over developers, beside the JuNE-only release\n")
     print("\n".join(_intervals(runs)))
+    by_source = _per_source(runs)
+    if by_source:
+        print("\n### The baselines per source (intervals over developers)\n")
+        print("\n".join(by_source))
+    widths = [line for task in HEADLINE for line in [resolvable(runs / f"two-source-baselines-{task}", HEADLINE[task])]
+              if line]
+    if widths:
+        print("\n### The smallest paired effect the test split resolves\n")
+        print("The paired interval of two systems on every test example, over developers (here the task's two "
+              "baselines): an effect of about its half-width or more is told from zero.\n")
+        print("\n".join(f"- {line}" for line in widths))
     for model in sorted(runs.glob("two-source-smollm2-*")):
         if (model / "results.md").is_file():
             print(f"\n### {model.name} (intervals over developers)\n")

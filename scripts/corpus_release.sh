@@ -2,7 +2,8 @@
 # The two-source release and what it buys: every real JuNE log and the IPython histories of public repositories
 # (../shared/data/june and ../shared/data/ipython, read, never copied), beside the JuNE-only release:
 #
-#   bash scripts/corpus_release.sh [OUT]            # default OUT: out/two-source (git-ignored)
+#   bash scripts/corpus_release.sh [OUT]                              # default OUT: out/two-source (git-ignored)
+#   HF_ALLOW_CODE_EVAL=1 bash scripts/corpus_release.sh [OUT] --execute  # SmolLM2's next cells also run (step 3)
 #
 # 1. build one release from both sources (`themisto build JUNE IPYTHON`: two trajectories replayed at once, progress
 #    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial): every corpus session that passes the
@@ -16,14 +17,23 @@
 #    (THEMISTO_JUNE_RELEASE, default out/june/release, as scripts/june_release.sh builds it), scored text-only with
 #    intervals over developers (`--cluster participant`);
 # 3. SmolLM2-135M-Instruct at the main job's size (THEMISTO_LIMIT, 20 test examples per task, contexts none and
-#    variables) on the two-source release, scored beside the baselines;
+#    variables) on the two-source release, scored beside the baselines (with --execute, its next cells and the
+#    baselines' run in each developer's pre-cell state, every source's: intervals over developers);
 # 4. the comparison into OUT/results.md and docs/results.md (between its two-source markers; THEMISTO_RESULTS_PAGE=
 #    leaves the page alone).
 # Every stage resumes: a rerun redoes only what is missing. Nothing under OUT may be committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT=${1:-out/two-source}
+OUT=out/two-source
+EXECUTE=()
+for arg in "$@"; do
+  case "$arg" in
+    --execute) EXECUTE=(--execute) ;;
+    -*) echo "usage: [HF_ALLOW_CODE_EVAL=1] bash scripts/corpus_release.sh [OUT] [--execute]" >&2; exit 2 ;;
+    *) OUT=$arg ;;
+  esac
+done
 JUNE=${THEMISTO_JUNE_DIR:-../shared/data/june}
 IPYTHON=${THEMISTO_IPYTHON_DIR:-../shared/data/ipython}
 JUNE_RELEASE=${THEMISTO_JUNE_RELEASE:-out/june/release}
@@ -82,7 +92,11 @@ for task in next_cell output_prediction; do
   .venv/bin/themisto generate --release "$RELEASE" --task "$task" --context none variables \
     --backend transformers --model "$GGUF" --device cpu --limit "$LIMIT" --split test \
     --max-new-tokens 96 --max-prompt-tokens 1024 -o "$run" 2>> "$OUT/generate.log"
-  .venv/bin/themisto score "$run" --cluster participant > /dev/null
+  if [ "$task" = next_cell ]; then
+    .venv/bin/themisto score "$run" --cluster participant "${EXECUTE[@]}" > /dev/null
+  else
+    .venv/bin/themisto score "$run" --cluster participant > /dev/null
+  fi
 done
 
 .venv/bin/python scripts/compare_intervals.py "$OUT/runs" "$OUT/build.json" \

@@ -49,7 +49,8 @@ SESSION = [
 ]
 
 
-def _history(path: Path, sessions: dict[int, list[str]]) -> None:
+def write_history(path: Path, sessions: dict[int, list[str]]) -> None:
+    """A history database of IPython's schema, written here by hand: {session number: its inputs}."""
     path.parent.mkdir(parents=True, exist_ok=True)
     con = sqlite3.connect(path)
     con.executescript("CREATE TABLE sessions (session integer primary key autoincrement, start timestamp, "
@@ -91,10 +92,10 @@ def plant_corpus(root: Path) -> Path:
         {"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [], "source": code}
         for i, code in enumerate(SESSION[13:])]}
     (files / "work.ipynb").write_text(json.dumps(notebook))
-    _history(good / "history" / ".ipython__profile_default__history.sqlite",
+    write_history(good / "history" / ".ipython__profile_default__history.sqlite",
              {1: SESSION, 2: ["x = 1", "x + 1", "print(x)"]})
     copy = _repo(root, OWNERS[1], "fork", [])
-    _history(copy / "history" / "history.sqlite",
+    write_history(copy / "history" / "history.sqlite",
              {1: SESSION, 2: ["import json", "import planted_missing_package_xyz"] + [f"y{i} = {i}" for i in range(20)]})
     hostile = _repo(root, OWNERS[2], "broken", [])
     (hostile / "history").mkdir()
@@ -159,5 +160,5 @@ def plant_start_corpus(root: Path, names: tuple[str, ...]) -> Path:
             (repo / "files" / "data").mkdir(parents=True)
             (repo / "files" / "data" / "bills.csv").write_text("month,amount\njan,41.5\nfeb,38.25\nmar,44.0\n")
             _notebook(repo / "files" / "notebooks" / "bills.ipynb", BILLS[1:6])
-        _history(repo / "history" / "history.sqlite", {1: SESSIONS[name]})
+        write_history(repo / "history" / "history.sqlite", {1: SESSIONS[name]})
     return root

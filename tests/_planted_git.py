@@ -6,11 +6,10 @@ pointing out of the repository and an oversized file; one with no licence; one o
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 from pathlib import Path
 
-from _planted_corpus import PLANTED
+from _planted_corpus import PLANTED, write_history
 
 OWNERS = ("plantedowneralpha", "plantedownerbeta", "plantedownergamma")
 REPOS = (f"{OWNERS[0]}/analysis", f"{OWNERS[1]}/notes", f"{OWNERS[2]}/course")
@@ -48,22 +47,6 @@ def _git(cwd: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def _history(path: Path, sessions: dict[int, list[str]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(path)
-    con.executescript("CREATE TABLE sessions (session integer primary key autoincrement, start timestamp, "
-                      "end timestamp, num_cmds integer, remark text);"
-                      "CREATE TABLE history (session integer, line integer, source text, source_raw text, "
-                      "PRIMARY KEY (session, line));")
-    for number, inputs in sessions.items():
-        con.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
-                    (number, f"2021-03-0{number} 10:00:00.000000", None, len(inputs), ""))
-        con.executemany("INSERT INTO history VALUES (?, ?, ?, ?)",
-                        [(number, i + 1, code, code) for i, code in enumerate(inputs)])
-    con.commit()
-    con.close()
-
-
 def _publish(work: Path, base: Path, repo: str) -> None:
     bare = base / repo
     bare.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +64,7 @@ def plant_git(root: Path) -> tuple[str, dict[str, str]]:
         work.mkdir(parents=True)
         _git(work, "init", "--quiet", "--initial-branch=main")
     analysis = root / "work" / REPOS[0]
-    _history(analysis / ".ipython" / "profile_default" / "history.sqlite", {1: ANALYSIS})
+    write_history(analysis / ".ipython" / "profile_default" / "history.sqlite", {1: ANALYSIS})
     (analysis / "data").mkdir()
     (analysis / "data" / "values.csv").write_text("name,count\na,1\nb,2\nc,3\n")
     (analysis / "data" / "big.csv").write_text("name,count\n" + "x,1\n" * (BIG_BYTES // 4))
@@ -94,7 +77,7 @@ def plant_git(root: Path) -> tuple[str, dict[str, str]]:
     _git(analysis, "rm", "--quiet", ".ipython/profile_default/history.sqlite")
     _git(analysis, "commit", "--quiet", "-m", "remove the history")
     notes = root / "work" / REPOS[1]
-    _history(notes / "history.sqlite", {1: NOTES, 2: ["a = 1"]})
+    write_history(notes / "history.sqlite", {1: NOTES, 2: ["a = 1"]})
     course = root / "work" / REPOS[2]
     (course / ".logs").mkdir()
     (course / ".logs" / "week1.py").write_text(COURSE_LOG)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
 
+from _planted_corpus import write_history
 from themisto.cli import main
 
 # Repository "alpha": its session matches the notebook in work/ and reads data beside it; "beta": a session at the top.
@@ -33,14 +33,7 @@ def _repo(root: Path, name: str, session: list[str], files: dict[str, str]) -> P
         (folder / "files" / path).write_text(text)
     (folder / "repo.json").write_text(json.dumps({"repo": f"handwritten/{name}", "commit": "1" * 40,
                                                   "licence": "LICENSE:MIT", "tree": [[p, 1] for p in files]}))
-    con = sqlite3.connect(folder / "history" / "history.sqlite")
-    con.executescript("CREATE TABLE sessions (session integer primary key, start timestamp, end timestamp, "
-                      "num_cmds integer, remark text); CREATE TABLE history (session integer, line integer, "
-                      "source text, source_raw text, PRIMARY KEY (session, line));")
-    con.execute("INSERT INTO sessions VALUES (1, '2022-05-01 10:00:00', NULL, ?, '')", (len(session),))
-    con.executemany("INSERT INTO history VALUES (1, ?, ?, ?)", [(i + 1, c, c) for i, c in enumerate(session)])
-    con.commit()
-    con.close()
+    write_history(folder / "history" / "history.sqlite", {1: session})
     return folder
 
 

@@ -106,3 +106,18 @@ def test_replay_resume_redoes_when_settings_changed_and_says_which(tmp_path):
     assert any("settings.cell_timeout_s is 5.0 there, 6.0 here" in m for m in said), said
     assert [(s.kernel_id, s.step) for s in read_steps(out)] == [("first", 0), ("first", 1), ("second", 0),
                                                                ("second", 1)]
+
+
+def test_a_whole_fingerprint_sees_a_change_in_a_large_files_middle_that_a_sampled_one_does_not(tmp_path):
+    from themisto.resume import folder_fingerprint
+
+    data = bytearray(range(256)) * 12_000  # 3 MiB: sampled, its first and last MiB are read
+    (tmp_path / "big.bin").write_bytes(bytes(data))
+    (tmp_path / "small.csv").write_text("a,b\n1,2\n")
+    before = folder_fingerprint(tmp_path), folder_fingerprint(tmp_path, whole=True)
+    data[1_500_000] ^= 1
+    (tmp_path / "big.bin").write_bytes(bytes(data))
+    assert folder_fingerprint(tmp_path) == before[0]  # a resume's identity, not a check against someone else's files
+    assert folder_fingerprint(tmp_path, whole=True) != before[1]
+    (tmp_path / "big.bin").unlink()
+    assert folder_fingerprint(tmp_path) == folder_fingerprint(tmp_path, whole=True)  # small files: the same digest

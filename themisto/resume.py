@@ -152,9 +152,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
 _SAMPLED_BYTES = 1 << 20
 
 
-def folder_fingerprint(folder: str | Path | None, *, output: Path | None = None) -> dict | None:
+def folder_fingerprint(folder: str | Path | None, *, output: Path | None = None, whole: bool = False) -> dict | None:
     """What identifies an input folder for a resume: a digest of every file's relative path, size and content (all
-    of a file up to 2 MiB, its first and last MiB beyond), not its location or times, so look-alike inputs
+    of a file up to 2 MiB, its first and last MiB beyond; `whole`: all of every file, where the folder comes from
+    someone else and a file changed in its middle must not pass), not its location or times, so look-alike inputs
     regenerated into a fresh folder from the same seed fingerprint alike. The run's own `output` files (it and its
     `.partial`, `.progress.json`, temp files and folders beside it, such as a replay's `.values/`) are left out when
     they lie inside. None for no folder."""
@@ -177,9 +178,12 @@ def folder_fingerprint(folder: str | Path | None, *, output: Path | None = None)
         digest.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
         with path.open("rb") as fh:
             digest.update(fh.read(_SAMPLED_BYTES))
-            if size > 2 * _SAMPLED_BYTES:
+            if size > 2 * _SAMPLED_BYTES and not whole:
                 fh.seek(size - _SAMPLED_BYTES)
-            digest.update(fh.read(_SAMPLED_BYTES))
+            for chunk in iter(lambda: fh.read(_SAMPLED_BYTES), b""):  # the rest (one MiB, where not `whole`)
+                digest.update(chunk)
+                if not whole:
+                    break
     return {"files_sha256": digest.hexdigest()}
 
 

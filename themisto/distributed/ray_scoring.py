@@ -74,10 +74,8 @@ def scoring_runner(target: RayTarget):
                 return task.options(name=f"score {kernel_id}").remote(shared, kernel_id, group, records, folders,
                                                                       settings)
 
-            # longest replay first (to its last scored step), so that no long trajectory starts last
-            rows = release.task_rows(settings.task)
-            ordered = sorted(pending, key=lambda item: max(int(rows[e.id]["step"]) for e in item[2]), reverse=True)
-            with closing(run_tasks(ray, submit, ordered, tries=1 + target.max_retries)) as results:
+            # in the order given (themisto.scoring.execution.execute_examples: longest replay first)
+            with closing(run_tasks(ray, submit, pending, tries=1 + target.max_retries)) as results:
                 for item, result in results:
                     if isinstance(result, TaskFailed):
                         result = refused_trajectory(release, settings.task, item[1], item[2], by_id, result.reason)

@@ -111,7 +111,8 @@ def write_sources_note(release_folder: Path, corpora: Iterable[Path], workspace:
 
 
 def read_sources_note(release_folder: Path) -> dict:
-    """The note `write_sources_note` left ({} when there is none, or it does not read as one)."""
+    """The note `write_sources_note` left: {"corpora": [folder, ...], "workspace": folder or None}; what is not
+    there or does not read as one is no folder."""
     from themisto.bounded import BoundError, Bounds, loads_json
 
     path = sources_note(release_folder)
@@ -119,8 +120,11 @@ def read_sources_note(release_folder: Path) -> dict:
         note = loads_json(path.read_text(encoding="utf-8"), Bounds(file_bytes=1 << 20, depth=4, items=10_000),
                           path=str(path))
     except (OSError, UnicodeDecodeError, ValueError, BoundError):
-        return {}
-    return note if isinstance(note, dict) else {}
+        note = {}
+    note = note if isinstance(note, dict) else {}
+    corpora, workspace = note.get("corpora"), note.get("workspace")
+    return {"corpora": [c for c in corpora if isinstance(c, str)] if isinstance(corpora, list) else [],
+            "workspace": workspace if isinstance(workspace, str) else None}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,8 +167,8 @@ class ReleaseInputs:
         folders = SourceFolders.of(folders)
         self.release, self.tmp = release, tmp
         note = read_sources_note(release.path)
-        self.workspace = folders.workspace or (Path(note["workspace"]) if note.get("workspace") else None)
-        self.roots = [*folders.sources, *(Path(p) for p in note.get("corpora") or [])]
+        self.workspace = folders.workspace or (Path(note["workspace"]) if note["workspace"] else None)
+        self.roots = [*folders.sources, *(Path(p) for p in note["corpora"])]
         self._look_alike: Path | None = None
         self._given: Path | None = None
         self._repositories: dict[str, Path] | None = None
@@ -240,7 +244,7 @@ class ReleaseInputs:
             where = ", ".join(str(p) for p in self.roots) or "none noted beside the release, none given"
             raise SourcesUnavailable("sources_missing", f"{kernel_id}: the files of its repository {repository} are "
                                      f"in no source folder ({where}); name the corpus folder with --sources")
-        if (folder_fingerprint(found) or {}).get("files_sha256") != record["files_sha256"]:
+        if (folder_fingerprint(found, whole=True) or {}).get("files_sha256") != record["files_sha256"]:
             raise SourcesUnavailable("sources_changed", f"{kernel_id}: the files of its repository {repository} "
                                      "differ from those the build replayed it over")
         return found

@@ -86,7 +86,7 @@ def compose(dest: Path, folders: dict[str, Path | None], look_alike_recipe: dict
             hashes[sub] = None
         else:
             target.symlink_to(Path(source).resolve(), target_is_directory=True)
-            hashes[sub] = (folder_fingerprint(source) or {}).get("files_sha256")
+            hashes[sub] = (folder_fingerprint(source, whole=True) or {}).get("files_sha256")
     if look_alike_recipe is not None:
         from themisto.ingest.workspace import TASKS, write_workspace
 

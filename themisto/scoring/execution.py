@@ -332,6 +332,9 @@ def execute_examples(permit: ExecutionPermit, release: ReleaseInfo, examples: li
         else:
             pending.append((number, kernel_id, group))
     if pending:
+        # Longest replay first (to its last scored step), so that no long trajectory starts last and holds the run
+        # alone on one core at its end (the sample's and the two-source release's longest hold a third of the rows).
+        pending.sort(key=lambda item: max(int(task_rows[e.id]["step"]) for e in item[2]), reverse=True)
         run = runner or threads_runner(workers)
         for (number, kernel_id, group), result in run(permit, release, pending, by_id, settings, workspace):
             results[kernel_id] = result
