@@ -53,6 +53,7 @@ SETTINGS = {
     ("score", "task"): (ScoreSettings, "task", None),
     ("score", "k"): (ScoreSettings, "k", tuple),
     ("score", "prediction_timeout"): (ScoreSettings, "timeout_s", None),
+    ("score", "max_reference_s"): (ScoreSettings, "max_reference_s", None),
     ("score", "continuation_cells"): (ScoreSettings, "continuation_cells", None),
     ("score", "restore"): (ScoreSettings, "restore", None),
     ("score", "cluster"): (IntervalSettings, "cluster", None),

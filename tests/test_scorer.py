@@ -473,3 +473,21 @@ def test_cli_score_refuses_then_scores_and_resumes(release, workspace, tmp_path,
     assert main(argv + ["--execute"]) == 0
     assert sc.json.loads(capsys.readouterr().out)["resumed"] == []
     env_settings.cache_clear()
+
+
+def test_a_reference_slower_than_the_scorers_budget_is_refused_unrun_and_continuations_stop_before_slow_cells(
+        release, workspace, allow_execution):
+    from themisto.scoring.continuation import continuation_rows
+
+    rows = release.trajectory(KERNEL)
+    slow = dict(rows[2], execution_time=45.0)  # a cell the build's replay took 45 s over
+    assert [r["step"] for r in continuation_rows([rows[0], rows[1], slow, rows[3]], 0, 3)] == [1, 2, 3]
+    assert [r["step"] for r in continuation_rows([rows[0], rows[1], slow, rows[3]], 0, 3, max_s=30.0)] == [1]
+    chosen = [_id(5), _id(6)]
+    result = sc.score(_targets(release, chosen), _targets(release, chosen), ids=chosen, execute=True, release=release,
+                      workspace=workspace, settings=records.ScoreSettings(max_reference_s=1e-6), workers=1)
+    assert [(e.status, e.branch_wall_s) for e in result.examples] == [("refused", None)] * 2
+    assert all("over the 0 s the scorer gives a reference (max_reference_s)" in e.reason for e in result.examples)
+    assert [p.outcome for p in result.predictions] == ["refused"] * 2
+    with pytest.raises(records.ScoreError, match="max_reference_s must be positive"):
+        records.ScoreSettings(max_reference_s=0)

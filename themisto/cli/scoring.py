@@ -81,6 +81,7 @@ def score_command(args: argparse.Namespace) -> int:
     if args.release is None or args.predictions is None or args.output is None:
         raise CommandError("give a run folder (themisto score RUN/), or --release, --predictions and -o")
     settings = ScoreSettings(task=args.task, k=tuple(args.k), timeout_s=args.prediction_timeout,
+                             max_reference_s=args.max_reference_s,
                              continuation_cells=args.continuation_cells, restore=args.restore)
     if args.execute:
         permit(execute=True)  # refused before anything is read
@@ -138,6 +139,9 @@ def add_score(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prediction-timeout", type=float, default=default_of(ScoreSettings, "timeout_s"),
                         metavar="S", help="seconds each executed prediction may run (grown for slow reference cells; "
                                           "default %(default)g)")
+    parser.add_argument("--max-reference-s", type=float, default=default_of(ScoreSettings, "max_reference_s"),
+                        metavar="S", help="an example whose reference took longer in the build's replay is refused "
+                                          "unrun (default %(default)g)")
     parser.add_argument("--continuation-cells", type=int, default=default_of(ScoreSettings, "continuation_cells"),
                         metavar="K",
                         help="logged cells run after each prediction for continuation_match (default %(default)s; "

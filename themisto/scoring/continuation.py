@@ -132,12 +132,16 @@ def state_names(target: str, continuation: Sequence[str], earlier: Sequence[str]
     return sorted(names)
 
 
-def continuation_rows(rows: Sequence[dict], step: int, k: int) -> list[dict]:
+def continuation_rows(rows: Sequence[dict], step: int, k: int, max_s: float | None = None) -> list[dict]:
     """The next k logged steps after `step` that run in the same kernel state: the continuation stops before a logged
-    restart, a step whose replay lost the kernel, and a cell the developer interrupted (its end is a timer's)."""
+    restart, a step whose replay lost the kernel, a cell the developer interrupted (its end is a timer's), and a cell
+    that took longer than `max_s` in the build's replay (the developer's quick next steps, not a model's retraining in
+    every branch of the examples before it)."""
     kept = []
     for row in rows[step + 1: step + 1 + k]:
         if row["restarted_before"] or row.get("kernel_restarted") or row.get("ename") == "KeyboardInterrupt":
+            break
+        if max_s is not None and float(row.get("execution_time") or 0.0) > max_s:
             break
         kept.append(row)
     return kept

@@ -94,7 +94,8 @@ def _step_cells(rows: Sequence[dict], step: int, prefix: list[str], settings: Sc
     # The reference runs as replay ran it: after the same cleaning; predictions get the same cleaning.
     reference = clean_for_replay(rows[step]["code"]).code
     # Each branch runs its cell, then the developer's next cells (the continuation), in sequence.
-    following = continuation_rows(rows, step, settings.continuation_cells) if settings.continuation_cells else []
+    following = (continuation_rows(rows, step, settings.continuation_cells, max_s=settings.timeout_s)
+                 if settings.continuation_cells else [])
     after = [clean_for_replay(r["code"]).code for r in following]
     names = state_names(reference, after, prefix) if settings.continuation_cells else None
     slowest = max(float(r.get("execution_time") or 0.0) for r in [rows[step], *following])
@@ -108,6 +109,10 @@ def _branch_step(session, step: int, rows: Sequence[dict], examples: list[Scored
     from themisto.ingest.cleaning import clean_for_replay
 
     row = rows[step]
+    slow = float(row.get("execution_time") or 0.0)
+    if slow > settings.max_reference_s:  # refused unrun: the state is left as it is, the walk goes on
+        return _refused(examples, f"its reference cell took {slow:.0f} s in the build's replay, over the "
+                                  f"{settings.max_reference_s:.0f} s the scorer gives a reference (max_reference_s)")
     examples = [(example, [r if len(r.prediction) <= settings.max_prediction_chars else refused(
         r, f"the prediction has {len(r.prediction):,} characters, over the limit of "
            f"{settings.max_prediction_chars:,}") for r in own]) for example, own in examples]

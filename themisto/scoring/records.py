@@ -34,6 +34,10 @@ class ScoreSettings:
     task: str = "next_cell"
     k: tuple[int, ...] = (1,)  # pass@k for each k (execution only)
     timeout_s: float = 30.0  # per prediction (raised for slow reference cells, see SLOW_REFERENCE_FACTOR)
+    # An example whose reference cell took longer than this in the build's replay is refused unrun: its two reference
+    # runs and each prediction would hold a core for minutes (a model fit of a JuNE task-2 log: 690 s); the continuation
+    # after any example stops before a cell longer than timeout_s (themisto.scoring.continuation.continuation_rows).
+    max_reference_s: float = 120.0
     memory_bytes: int = 2**30  # each branch may allocate this much beyond the kernel's current use
     output_bytes: int = 2**20
     max_prediction_chars: int = 100_000  # a longer prediction is refused, not run
@@ -62,6 +66,8 @@ class ScoreSettings:
         object.__setattr__(self, "k", tuple(sorted(set(ks))))
         if not self.timeout_s > 0:
             raise ScoreError(f"timeout_s must be positive, got {self.timeout_s!r}")
+        if not self.max_reference_s > 0:
+            raise ScoreError(f"max_reference_s must be positive, got {self.max_reference_s!r}")
         if isinstance(self.continuation_cells, bool) or not isinstance(self.continuation_cells, int) \
                 or self.continuation_cells < 0:
             raise ScoreError(f"continuation_cells must be an integer >= 0, got {self.continuation_cells!r}")
