@@ -188,6 +188,7 @@ def _row(record: Mapping, where: str) -> tuple[str, float, dict]:
         "logged_output_types": [],
         "code_state": "as_logged",  # the published code, as the paper's release holds it
         "replay_cause": None,  # not replayed here: what its own replay met is not in its rows
+        "rebuild": None,  # the published rows name no workspace or environment: their states cannot be rebuilt
     }
     return row["kernel_id"], order, row
 
