@@ -14,8 +14,9 @@
 #    the rest (OUT/pointers.jsonl: names repositories, never commit it), the opt-out list THEMISTO_REMOVALS applied;
 #    check both;
 # 2. the model-free baselines on every test example of both tasks, on it and on the JuNE-only release
-#    (THEMISTO_JUNE_RELEASE, default out/june/release, as scripts/june_release.sh builds it), scored text-only with
-#    intervals over developers (`--cluster participant`);
+#    (THEMISTO_JUNE_RELEASE, default out/june/release, as scripts/june_release.sh builds it), with intervals over
+#    developers (`--cluster participant`); with --execute the two-source release's next cells also run in each
+#    developer's pre-cell state, every source's (about an hour on 2 cores: docs/measurements.md);
 # 3. SmolLM2-135M-Instruct at the main job's size (THEMISTO_LIMIT, 20 test examples per task, contexts none and
 #    variables) on the two-source release, scored beside the baselines (with --execute, its next cells and the
 #    baselines' run in each developer's pre-cell state, every source's: intervals over developers);
@@ -73,10 +74,14 @@ baselines() {  # RELEASE NAME
   for task in next_cell output_prediction; do
     local run="$OUT/runs/$2-baselines-$task"
     local baseline=$([ "$task" = next_cell ] && echo previous-cell || echo previous-output)
+    local execute=()
+    if [ "$task" = next_cell ] && [ "$2" = two-source ]; then execute=("${EXECUTE[@]}"); fi
     if [ ! -f "$run/results.json" ]; then
       .venv/bin/themisto generate --release "$1" --task "$task" --context none --backend baseline \
         --model "$baseline" --split test -o "$run" --json > /dev/null
-      .venv/bin/themisto score "$run" --cluster participant > /dev/null
+      .venv/bin/themisto score "$run" --cluster participant "${execute[@]}" > /dev/null
+    elif [ ${#execute[@]} -gt 0 ] && ! grep -q '"executed": true' "$run/results.json"; then
+      .venv/bin/themisto score "$run" --cluster participant "${execute[@]}" > /dev/null  # scored before by text only
     fi
   done
 }
