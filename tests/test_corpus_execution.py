@@ -141,6 +141,38 @@ def test_a_moved_or_altered_repository_costs_only_its_own_rows(built, allow_exec
         (beta / "files" / "numbers.txt").write_text("4 8 15 16 23 42\n")
 
 
+def test_rows_scored_by_text_only_for_want_of_files_are_executed_by_the_run_that_names_them(built, allow_execution,
+                                                                                          tmp_path):
+    from themisto.release.workspaces import SourceFolders
+    from themisto.scoring.records import ScoreSettings
+    from themisto.scoring.scorer import score_texts_to_file
+
+    root, release = built
+    info, ids, predictions, _ = _previous_cells(release)
+    elsewhere = tmp_path / "moved"
+    (elsewhere / "repos").mkdir(parents=True)
+    beta = root / "repos" / "handwritten+beta"
+    shutil.move(str(beta), elsewhere / "repos" / beta.name)
+    out = tmp_path / "results.json"
+
+    def run(sources=()):
+        return score_texts_to_file(info, ids, predictions, out, ScoreSettings(task="next_cell"), execute=True,
+                                   workspace=SourceFolders(sources=tuple(sources)), progress=lambda _: None)
+
+    try:
+        first = run()
+        text_only = {e.kernel_id for e in first.result.examples if e.status == "text_only"}
+        assert len(text_only) == 1
+        # The finished run's verdicts are reused, except the trajectory that lacked its files: named, it executes.
+        second = run([elsewhere])
+        assert set(second.resumed) == {e.kernel_id for e in first.result.examples} - text_only
+        assert {e.status for e in second.result.examples} == {"scored"}
+        assert second.result.scores["text_only_examples"]["sources_missing"] == 0
+    finally:
+        shutil.rmtree(beta, ignore_errors=True)
+        shutil.move(str(elsewhere / "repos" / beta.name), beta)
+
+
 def test_a_release_built_before_trajectories_recorded_how_to_rebuild_them_is_refused_with_how(built, tmp_path,
                                                                                                allow_execution):
     import pyarrow.parquet as pq

@@ -237,7 +237,10 @@ def _load_partial(partial: Path, header: dict, say: Callable[[str], None]) -> di
             item = TrajectoryScore.from_dict(line)
         except (KeyError, TypeError, AttributeError):
             break
-        done[item.kernel_id] = item
+        # A trajectory scored by text only for want of its files or environment is executed again: the run that
+        # follows the note's advice (--sources, an install) must not be answered from the run that gave it.
+        if not any(example.status == "text_only" for example in item.examples):
+            done[item.kernel_id] = item
     return done
 
 
@@ -284,7 +287,7 @@ def score_texts_to_file(release: ReleaseInfo, ids: list[str], texts: list, out: 
     With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
     same settings, predictions, release and workspace keeps those trajectories; `out` appears whole when everything
     is scored, and the partial file becomes `<out>.verdicts.jsonl`, which a later run with the same header reuses
-    whole (it executes nothing). A text-only run touches neither file. One process writes `out` and the files
+    (it executes only the trajectories scored by text only for want of their files or environment). A text-only run touches neither file. One process writes `out` and the files
     beside it at a time (`themisto.resume.hold_file`): another is refused with its pid before it reads anything.
     """
     if execute:
