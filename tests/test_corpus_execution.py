@@ -5,6 +5,7 @@ changed costs only its own rows, which are scored by text only and counted by re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -112,14 +113,26 @@ def test_predictions_run_in_each_sessions_own_files_where_it_started(built, allo
     assert again.scores["functional_match"] == 1.0 and result.scores["functional_match"] < 1.0
 
 
-def test_a_moved_or_altered_repository_costs_only_its_own_rows(built, allow_execution, tmp_path):
-    root, release = built
-    info, ids, predictions, references = _previous_cells(release)
+@contextlib.contextmanager
+def _beta_moved(root: Path, tmp_path: Path):
+    """The second repository moved out of the corpus folder the build noted, to `tmp_path/moved/repos/`; put back
+    (its file as planted) afterwards. Yields the folder that now holds it."""
     elsewhere = tmp_path / "moved"
     (elsewhere / "repos").mkdir(parents=True)
     beta = root / "repos" / "handwritten+beta"
     shutil.move(str(beta), elsewhere / "repos" / beta.name)
     try:
+        yield elsewhere
+    finally:
+        shutil.rmtree(beta, ignore_errors=True)
+        shutil.move(str(elsewhere / "repos" / beta.name), beta)
+        (beta / "files" / "numbers.txt").write_text("4 8 15 16 23 42\n")
+
+
+def test_a_moved_or_altered_repository_costs_only_its_own_rows(built, allow_execution, tmp_path):
+    root, release = built
+    info, ids, predictions, references = _previous_cells(release)
+    with _beta_moved(root, tmp_path) as elsewhere:
         moved = _score(info, ids, predictions, references)
         by_kernel: dict[str, set] = {}
         for example in moved.examples:
@@ -130,15 +143,11 @@ def test_a_moved_or_altered_repository_costs_only_its_own_rows(built, allow_exec
         assert any("scored by text only" in note and "--sources" in note for note in moved.notes)
         # Named where it moved, it is executed again; changed there, it is refused by its hash.
         assert {e.status for e in _score(info, ids, predictions, references, [elsewhere]).examples} == {"scored"}
-        (elsewhere / "repos" / beta.name / "files" / "numbers.txt").write_text("1 2 3\n")
+        (elsewhere / "repos" / "handwritten+beta" / "files" / "numbers.txt").write_text("1 2 3\n")
         altered = _score(info, ids, predictions, references, [elsewhere])
         reasons = {e.text_only_reason for e in altered.examples}
         assert reasons == {"", "sources_changed"}
         assert altered.scores["text_only_examples"]["sources_changed"] == beta_rows
-    finally:
-        shutil.rmtree(beta, ignore_errors=True)
-        shutil.move(str(elsewhere / "repos" / beta.name), beta)
-        (beta / "files" / "numbers.txt").write_text("4 8 15 16 23 42\n")
 
 
 def test_rows_scored_by_text_only_for_want_of_files_are_executed_by_the_run_that_names_them(built, allow_execution,
@@ -149,17 +158,13 @@ def test_rows_scored_by_text_only_for_want_of_files_are_executed_by_the_run_that
 
     root, release = built
     info, ids, predictions, _ = _previous_cells(release)
-    elsewhere = tmp_path / "moved"
-    (elsewhere / "repos").mkdir(parents=True)
-    beta = root / "repos" / "handwritten+beta"
-    shutil.move(str(beta), elsewhere / "repos" / beta.name)
     out = tmp_path / "results.json"
 
     def run(sources=()):
         return score_texts_to_file(info, ids, predictions, out, ScoreSettings(task="next_cell"), execute=True,
                                    workspace=SourceFolders(sources=tuple(sources)), progress=lambda _: None)
 
-    try:
+    with _beta_moved(root, tmp_path) as elsewhere:
         first = run()
         text_only = {e.kernel_id for e in first.result.examples if e.status == "text_only"}
         assert len(text_only) == 1
@@ -168,9 +173,6 @@ def test_rows_scored_by_text_only_for_want_of_files_are_executed_by_the_run_that
         assert set(second.resumed) == {e.kernel_id for e in first.result.examples} - text_only
         assert {e.status for e in second.result.examples} == {"scored"}
         assert second.result.scores["text_only_examples"]["sources_missing"] == 0
-    finally:
-        shutil.rmtree(beta, ignore_errors=True)
-        shutil.move(str(elsewhere / "repos" / beta.name), beta)
 
 
 def test_a_release_built_before_trajectories_recorded_how_to_rebuild_them_is_refused_with_how(built, tmp_path,
