@@ -51,8 +51,8 @@ class ScoreSettings:
     continuation_cells: int = CONTINUATION_CELLS  # k for continuation_match; 0 turns it off (no extra cells)
     # Start a trajectory's branches from the state its release's values restore (themisto.replay.restore), checked
     # against the state hash, instead of replaying the prefix before its first example, and restore again in the same
-    # kernel before each later example whose gap costs more to replay (themisto.release.states.pre_step_states); off: the
-    # prefix is replayed.
+    # kernel before each later example whose gap costs more to replay (themisto.release.states.pre_step_states); off:
+    # the prefix is replayed.
     restore: bool = False
 
     def __post_init__(self) -> None:

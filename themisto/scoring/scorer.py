@@ -138,9 +138,10 @@ def score(predictions: Sequence, references: Sequence, *, ids: Sequence[str] | N
     """Score predictions (a string, or a list of strings, per example) against references.
 
     With `execute=True` (and HF_ALLOW_CODE_EVAL=1) next_cell predictions also run in the exact pre-cell state
-    rebuilt from `release` (opened by the caller: `themisto.release.folder.open_release`); `done` holds trajectories scored by an earlier run (resume), `on_trajectory` receives
-    each trajectory as it finishes; `workers` trajectories run at once (default: one per core), or `runner` runs
-    them (themisto.distributed.ray_scoring: on Ray).
+    rebuilt from `release` (opened by the caller: `themisto.release.folder.open_release`); `done` holds trajectories
+    scored by an earlier run (resume), `on_trajectory` receives each trajectory as it finishes; `workers`
+    trajectories run at once (default: one per core), or `runner` runs them (themisto.distributed.ray_scoring: on
+    Ray).
     """
     settings = settings or ScoreSettings()
     permit = gate_permit(execute=True) if execute else None  # refuses before any input is read
@@ -287,8 +288,9 @@ def score_texts_to_file(release: ReleaseInfo, ids: list[str], texts: list, out: 
     With execution, each finished trajectory is appended to `<out>.partial.jsonl` at once, and a rerun with the
     same settings, predictions, release and workspace keeps those trajectories; `out` appears whole when everything
     is scored, and the partial file becomes `<out>.verdicts.jsonl`, which a later run with the same header reuses
-    (it executes only the trajectories scored by text only for want of their files or environment). A text-only run touches neither file. One process writes `out` and the files
-    beside it at a time (`themisto.resume.hold_file`): another is refused with its pid before it reads anything.
+    (it executes only the trajectories scored by text only for want of their files or environment). A text-only run
+    touches neither file. One process writes `out` and the files beside it at a time (`themisto.resume.hold_file`):
+    another is refused with its pid before it reads anything.
     """
     if execute:
         gate_permit(execute=True)  # refuse before reading anything
