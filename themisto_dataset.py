@@ -101,6 +101,7 @@ REBUILD = {
     "environment": _STR,
     "cell_timeout_s": _FLOAT64,
     "hidden_modules": datasets.List(_STR),
+    "state_hashes": _STR,  # the hashing scheme of the release's state hashes (themisto.runtime.agent.hashing)
 }
 
 TRAJECTORIES = datasets.Features({

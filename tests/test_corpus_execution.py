@@ -175,8 +175,10 @@ def test_rows_scored_by_text_only_for_want_of_files_are_executed_by_the_run_that
         assert second.result.scores["text_only_examples"]["sources_missing"] == 0
 
 
-def test_a_release_built_before_trajectories_recorded_how_to_rebuild_them_is_refused_with_how(built, tmp_path,
+@pytest.mark.parametrize("held", ["no rebuild records", "an earlier way of hashing"])
+def test_a_release_built_before_trajectories_recorded_how_to_rebuild_them_is_refused_with_how(built, tmp_path, held,
                                                                                                allow_execution):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from themisto.release.folder import BUILD_FILE, content_hash, open_release, sha256_file
@@ -185,14 +187,23 @@ def test_a_release_built_before_trajectories_recorded_how_to_rebuild_them_is_ref
     old = tmp_path / "old-release"
     shutil.copytree(built[1], old)
     report = json.loads((old / BUILD_FILE).read_text())
-    for rel in [r for r in report["files"] if r.startswith("trajectories/")]:  # as a release of 2026-12-06 held it
-        pq.write_table(pq.read_table(old / rel).drop(["rebuild"]), old / rel)
+    for rel in [r for r in report["files"] if r.startswith("trajectories/")]:
+        table = pq.read_table(old / rel)
+        if held == "no rebuild records":  # as a release of 2026-12-06 held it
+            table = table.drop(["rebuild"])
+        else:  # as one of 2026-12-07 held it: rebuild records without the hashing scheme
+            rows = table.to_pylist()
+            for row in rows:
+                row["rebuild"].pop("state_hashes")
+            table = pa.Table.from_pylist(rows)
+        pq.write_table(table, old / rel)
         report["files"][rel] = sha256_file(old / rel)
     report["content_sha256"] = content_hash(report["files"])
     (old / BUILD_FILE).write_text(json.dumps(report))
     info, ids, predictions, references = _previous_cells(old)
-    with pytest.raises(ScoreError, match=r"do not record how to rebuild their states .* rebuild it with `themisto "
-                                         r"build` from the same inputs"):
+    why = (r"do not record how to rebuild their states" if held == "no rebuild records" else
+           r"state hashes were made by an earlier way of hashing \(none recorded; this Themisto's is 20")
+    with pytest.raises(ScoreError, match=why + r".* rebuild it with `themisto build` from the same inputs"):
         _score(info, ids[:1], predictions[:1], references[:1])
     assert open_release(old).content_hash == report["content_sha256"]  # a release that opens: only execution refuses
 

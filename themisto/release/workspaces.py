@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from themisto.release.folder import ReleaseError, ReleaseInfo
+from themisto.runtime.agent.hashing import HASH_SCHEME
 
 # How a trajectory's input files are made again (REBUILD's `workspace_kind`).
 WORKSPACE_KINDS = ("look_alike", "repository", "given", "empty")
@@ -62,7 +63,7 @@ def rebuild_record(trajectory: Any, recipe: Mapping | None) -> dict | None:
         kind, files = "given", recipe.get("files_sha256")
     return {"workspace_kind": kind, "workspace": sub, "files_sha256": files, "start_dir": trajectory.start_dir,
             "environment": (trajectory.provenance or {}).get("environment"),
-            "cell_timeout_s": trajectory.cell_timeout_s, "hidden_modules": hidden}
+            "cell_timeout_s": trajectory.cell_timeout_s, "hidden_modules": hidden, "state_hashes": HASH_SCHEME}
 
 
 def trajectory_from_rows(rows: Sequence[dict]):
@@ -181,6 +182,12 @@ class ReleaseInputs:
                 f"{len(missing) - 1} more: a release built before Themisto recorded them, whose stored state hashes "
                 "also predate the hashes that do not change between runs); rebuild it with `themisto build` from "
                 "the same inputs to score it with execution")
+        schemes = sorted({record.get("state_hashes") or "none recorded" for record in records.values()} - {HASH_SCHEME})
+        if schemes:
+            raise ReleaseError(
+                f"{release.path}: its state hashes were made by an earlier way of hashing ({schemes[0]}; this "
+                f"Themisto's is {HASH_SCHEME}), so no rebuilt state would match them; rebuild it with `themisto "
+                "build` from the same inputs to score it with execution")
         self.records = records
 
     def place(self, kernel_id: str) -> Placement:

@@ -29,6 +29,14 @@ KERNEL_NAME = "themisto-sandbox"
 # What a kernel with the minimal view sees of the host (read-only; symlinks such as a merged /usr's /lib as links).
 _SYSTEM_FOLDERS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys")
 VALUES_FOLDER = "values"
+# Where a kernel under bubblewrap sees its workspace copy and its home, whatever host folder holds them: a value
+# made from the working folder (`os.getcwd()`, `%pwd`, `Path().resolve()`, a path joined to one) is then the same
+# in the build's replay and in every later rebuild of that state, so state hashes and outputs do not differ by it.
+# Under the sandbox's private /tmp, where nothing else is.
+WORK_MOUNT = "/tmp/work"
+HOME_MOUNT = "/tmp/home"
+# The variable that tells the kernel's agent where the workspace's top is (a branch's walls keep all of it).
+WORKSPACE_ENV = "THEMISTO_WORKSPACE"
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,29 @@ class KernelLayout:
 
     @property
     def start(self) -> Path:
-        """The kernel's working directory: its copy of the workspace, or the `start_dir` inside it."""
+        """The kernel's working directory on the host: its copy of the workspace, or the `start_dir` inside it."""
         return self.paths.cwd
+
+    @property
+    def fixed_folders(self) -> bool:
+        """Whether the kernel sees its workspace and home at WORK_MOUNT and HOME_MOUNT (bubblewrap with a private
+        /tmp) rather than at their host paths."""
+        return self.bwrap is not None and self.limits.isolate_fs
+
+    @property
+    def seen_work(self) -> Path:
+        """The workspace copy's top as the kernel sees it."""
+        return Path(WORK_MOUNT) if self.fixed_folders else self.paths.work
+
+    @property
+    def seen_start(self) -> Path:
+        """The kernel's working directory as it sees it."""
+        return self.seen_work / self.start_dir if self.start_dir else self.seen_work
+
+    @property
+    def seen_home(self) -> Path:
+        """The kernel's home as it sees it."""
+        return Path(HOME_MOUNT) if self.fixed_folders else self.paths.home
 
     @property
     def values_dir(self) -> Path:
@@ -147,11 +176,12 @@ def kernel_env(layout: KernelLayout) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", os.defpath),
         "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "HOME": str(layout.paths.home),
+        "HOME": str(layout.seen_home),
         "USER": "themisto",
         "LOGNAME": "themisto",
-        "IPYTHONDIR": str(layout.paths.home / ".ipython"),
-        "MPLCONFIGDIR": str(layout.paths.home / ".config" / "matplotlib"),
+        "IPYTHONDIR": str(layout.seen_home / ".ipython"),
+        "MPLCONFIGDIR": str(layout.seen_home / ".config" / "matplotlib"),
+        WORKSPACE_ENV: str(layout.seen_work),
         "PYTHONPATH": str(layout.paths.root / "lib"),  # the themisto package alone (see _prepare_folders)
         "PYTHONNOUSERSITE": "1",
         VALUES_DIR_ENV: str(layout.paths.root / VALUES_FOLDER),
@@ -187,6 +217,17 @@ def write_spec(layout: KernelLayout) -> Path:
 
 
 def _bwrap_argv(layout: KernelLayout) -> list[str]:
+    """The bubblewrap prefix, with the workspace and home bound at their fixed paths where the kernel has a private
+    /tmp (and starting in the first)."""
+    argv = _sandbox_argv(layout)
+    if not layout.fixed_folders:
+        return argv
+    chdir = argv.index("--chdir")
+    binds = ["--bind", str(layout.paths.work), WORK_MOUNT, "--bind", str(layout.paths.home), HOME_MOUNT]
+    return argv[:chdir] + binds + ["--chdir", str(layout.seen_start)] + argv[chdir + 2:]
+
+
+def _sandbox_argv(layout: KernelLayout) -> list[str]:
     """The bubblewrap prefix, with the kernel interpreter's folders readable by the kernel's uid too."""
     assert layout.bwrap is not None
     limits, drop_uid = layout.limits, layout.uid is not None

@@ -42,6 +42,7 @@ KERNEL_ENV: dict[str, str] = {
 }
 
 _PR_SET_PDEATHSIG = 1
+_STACK_BYTES = 64 << 20  # the stack of a kernel started with none set (8 MiB is the usual one)
 # The module the kernel process runs (ipykernel's launcher without the debugger); its name is on its command line.
 KERNEL_MAIN = "themisto.runtime.kernel_main"
 # How the launcher tells the kernel-side output cap (the IPython extension below) its limit.
@@ -224,6 +225,10 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, args.cpus)
     _set_limit(resource.RLIMIT_DATA, args.memory_bytes)
     _set_limit(resource.RLIMIT_FSIZE, args.file_size_bytes)
+    if resource.getrlimit(resource.RLIMIT_STACK)[0] == resource.RLIM_INFINITY:
+        # An unlimited stack makes Linux lay shared libraries out from the bottom of the address space, where the
+        # rule that tells addresses in values (themisto.runtime.agent.addresses) does not look.
+        resource.setrlimit(resource.RLIMIT_STACK, (_STACK_BYTES, resource.getrlimit(resource.RLIMIT_STACK)[1]))
     if args.cpu_seconds is not None:
         # SIGXCPU at the soft limit, SIGKILL a little later.
         _set_limit(resource.RLIMIT_CPU, args.cpu_seconds, args.cpu_seconds + 5)

@@ -16,6 +16,12 @@ from themisto.runtime.agent.addresses import hex_text, is_address
 from themisto.runtime.agent.leaves import fast_pickle, hash_timestamps, holds_set_or_object, pickle_leaves
 from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, qualname, safe_repr
 
+# Which way of hashing a release's `state_hash` and variable hashes were made with; a release records it (its
+# `rebuild` records' `state_hashes`) and a scorer of another scheme refuses to check states against it. Named by the
+# day the hashes last changed: "2026-12-07" marked memory addresses; "2026-12-08" sorted the sets inside objects and
+# widened the address ranges.
+HASH_SCHEME = "2026-12-08"
+
 # Builtin containers up to this many nodes are hashed canonically; larger ones by their memo-free pickle.
 _CANON_NODES = 100_000
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import array
 import datetime
+import hashlib
 import io
 import itertools
 import operator
 import pickle
+import re
 import sys
 from typing import Any
 
@@ -108,10 +110,42 @@ def hash_timestamps(h: Any, value: Any, kinds: set) -> bool:
 
 def fast_pickle(value: Any) -> bytes:
     """The bytes to hash of a value: its pickle without the memo, so equal content gives equal bytes whatever the
-    objects' identities, and with the memory addresses its state holds marked (`addresses`), so a run's own
-    addresses do not count. Never loaded."""
+    objects' identities, with the sets inside it in a canonical order, and with the memory addresses its state holds
+    marked (`addresses`), so a run's own addresses do not count. Never loaded."""
+    data = _memo_free_pickle(value, pickle.Pickler)
+    if _SET_OPCODES.search(data):  # maybe a set (or just those bytes inside binary data): pickle again, sets sorted
+        data = _memo_free_pickle(value, _SortedSetsPickler)
+    return pickle_without_addresses(data)
+
+
+# Protocol 4 writes a set as EMPTY_SET then ADDITEMS, a frozenset as MARK ... FROZENSET.
+_SET_OPCODES = re.compile(rb"[\x8f\x91]")
+
+
+def _memo_free_pickle(value: Any, pickler_class: type) -> bytes:
     buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, protocol=4)
+    pickler = pickler_class(buffer, protocol=4)
     pickler.fast = True  # deprecated but exactly what is wanted: no memo, no identity in the bytes
     pickler.dump(value)
-    return pickle_without_addresses(buffer.getvalue())
+    return buffer.getvalue()
+
+
+class _SortedSetsPickler(pickle.Pickler):
+    """Writes each set and frozenset as the sorted digests of its members' bytes. A set's iteration order depends on
+    its history, not only on its members and the hash seed: one loaded from a pickle (a state restored from a
+    snapshot) holds the same members as the set it was saved from but can list them in another order, so an object
+    holding a set (a fitted vectorizer's `stop_words_`) would hash otherwise after every restore."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is not set and kind is not frozenset:
+            return None
+        kinds = set(map(type, obj))
+        if len(kinds) == 1 and kinds <= _SORTABLE:  # one plain kind (words, numbers): sorted at C speed
+            return (kind.__name__, sorted(obj))
+        digests = sorted(hashlib.sha256(fast_pickle(member)).digest() for member in obj)
+        return (kind.__name__, b"".join(digests))
+
+
+# Kinds whose values sort in one total order and pickle canonically (not float: NaN does not sort).
+_SORTABLE = frozenset({str, int, bytes})

@@ -25,6 +25,7 @@ _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 _MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
 _PRIVATE = ("/tmp", "/dev/shm")  # each branch gets its own, empty
+_WORKSPACE_ENV = "THEMISTO_WORKSPACE"  # themisto.runtime.kernel_setup.WORKSPACE_ENV (this module imports no host code)
 _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER = 4, 38, 22, 36
 _SECCOMP_MODE_FILTER = 2
 _CAPABILITY_V3 = 0x20080522
@@ -82,8 +83,13 @@ def enter(hide: list[str]) -> str | None:
                 _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY, "size=4k")
         # The kernel's work folder, home and import path often lie under /tmp: bound back into the new /tmp at the
         # same paths (its connection folder is not, so it stays hidden).
+        # The whole workspace, not only the working folder: a session started in a folder inside it reads its
+        # siblings (`../data/…`).
         cwd = os.getcwd()
         wanted = {cwd, os.path.expanduser("~"), *(os.path.abspath(p) for p in sys.path if p)}
+        workspace = os.environ.get(_WORKSPACE_ENV)
+        if workspace and (cwd == workspace or cwd.startswith(workspace.rstrip("/") + "/")):
+            wanted.add(workspace)
         # Links resolved too: the kernel's import folder holds a link to the themisto package, which lies under /tmp
         # when the checkout does (a CI clone in a temp folder).
         package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
