@@ -220,6 +220,14 @@ def test_cli_scores_a_run_folder_and_keeps_the_predictions_form(repeat_release, 
     assert main(["score", str(folder), "--tables"]) == 0
     printed = capsys.readouterr().out
     assert "| exact_match | model · variables |" in printed and "block bootstrap" in printed
+    # The scorer's options reach a run folder's scoring (they were once dropped there), and --k is refused.
+    assert main(["score", str(folder), "--no-resume", "--prediction-timeout", "7", "--max-reference-s", "50",
+                 "--continuation-cells", "1"]) == 0
+    used = json.loads((folder / "scorer_records.json").read_text())["settings"]
+    assert (used["timeout_s"], used["max_reference_s"], used["continuation_cells"]) == (7.0, 50.0, 1)
+    capsys.readouterr()
+    assert main(["score", str(folder), "--k", "1", "5"]) == 2
+    assert "--k is for --predictions" in capsys.readouterr().err
     predictions = tmp_path / "preds.jsonl"
     rows = open_release(repeat_release).task_rows("next_cell").values()
     predictions.write_text("".join(json.dumps({"id": r["id"], "prediction": r["target"]}) + "\n" for r in rows))

@@ -50,3 +50,16 @@ def test_the_recorded_state_hash_leaves_them_out_and_a_check_counts_them_apart()
     other = Snapshot(variables={n: VariableInfo(name=n, type="int", size=24, repr="", hash=h)
                                 for n, h in {"x": "2", "t0": "run-a"}.items()}, memory_bytes=0, state_hash="")
     assert other.vouched(marked[1]["variables"]) == (state_hash({"x": "2"}), [])  # a stable difference still counts
+
+
+def test_a_catboost_model_is_run_specific_with_what_it_makes_but_not_its_data():
+    # Fitted twice on the same data, a CatBoost model differs in the identifier it drew (`model_guid`).
+    rows = _rows([
+        ("from catboost import CatBoostClassifier\nimport pandas as pd\nX = pd.DataFrame({'a': [1, 2]})", {"X": "x"}),
+        ("cbc = CatBoostClassifier(iterations=5)", {"X": "x", "cbc": "m"}),
+        ("cbc.fit(X, [0, 1])\npred = cbc.predict(X)", {"X": "x", "cbc": "m2", "pred": "p"}),
+        ("n = len(X)", {"X": "x", "cbc": "m2", "pred": "p", "n": "2"}),
+    ])
+    marked = run_specific_names(rows)
+    assert marked[0] == set() and marked[1] == {"cbc"}
+    assert marked[2] == {"cbc", "pred"} and marked[3] == marked[2]  # the data and what reads only it are not

@@ -17,6 +17,7 @@ def _score_run_folder(args: argparse.Namespace) -> int:
     Markdown table with --tables), the tables go to results.md beside results.json."""
     from themisto.release.folder import open_release
     from themisto.scoring.results_table import render_markdown, render_summary
+    from themisto.scoring.records import ScoreSettings
     from themisto.scoring.run_scores import score_run
 
     if args.predictions is not None:
@@ -29,11 +30,14 @@ def _score_run_folder(args: argparse.Namespace) -> int:
         args.run_dir = run_folder_from_log(args.run_dir)
         print(f"read the Inspect log into the run folder {args.run_dir}", file=sys.stderr)
 
+    if tuple(args.k) != default_of(ScoreSettings, "k"):
+        raise CommandError("--k is for --predictions: a run folder's pass@k follows the samples it generated "
+                           "(themisto generate --samples)")
     # The release given, else the one the run folder names (score_run opens that one): once for the command.
     release = open_release(args.release) if args.release is not None else None
     results = score_run(args.run_dir, release=release, execute=args.execute, out=args.output,
                         runner=scoring_runner(args), workspace=source_folders(args),
-                        settings=IntervalSettings(cluster=args.cluster), restore=args.restore,
+                        settings=IntervalSettings(cluster=args.cluster), scoring=_score_settings(args),
                         resume=not args.no_resume)
     if args.json:
         print(json.dumps(results, ensure_ascii=False, sort_keys=True))
@@ -43,6 +47,15 @@ def _score_run_folder(args: argparse.Namespace) -> int:
         print(render_markdown(results) if args.tables else render_summary(results, tables), end="")
         print(f"wrote {written} and {tables.name} in {results['seconds']:.1f} s")
     return 0
+
+
+def _score_settings(args: argparse.Namespace):
+    """The scorer's settings from the command line (a run folder's task is its own: score_run sets it)."""
+    from themisto.scoring.records import ScoreSettings
+
+    return ScoreSettings(task=args.task, k=tuple(args.k), timeout_s=args.prediction_timeout,
+                         max_reference_s=args.max_reference_s, continuation_cells=args.continuation_cells,
+                         restore=args.restore)
 
 
 def summary_command(args: argparse.Namespace) -> int:
@@ -80,9 +93,7 @@ def score_command(args: argparse.Namespace) -> int:
         return _score_run_folder(args)
     if args.release is None or args.predictions is None or args.output is None:
         raise CommandError("give a run folder (themisto score RUN/), or --release, --predictions and -o")
-    settings = ScoreSettings(task=args.task, k=tuple(args.k), timeout_s=args.prediction_timeout,
-                             max_reference_s=args.max_reference_s,
-                             continuation_cells=args.continuation_cells, restore=args.restore)
+    settings = _score_settings(args)
     if args.execute:
         permit(execute=True)  # refused before anything is read
     run = score_to_file(open_release(args.release), args.predictions, args.output, settings, execute=args.execute,

@@ -1,7 +1,7 @@
 """Values that differ in every run of the same cells, and the state a release vouches for without them.
 
 A cell that reads the clock (`time.time()`, `datetime.now()`), the system's entropy (`uuid.uuid4()`, `os.urandom`, an
-unseeded `numpy.random.default_rng()`), its own process (`os.getpid()`) or a temporary file's random name binds values
+unseeded `numpy.random.default_rng()`, a CatBoost model, which draws an identifier when fitted), its own process (`os.getpid()`) or a temporary file's random name binds values
 no replay gives back, and so do the cells that compute from them. Their hashes cannot be made stable (memory addresses
 can: `themisto.runtime.agent.addresses`; unseeded draws from `random` and numpy's global generator are seeded per
 kernel life: `themisto.runtime.kernel_main`), so two builds of one log, and the scorer's rebuilt state, disagree on
@@ -29,6 +29,9 @@ SOURCES = frozenset({
     "tempfile.mkstemp", "tempfile.mkdtemp", "tempfile.mktemp", "tempfile.NamedTemporaryFile",
     "tempfile.TemporaryDirectory", "numpy.random.default_rng", "numpy.random.RandomState", "numpy.random.seed",
     "random.seed", "random.Random", "socket.gethostname",
+    # A CatBoost model draws a random `model_guid` when it is fitted, inside the model's bytes (measured: two fits
+    # of one model on the same data pickle apart there, and the identifier's length moves the bytes after it).
+    "catboost.CatBoost", "catboost.CatBoostClassifier", "catboost.CatBoostRegressor", "catboost.CatBoostRanker",
 })
 # Sources that draw from the system only when called without a seed (`default_rng(0)` is reproducible).
 _SEEDLESS = frozenset({"numpy.random.default_rng", "numpy.random.RandomState", "numpy.random.seed", "random.seed",

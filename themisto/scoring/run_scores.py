@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from statistics import fmean
 from typing import Callable
@@ -27,6 +28,7 @@ from themisto.resume import hold_folder, write_text_atomic
 from themisto.release.workspaces import SourceFolders
 from themisto.scoring.intervals import IntervalSettings, mean_interval, paired_interval, plan_resamples
 from themisto.scoring.probe_scores import probe_summary
+from themisto.scoring.records import ScoreSettings
 from themisto.vocabulary import BASELINE_CONTEXT, GENERATION_STATUSES, POSITIONS, TEXT_ONLY_REASONS
 
 TEXT_METRICS: tuple[str, ...] = ("exact_match", "rouge_l", "chrf")
@@ -85,13 +87,12 @@ def _candidates(run: RunFolder, baselines: dict[str, list[str]]) -> list[list[st
 
 def _run_scorer(run: RunFolder, release, candidates: list[list[str]], execute: bool,
                 progress: Callable[[str], None], runner=None, workspace: SourceFolders | str | Path | None = None,
-                restore: bool = False, resume: bool = True):
+                scoring: ScoreSettings | None = None, resume: bool = True):
     """Score every candidate with the scorer (resumable per trajectory when executing); records by id and text."""
-    from themisto.scoring.records import ScoreSettings
     from themisto.scoring.scorer import score_texts_to_file
 
     scored = score_texts_to_file(release, run.ids, candidates, run.folder / SCORER_RECORDS,
-                                 ScoreSettings(task=run.task, restore=restore), execute=execute,
+                                 replace(scoring or ScoreSettings(), task=run.task), execute=execute,
                                  workspace=workspace, resume=resume,
                                  progress=progress, runner=runner).result
     records: dict[str, dict[str, object]] = {}
@@ -295,12 +296,15 @@ def prompt_kept(run: RunFolder) -> list[dict]:
 def score_run(run_dir: str | Path, *, release=None, execute: bool = False,
               out: str | Path | None = None, settings: IntervalSettings = IntervalSettings(),
               progress: Callable[[str], None] | None = None, runner=None,
-              workspace: SourceFolders | str | Path | None = None, restore: bool = False, resume: bool = True) -> dict:
+              workspace: SourceFolders | str | Path | None = None, scoring: ScoreSettings | None = None,
+              resume: bool = True) -> dict:
     """Score every context of a run folder and the baselines, and write results.json and results.md (to `out`'s
     folder, by default the run folder); returns the results. `release`: the opened release (`ReleaseInfo`), by
     default the one run.json names, opened once here. Execution needs the gate's opt-in (next_cell only);
     `runner` runs its trajectories elsewhere (themisto.distributed.ray_scoring: on Ray); `workspace` is the folder
-    the release was replayed over, where its build names a given one; `restore`: ScoreSettings.restore."""
+    the release was replayed over, where its build names a given one; `scoring`: how execution runs (timeouts, the
+    slowest reference, continuation cells, restore; its task is the run's and its `k` is not used: a run folder's
+    pass@k follows its samples)."""
     from themisto.gate import permit
 
     if execute:
@@ -310,12 +314,12 @@ def score_run(run_dir: str | Path, *, release=None, execute: bool = False,
     # It writes into the run folder (the scorer's records, results): one writer at a time, and a folder that
     # `generate` is still writing is refused with that process's pid rather than read half-written.
     with hold_folder(run_dir, "run folder", create=False):
-        return _score_held(run_dir, release, execute, out, settings, progress, runner, workspace, restore, resume)
+        return _score_held(run_dir, release, execute, out, settings, progress, runner, workspace, scoring, resume)
 
 
 def _score_held(run_dir: str | Path, release, execute: bool, out: str | Path | None,
                 settings: IntervalSettings, progress: Callable[[str], None] | None, runner,
-                workspace: SourceFolders | str | Path | None, restore: bool, resume: bool) -> dict:
+                workspace: SourceFolders | str | Path | None, scoring: ScoreSettings | None, resume: bool) -> dict:
     from themisto.generation.baselines import baseline_prediction, baselines_for
     from themisto.scoring.results_table import render_markdown
     from themisto.scoring.release_state import task_rows
@@ -338,7 +342,7 @@ def _score_held(run_dir: str | Path, release, execute: bool, out: str | Path | N
     say(f"scoring {len(run.ids)} example(s) x {len(run.contexts)} context(s) x {run.samples} sample(s) and "
         f"{len(names)} baseline(s)" + (" with execution" if executed else ""))
     records, examples, scorer_notes = _run_scorer(run, info, _candidates(run, baselines), executed, say, runner,
-                                                  workspace, restore, resume)
+                                                  workspace, scoring, resume)
     metrics = metrics_for(run.task, executed)
     systems = _per_example(run, baselines, records, examples, metrics)
     solved = {name: [_solved(run.task, records[i][t], examples[i]) for i, t in zip(run.ids, baselines[name])]
