@@ -4,6 +4,7 @@
 #
 #   bash scripts/corpus_release.sh [OUT]                              # default OUT: out/two-source (git-ignored)
 #   HF_ALLOW_CODE_EVAL=1 bash scripts/corpus_release.sh [OUT] --execute  # SmolLM2's next cells also run (step 3)
+#   bash scripts/corpus_release.sh OUT --ray      # the replay on a local Ray (one worker a core) instead of 2 threads
 #
 # 1. build one release from both sources (`themisto build JUNE IPYTHON`: two trajectories replayed at once, progress
 #    on OUT/build.log, a stopped build resumes from OUT/steps.jsonl.partial): every corpus session that passes the
@@ -28,10 +29,12 @@ cd "$(dirname "$0")/.."
 
 OUT=out/two-source
 EXECUTE=()
+WORKERS=(--workers 2)
 for arg in "$@"; do
   case "$arg" in
     --execute) EXECUTE=(--execute) ;;
-    -*) echo "usage: [HF_ALLOW_CODE_EVAL=1] bash scripts/corpus_release.sh [OUT] [--execute]" >&2; exit 2 ;;
+    --ray) WORKERS=(--ray) ;;
+    -*) echo "usage: [HF_ALLOW_CODE_EVAL=1] bash scripts/corpus_release.sh [OUT] [--execute] [--ray]" >&2; exit 2 ;;
     *) OUT=$arg ;;
   esac
 done
@@ -59,7 +62,7 @@ if [ ! -f "$RELEASE/themisto_build.json" ] || [ ! -f "$OUT/pointers.jsonl" ]; th
     STEPS=(--steps "$OUT/steps.jsonl")
   else
     say "replay both sources and build the release (progress: $OUT/build.log)"
-    STEPS=(--steps-out "$OUT/steps.jsonl" --workers 2)
+    STEPS=(--steps-out "$OUT/steps.jsonl" "${WORKERS[@]}")
   fi
   .venv/bin/themisto build "$JUNE" "$IPYTHON" --participants "$OUT/participants.json" \
     --sessions-per-developer "$PER_DEVELOPER" ${SESSIONS:+--corpus-limit "$SESSIONS"} --max-steps "$MAX_STEPS" \
