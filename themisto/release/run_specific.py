@@ -1,16 +1,17 @@
 """Values that differ in every run of the same cells, and the state a release vouches for without them.
 
 A cell that reads the clock (`time.time()`, `datetime.now()`), the system's entropy (`uuid.uuid4()`, `os.urandom`, an
-unseeded `numpy.random.default_rng()`, a CatBoost model, which draws an identifier when fitted), its own process (`os.getpid()`) or a temporary file's random name binds values
-no replay gives back, and so do the cells that compute from them. Their hashes cannot be made stable (memory addresses
-can: `themisto.runtime.agent.addresses`; unseeded draws from `random` and numpy's global generator are seeded per
-kernel life: `themisto.runtime.kernel_main`), so two builds of one log, and the scorer's rebuilt state, disagree on
-them whatever the code does. The rule, over a trajectory's rows in step order: a cell *reads run-specific data* when
-it calls one of those sources (its names resolved through the trajectory's imports) outside a function body, or uses
-a name bound to such data or to a function whose body calls one; every variable such a cell changed (by the step's
-snapshot) is run-specific after it, until a cell that reads none rebinds it. A run-specific variable is marked
-(`stable` false), left out of the step's `state_hash` (over the others: the state the release vouches for), of the
-values a build stores, and of the scorer's check, where a difference in it is counted apart, never matched.
+unseeded `numpy.random.default_rng()`, a CatBoost model, which draws an identifier when fitted), its own process
+(`os.getpid()`) or a temporary file's random name binds values no replay gives back, and so do the cells that compute
+from them. Their hashes cannot be made stable (memory addresses can: `themisto.runtime.agent.addresses`; unseeded draws
+from `random` and numpy's global generator are seeded per kernel life: `themisto.runtime.kernel_main`), so two builds of
+one log, and the scorer's rebuilt state, disagree on them whatever the code does. The rule, over a trajectory's rows in
+step order: a cell *reads run-specific data* when it calls one of those sources (its names resolved through the
+trajectory's imports) outside a function body, or uses a name bound to such data or to a function whose body calls one;
+every variable such a cell changed (by the step's snapshot) is run-specific after it, until a cell that reads none
+rebinds it. A run-specific variable is marked (`stable` false), left out of the step's `state_hash` (over the others:
+the state the release vouches for), of the values a build stores, and of the scorer's check, where a difference in it is
+counted apart, never matched.
 """
 
 from __future__ import annotations

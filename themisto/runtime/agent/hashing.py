@@ -17,9 +17,9 @@ from themisto.runtime.agent.leaves import fast_pickle, hash_timestamps, holds_se
 from themisto.runtime.agent.namespace import HASH_CHARS, UNHASHABLE, qualname, safe_repr
 
 # Which way of hashing a release's `state_hash` and variable hashes were made with; a release records it (its
-# `rebuild` records' `state_hashes`) and a scorer of another scheme refuses to check states against it. Named by the
-# day the hashes last changed: "2026-12-07" marked memory addresses; "2026-12-08" sorted the sets inside objects and
-# widened the address ranges.
+# `rebuild` records' `state_hashes`) and a scorer of another scheme refuses to check states against it. A new name
+# whenever the hashes change: before any was recorded (releases of 2026-12-07), memory addresses were marked;
+# "2026-12-08" sorts the sets inside objects and takes addresses from wider ranges.
 HASH_SCHEME = "2026-12-08"
 
 # Builtin containers up to this many nodes are hashed canonically; larger ones by their memo-free pickle.

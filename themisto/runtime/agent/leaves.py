@@ -132,10 +132,10 @@ def _memo_free_pickle(value: Any, pickler_class: type) -> bytes:
 
 class _SortedSetsPickler(pickle.Pickler):
     """Writes each set and frozenset as its members sorted (where all are of one plain kind) or as the sorted
-    digests of their bytes. A set's iteration order depends on
-    its history, not only on its members and the hash seed: one loaded from a pickle (a state restored from a
-    snapshot) holds the same members as the set it was saved from but can list them in another order, so an object
-    holding a set (a fitted vectorizer's `stop_words_`) would hash otherwise after every restore."""
+    digests of their bytes. A set's iteration order depends on its history, not only on its members and the hash
+    seed: one loaded from a pickle (a state restored from a snapshot) holds the same members as the set it was saved
+    from but can list them in another order, so an object holding a set (a fitted vectorizer's `stop_words_`) would
+    hash otherwise after every restore."""
 
     def persistent_id(self, obj: Any) -> Any:
         kind = type(obj)
