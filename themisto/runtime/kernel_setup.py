@@ -19,6 +19,7 @@ from pathlib import Path
 from themisto.runtime import launcher as kernel_launcher
 from themisto.runtime.agent import skops_names as skops_table
 from themisto.runtime.agent.values import VALUES_DIR_ENV
+from themisto.runtime.agent.walls import WORKSPACE_ENV
 from themisto.runtime.kernel_limits import Limits
 from themisto.runtime.outputs import KERNEL_FOLDER_PREFIX
 from themisto.runtime.sandbox import (KernelResources, SandboxWarning, bwrap_works, choose_uid, claim_cores,
@@ -35,8 +36,6 @@ VALUES_FOLDER = "values"
 # Under the sandbox's private /tmp, where nothing else is.
 WORK_MOUNT = "/tmp/work"
 HOME_MOUNT = "/tmp/home"
-# The variable that tells the kernel's agent where the workspace's top is (a branch's walls keep all of it).
-WORKSPACE_ENV = "THEMISTO_WORKSPACE"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 _MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
 _PRIVATE = ("/tmp", "/dev/shm")  # each branch gets its own, empty
-_WORKSPACE_ENV = "THEMISTO_WORKSPACE"  # themisto.runtime.kernel_setup.WORKSPACE_ENV (this module imports no host code)
+# The variable that tells the kernel where its workspace's top is (set by themisto.runtime.kernel_setup): a branch's
+# walls keep all of it.
+WORKSPACE_ENV = "THEMISTO_WORKSPACE"
 _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER = 4, 38, 22, 36
 _SECCOMP_MODE_FILTER = 2
 _CAPABILITY_V3 = 0x20080522
@@ -87,7 +89,7 @@ def enter(hide: list[str]) -> str | None:
         # siblings (`../data/…`).
         cwd = os.getcwd()
         wanted = {cwd, os.path.expanduser("~"), *(os.path.abspath(p) for p in sys.path if p)}
-        workspace = os.environ.get(_WORKSPACE_ENV)
+        workspace = os.environ.get(WORKSPACE_ENV)
         if workspace and (cwd == workspace or cwd.startswith(workspace.rstrip("/") + "/")):
             wanted.add(workspace)
         # Links resolved too: the kernel's import folder holds a link to the themisto package, which lies under /tmp
